@@ -1,0 +1,70 @@
+//! The command line: clap derive structs for every group and the dispatch from a parsed
+//! command to its group. Each group module turns arguments into one core call plus
+//! printing; no format logic lives here.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::output::Printer;
+
+pub mod generate;
+
+/// Strict, fast tools for safetensors files, atomic checkpoints, token shards and a
+/// bigram trainer that resumes bit for bit.
+#[derive(Debug, Parser)]
+#[command(name = "tlio", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Print results as JSON (one document, or one line per record when streaming).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Silence progress bars and all non-error chatter.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The command groups.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write man pages and shell completions.
+    #[command(subcommand)]
+    Generate(generate::GenerateCommand),
+}
+
+/// How a command that did not fail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Everything held: exit 0.
+    Success,
+    /// The answer is "no" (a verify that fails, files that differ): exit 1.
+    No,
+}
+
+impl Outcome {
+    /// The exit code of cli.md for this outcome.
+    pub fn exit_code(self) -> ExitCode {
+        match self {
+            Outcome::Success => ExitCode::SUCCESS,
+            Outcome::No => ExitCode::from(1),
+        }
+    }
+
+    /// `Success` when `ok`, else `No`.
+    pub fn from_ok(ok: bool) -> Self {
+        if ok {
+            Outcome::Success
+        } else {
+            Outcome::No
+        }
+    }
+}
+
+/// Run a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    let printer = Printer::new(cli.json, cli.quiet);
+    match cli.command {
+        Command::Generate(cmd) => generate::run(cmd, &printer),
+    }
+}

@@ -1,0 +1,19 @@
+//! The core: formats, algorithms and file-system protocols with typed errors.
+//!
+//! Arrows run one way: `train` uses `checkpoint`, `tokens` and `safetensors`;
+//! `checkpoint` uses `safetensors`; `tokens` uses `pcg`; `safetensors` uses nothing of
+//! tlio's. Nothing here prints, exits, looks at a terminal or imports `cmd`.
+
+use crate::error::ExitClass;
+
+pub mod atomic;
+pub mod pcg;
+
+/// The exit class of a core error, when `err` is one of core's error types.
+pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitClass> {
+    use crate::error::Classify;
+    if let Some(e) = err.downcast_ref::<atomic::AtomicError>() {
+        return Some(e.exit_class());
+    }
+    None
+}

@@ -1,0 +1,26 @@
+//! Integration tests of the `tlio` binary: one module per command group, a fresh
+//! temporary directory per test, the binary run through `assert_cmd`.
+
+use assert_cmd::Command;
+
+mod generate;
+
+/// The `tlio` binary under test, with failpoints cleared so the caller's environment
+/// cannot leak in.
+pub fn tlio() -> Command {
+    let mut cmd = Command::cargo_bin("tlio").expect("the tlio binary is built");
+    cmd.env_remove("FAILPOINTS");
+    cmd
+}
+
+/// A fresh temporary directory for one test.
+pub fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("a temporary directory")
+}
+
+/// The path of a committed fixture file.
+pub fn fixture(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(rel)
+}
