@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::output::Printer;
 
+pub mod ckpt;
 pub mod generate;
 
 /// Strict, fast tools for safetensors files, atomic checkpoints, token shards and a
@@ -28,6 +29,9 @@ pub struct Cli {
 /// The command groups.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Atomic, verified training checkpoints: save, verify, latest, gc.
+    #[command(subcommand)]
+    Ckpt(ckpt::CkptCommand),
     /// Write man pages and shell completions.
     #[command(subcommand)]
     Generate(generate::GenerateCommand),
@@ -65,6 +69,7 @@ impl Outcome {
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let printer = Printer::new(cli.json, cli.quiet);
     match cli.command {
+        Command::Ckpt(cmd) => ckpt::run(cmd, &printer),
         Command::Generate(cmd) => generate::run(cmd, &printer),
     }
 }
