@@ -123,6 +123,19 @@ impl Manifest {
 
     /// Parse and validate manifest bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ManifestError> {
+        // serde's derive also accepts structs written as arrays; the schema is objects.
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| ManifestError::Malformed(e.to_string()))?;
+        let objects = value.is_object()
+            && value
+                .get("files")
+                .and_then(|f| f.as_array())
+                .is_none_or(|a| a.iter().all(|e| e.is_object()));
+        if !objects {
+            return Err(ManifestError::Malformed(
+                "the manifest and its entries must be JSON objects".into(),
+            ));
+        }
         let wire: WireManifest =
             serde_json::from_slice(bytes).map_err(|e| ManifestError::Malformed(e.to_string()))?;
         if wire.format != MANIFEST_FORMAT {
@@ -206,6 +219,8 @@ mod tests {
             r#"{"format":"tlio-manifest","version":1,"step":1,"files":[],"x":1}"#.to_string(),
             format!(r#"{{"format":"tlio-manifest","version":1,"step":1,"files":[{{"name":"a","size":1,"sha256":"{}"}}]}}"#, "A".repeat(64)),
             "{".to_string(),
+            "[\"tlio-manifest\",1,1,[]]".to_string(),
+            format!(r#"{{"format":"tlio-manifest","version":1,"step":1,"files":[["a",1,"{z}"]]}}"#),
         ] {
             assert!(Manifest::from_json(bad.as_bytes()).is_err(), "{bad}");
         }

@@ -121,6 +121,11 @@ impl OptimizerState {
 
     /// Parse metadata `state`.
     pub fn from_json(text: &str) -> Result<Self, OptimizerError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| OptimizerError::State(e.to_string()))?;
+        if !value.is_object() {
+            return Err(OptimizerError::State("the state must be a JSON object".into()));
+        }
         let s: OptimizerState =
             serde_json::from_str(text).map_err(|e| OptimizerError::State(e.to_string()))?;
         s.validate()?;
@@ -381,6 +386,7 @@ mod tests {
             r#"{"type":"adamw","step":-1,"lr":0.01,"betas":[0.9,0.999],"eps":1e-8,"weight_decay":0}"#,
             r#"{"type":"sgd","lr":0.1,"momentum":0.9,"dampening":0.0,"nesterov":false,"weight_decay":0.0,"x":1}"#,
             r#"{"type":"adam","lr":0.1}"#,
+            r#"["sgd",0.1,0.9,0.0,false,0.0]"#,
         ] {
             assert!(OptimizerState::from_json(bad).is_err(), "{bad}");
         }

@@ -188,6 +188,19 @@ impl TrainerState {
     }
 
     fn parse(bytes: &[u8], require_all: bool) -> Result<Self, StateError> {
+        // serde's derive also accepts a struct written as an array; the schema is
+        // objects only.
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| StateError::Schema(e.to_string()))?;
+        let object_or_null = |v: Option<&serde_json::Value>| v.is_none_or(|v| v.is_object() || v.is_null());
+        if !value.is_object()
+            || !object_or_null(value.get("data_cursor"))
+            || !object_or_null(value.get("rng_state"))
+        {
+            return Err(StateError::Schema(
+                "the state and its data_cursor and rng_state must be JSON objects".into(),
+            ));
+        }
         let raw: RawState =
             serde_json::from_slice(bytes).map_err(|e| StateError::Schema(e.to_string()))?;
         fn need<T>(v: Option<T>, key: &'static str, all: bool) -> Result<Option<T>, StateError> {
@@ -196,8 +209,15 @@ impl TrainerState {
                 other => Ok(other),
             }
         }
-        let step = raw.step.ok_or(StateError::Missing("step"))?;
-        let tokens_seen = need(raw.tokens_seen, "tokens_seen", require_all)?.unwrap_or(0);
+        let not_null = |v: Option<Option<u64>>, key: &str| match v {
+            Some(None) => Err(StateError::Schema(format!("{key} must be an integer, not null"))),
+            Some(Some(n)) => Ok(Some(n)),
+            None => Ok(None),
+        };
+        let step = not_null(raw.step, "step")?.ok_or(StateError::Missing("step"))?;
+        let tokens_seen =
+            need(not_null(raw.tokens_seen, "tokens_seen")?, "tokens_seen", require_all)?
+                .unwrap_or(0);
         let data_cursor = need(raw.data_cursor, "data_cursor", require_all)?.flatten();
         let rng_state = match need(raw.rng_state, "rng_state", require_all)?.flatten() {
             None => None,
@@ -275,10 +295,10 @@ where
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawState {
-    #[serde(default)]
-    step: Option<u64>,
-    #[serde(default)]
-    tokens_seen: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    step: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    tokens_seen: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
     data_cursor: Option<Option<DataCursor>>,
     #[serde(default, deserialize_with = "present")]
@@ -375,6 +395,9 @@ mod tests {
             r#"{"step": 1, "config_sha256": "00"}"#,
             r#"{"tokens_seen": 1}"#,
             r#"[1]"#,
+            r#"[1, 2, null, null, null, null, null]"#,
+            r#"{"step": 1, "data_cursor": [0, 6]}"#,
+            r#"{"step": 1, "rng_state": ["185706b82c2e03f8", "000000000000006d"]}"#,
             r#"{"step": 1} x"#,
         ];
         for text in bad {
