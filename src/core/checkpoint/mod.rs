@@ -126,9 +126,9 @@ impl Classify for CheckpointError {
             | CheckpointError::Optimizer(_)
             | CheckpointError::Config(_)
             | CheckpointError::Payload { .. }
+            | CheckpointError::Request(_)
             | CheckpointError::NotFound { .. } => ExitClass::Invalid,
-            CheckpointError::Request(_)
-            | CheckpointError::Exists { .. }
+            CheckpointError::Exists { .. }
             | CheckpointError::Locked { .. }
             | CheckpointError::Io { .. } => ExitClass::Operational,
         }
