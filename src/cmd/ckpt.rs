@@ -13,8 +13,8 @@ use serde::Serialize;
 
 use super::Outcome;
 use crate::core::checkpoint::{
-    self, load::Survey, parse_step_name, step_name, verify::inspect, Latest, Payload,
-    Problem, SaveRequest, TrainerState, MANIFEST_NAME,
+    self, load::Survey, parse_step_name, step_name, verify::inspect, Latest, Payload, Problem,
+    SaveRequest, TrainerState, MANIFEST_NAME,
 };
 use crate::output::{escape, Printer};
 
@@ -180,8 +180,7 @@ fn is_step_dir(path: &Path) -> bool {
 }
 
 fn verify(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
-    let meta =
-        fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let meta = fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     if !meta.is_dir() {
         return Err(crate::error::operational(format!(
             "{} is not a directory",
@@ -191,8 +190,8 @@ fn verify(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     if is_step_dir(path) {
         return verify_step_dir(path, printer);
     }
-    let survey = checkpoint::survey(path)
-        .with_context(|| format!("cannot verify {}", path.display()))?;
+    let survey =
+        checkpoint::survey(path).with_context(|| format!("cannot verify {}", path.display()))?;
     let ok = survey.pick.is_some() && survey.latest_is_valid();
     print_survey(&survey, ok, printer)?;
     Ok(Outcome::from_ok(ok))
@@ -201,7 +200,11 @@ fn verify(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
 fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     let ins = inspect(path);
     let ok = ins.problems.is_empty();
-    let problems: Vec<String> = ins.problems.iter().map(|p| escape(&p.to_string())).collect();
+    let problems: Vec<String> = ins
+        .problems
+        .iter()
+        .map(|p| escape(&p.to_string()))
+        .collect();
     if printer.json {
         #[derive(Serialize)]
         struct Out {
@@ -249,7 +252,10 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         Latest::Malformed(why) => (None, Some(escape(why))),
         Latest::Names(n) if !survey.rows.iter().any(|r| r.step == *n) => (
             Some(step_name(*n)),
-            Some(format!("LATEST names {}, which does not exist", step_name(*n))),
+            Some(format!(
+                "LATEST names {}, which does not exist",
+                step_name(*n)
+            )),
         ),
         Latest::Names(n) => (Some(step_name(*n)), None),
     };

@@ -67,8 +67,8 @@ impl FsOps for RealFs {
     }
 
     fn write_file(&mut self, path: &Path, fill: &mut Fill<'_>) -> io::Result<()> {
-        let file = no_follow(OpenOptions::new().write(true).create(true).truncate(true))
-            .open(path)?;
+        let file =
+            no_follow(OpenOptions::new().write(true).create(true).truncate(true)).open(path)?;
         let mut w = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
         fill(&mut w)?;
         w.flush()
@@ -201,7 +201,8 @@ struct Tee<'a> {
 impl Write for Tee<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.out.write(buf)?;
-        self.copy.extend_from_slice(buf.get(..n).unwrap_or_default());
+        self.copy
+            .extend_from_slice(buf.get(..n).unwrap_or_default());
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {

@@ -35,30 +35,19 @@ impl Loaded {
     }
 }
 
-fn loaded(path: PathBuf, step: u64, ins: Inspection) -> Result<Loaded, Inspection> {
-    match (ins.problems.is_empty(), ins.state, ins.manifest) {
-        (true, Some(state), Some(manifest)) => Ok(Loaded {
+/// The checkpoint when the inspection found no problem, else the first problem.
+fn loaded(path: PathBuf, step: u64, ins: Inspection) -> Result<Loaded, String> {
+    let first = ins.problems.first().map(Problem::to_string);
+    match (first, ins.state, ins.manifest) {
+        (None, Some(state), Some(manifest)) => Ok(Loaded {
             path,
             step,
             state,
             config: ins.config,
             manifest,
         }),
-        (_, state, manifest) => Err(Inspection {
-            problems: ins.problems,
-            size: ins.size,
-            manifest,
-            state,
-            config: None,
-        }),
+        (first, _, _) => Err(first.unwrap_or_else(|| "incomplete".to_string())),
     }
-}
-
-fn first_problem(ins: &Inspection) -> String {
-    ins.problems
-        .first()
-        .map(Problem::to_string)
-        .unwrap_or_else(|| "incomplete".to_string())
 }
 
 /// The steps `load` tries, newest first (those not newer than `LATEST`), and the ones
@@ -80,11 +69,9 @@ fn candidates(listing: &Listing) -> (Vec<u64>, Vec<u64>) {
 pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {
     if let Some(n) = step {
         let path = dir.join(step_name(n));
-        return loaded(path.clone(), n, inspect(&path)).map_err(|ins| {
-            CheckpointError::NotFound {
-                dir: dir.to_path_buf(),
-                reasons: vec![(step_name(n), first_problem(&ins))],
-            }
+        return loaded(path.clone(), n, inspect(&path)).map_err(|why| CheckpointError::NotFound {
+            dir: dir.to_path_buf(),
+            reasons: vec![(step_name(n), why)],
         });
     }
     let listing = list(dir)?;
@@ -102,7 +89,7 @@ pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {
         let path = dir.join(step_name(n));
         match loaded(path, n, inspect(&dir.join(step_name(n)))) {
             Ok(l) => return Ok(l),
-            Err(ins) => reasons.push((step_name(n), first_problem(&ins))),
+            Err(why) => reasons.push((step_name(n), why)),
         }
     }
     for n in newer.into_iter().rev() {

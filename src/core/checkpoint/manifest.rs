@@ -173,8 +173,11 @@ mod tests {
 
     #[test]
     fn layout_is_the_spec_example() {
-        let m = Manifest::new(50, vec![entry("trainer_state.json"), entry("model.safetensors")])
-            .unwrap();
+        let m = Manifest::new(
+            50,
+            vec![entry("trainer_state.json"), entry("model.safetensors")],
+        )
+        .unwrap();
         let text = String::from_utf8(m.to_json()).unwrap();
         let z = "0".repeat(64);
         assert_eq!(
@@ -190,9 +193,22 @@ mod tests {
 
     #[test]
     fn refuses_names_outside_the_directory() {
-        for name in ["../x", "/etc/passwd", "a/b", "a\\b", ".", "..", "", "a\0b", MANIFEST_NAME] {
+        for name in [
+            "../x",
+            "/etc/passwd",
+            "a/b",
+            "a\\b",
+            ".",
+            "..",
+            "",
+            "a\0b",
+            MANIFEST_NAME,
+        ] {
             assert!(
-                matches!(Manifest::new(1, vec![entry(name)]), Err(ManifestError::BadName(_))),
+                matches!(
+                    Manifest::new(1, vec![entry(name)]),
+                    Err(ManifestError::BadName(_))
+                ),
                 "{name:?}"
             );
         }
@@ -217,7 +233,10 @@ mod tests {
             r#"{"format":"x","version":1,"step":1,"files":[]}"#.to_string(),
             r#"{"format":"tlio-manifest","version":1,"step":-1,"files":[]}"#.to_string(),
             r#"{"format":"tlio-manifest","version":1,"step":1,"files":[],"x":1}"#.to_string(),
-            format!(r#"{{"format":"tlio-manifest","version":1,"step":1,"files":[{{"name":"a","size":1,"sha256":"{}"}}]}}"#, "A".repeat(64)),
+            format!(
+                r#"{{"format":"tlio-manifest","version":1,"step":1,"files":[{{"name":"a","size":1,"sha256":"{}"}}]}}"#,
+                "A".repeat(64)
+            ),
             "{".to_string(),
             "[\"tlio-manifest\",1,1,[]]".to_string(),
             format!(r#"{{"format":"tlio-manifest","version":1,"step":1,"files":[["a",1,"{z}"]]}}"#),

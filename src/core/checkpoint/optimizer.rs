@@ -124,7 +124,9 @@ impl OptimizerState {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| OptimizerError::State(e.to_string()))?;
         if !value.is_object() {
-            return Err(OptimizerError::State("the state must be a JSON object".into()));
+            return Err(OptimizerError::State(
+                "the state must be a JSON object".into(),
+            ));
         }
         let s: OptimizerState =
             serde_json::from_str(text).map_err(|e| OptimizerError::State(e.to_string()))?;

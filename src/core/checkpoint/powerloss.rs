@@ -33,6 +33,8 @@ enum EntryOp {
 }
 
 type Entries = BTreeMap<String, Ino>;
+/// One crash state: every directory's entries and the content of every unsynced file.
+type CrashState = (BTreeMap<Ino, Entries>, BTreeMap<Ino, Vec<u8>>);
 
 fn apply(entries: &mut Entries, op: &EntryOp) {
     match op {
@@ -183,7 +185,7 @@ impl Model {
     }
 
     /// Every crash state of the model now, as (dir entries, file contents) choices.
-    fn crash_states(&self) -> Vec<(BTreeMap<Ino, Entries>, BTreeMap<Ino, Vec<u8>>)> {
+    fn crash_states(&self) -> Vec<CrashState> {
         // Directory choices: for each directory with pending operations, every subset.
         let mut dir_states: Vec<BTreeMap<Ino, Entries>> = vec![self.durable.clone()];
         for (&dir, ops) in &self.pending {
@@ -210,7 +212,11 @@ impl Model {
             let Node::File { data, durable } = &self.nodes[ino] else {
                 continue;
             };
-            let mut variants = vec![durable.clone(), data[..data.len() / 2].to_vec(), data.clone()];
+            let mut variants = vec![
+                durable.clone(),
+                data[..data.len() / 2].to_vec(),
+                data.clone(),
+            ];
             variants.dedup();
             let mut next = Vec::new();
             for base in &file_states {
@@ -367,6 +373,10 @@ fn power_loss_at_every_instant_loads_old_or_new() {
         loaded_steps
     );
     assert!(states >= 500, "only {states} crash states");
-    assert!(distinct.len() >= 100, "only {} distinct states", distinct.len());
+    assert!(
+        distinct.len() >= 100,
+        "only {} distinct states",
+        distinct.len()
+    );
     assert!(loaded_steps.contains_key(&5) && loaded_steps.contains_key(&7));
 }

@@ -18,18 +18,21 @@ use sha2::{Digest, Sha256};
 
 use super::fsops::{open_no_follow, FsOps, RealFs};
 use super::gc::{plan_keep, remove_entry};
-use super::optimizer::{check_header, model_params};
-use crate::core::safetensors::read_header;
 use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
+use super::optimizer::{check_header, model_params};
 use super::state::TrainerState;
 use super::verify::{hex, inspect, safetensors_problem};
 use super::{
-    io_at, list, step_name, CheckpointError, DirLock, CONFIG_NAME, LATEST_NAME,
-    LATEST_TMP_NAME, MODEL_NAME, OPTIMIZER_NAME, STATE_NAME, TMP_SUFFIX,
+    io_at, list, step_name, CheckpointError, DirLock, CONFIG_NAME, LATEST_NAME, LATEST_TMP_NAME,
+    MODEL_NAME, OPTIMIZER_NAME, STATE_NAME, TMP_SUFFIX,
 };
+use crate::core::safetensors::read_header;
 
 /// Copy buffer for `Payload::Copy`.
 const COPY_BUFFER_BYTES: usize = 4 << 20;
+
+/// A callback that writes one file's content.
+pub type WriteFn<'a> = Box<dyn FnOnce(&mut dyn Write) -> io::Result<()> + 'a>;
 
 /// The content of one file to save.
 pub enum Payload<'a> {
@@ -39,7 +42,7 @@ pub enum Payload<'a> {
     Copy(PathBuf),
     /// Whatever this callback writes (the trainer streams safetensors straight into
     /// the step directory through it).
-    Writer(Box<dyn FnOnce(&mut dyn Write) -> io::Result<()> + 'a>),
+    Writer(WriteFn<'a>),
 }
 
 impl std::fmt::Debug for Payload<'_> {
@@ -212,7 +215,10 @@ fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
         None => None,
     };
     req.state.bind_config(config_sha.as_deref())?;
-    for (name, payload) in [(MODEL_NAME, Some(&req.model)), (OPTIMIZER_NAME, req.optimizer.as_ref())] {
+    for (name, payload) in [
+        (MODEL_NAME, Some(&req.model)),
+        (OPTIMIZER_NAME, req.optimizer.as_ref()),
+    ] {
         if let Some(Payload::Copy(src)) = payload {
             // An unreadable source is an operational error, reported as such; only a
             // readable file that breaks the rules is invalid input.
@@ -255,7 +261,15 @@ pub fn save_with(
     // Step 1: a fresh tmp directory with every file, each fsynced.
     clear(fs, &tmp)?;
     fs.create_dir(&tmp).map_err(io_at(&tmp))?;
-    let written = write_files(fs, &tmp, req.step, req.model, req.optimizer, state_bytes, req.config);
+    let written = write_files(
+        fs,
+        &tmp,
+        req.step,
+        req.model,
+        req.optimizer,
+        state_bytes,
+        req.config,
+    );
     let files = match written {
         Ok(files) => files,
         Err(e) => {
@@ -277,8 +291,10 @@ pub fn save_with(
     let latest_tmp = dir.join(LATEST_TMP_NAME);
     clear(fs, &latest_tmp)?;
     let line = format!("{name}\n");
-    fs.write_file(&latest_tmp, &mut |w: &mut dyn Write| w.write_all(line.as_bytes()))
-        .map_err(io_at(&latest_tmp))?;
+    fs.write_file(&latest_tmp, &mut |w: &mut dyn Write| {
+        w.write_all(line.as_bytes())
+    })
+    .map_err(io_at(&latest_tmp))?;
     fs.fsync_file(&latest_tmp).map_err(io_at(&latest_tmp))?;
     let latest = dir.join(LATEST_NAME);
     fs.rename(&latest_tmp, &latest).map_err(io_at(&latest))?;
@@ -330,8 +346,8 @@ fn write_files(
     if let Some(config) = config {
         files.push(put(fs, tmp, CONFIG_NAME, Payload::Bytes(config))?);
     }
-    let manifest = Manifest::new(step, files)
-        .map_err(|e| CheckpointError::Request(e.to_string()))?;
+    let manifest =
+        Manifest::new(step, files).map_err(|e| CheckpointError::Request(e.to_string()))?;
     let bytes = manifest.to_json();
     let path = tmp.join(MANIFEST_NAME);
     fs.write_file(&path, &mut |w: &mut dyn Write| w.write_all(&bytes))

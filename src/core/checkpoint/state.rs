@@ -192,7 +192,8 @@ impl TrainerState {
         // objects only.
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| StateError::Schema(e.to_string()))?;
-        let object_or_null = |v: Option<&serde_json::Value>| v.is_none_or(|v| v.is_object() || v.is_null());
+        let object_or_null =
+            |v: Option<&serde_json::Value>| v.is_none_or(|v| v.is_object() || v.is_null());
         if !value.is_object()
             || !object_or_null(value.get("data_cursor"))
             || !object_or_null(value.get("rng_state"))
@@ -210,14 +211,19 @@ impl TrainerState {
             }
         }
         let not_null = |v: Option<Option<u64>>, key: &str| match v {
-            Some(None) => Err(StateError::Schema(format!("{key} must be an integer, not null"))),
+            Some(None) => Err(StateError::Schema(format!(
+                "{key} must be an integer, not null"
+            ))),
             Some(Some(n)) => Ok(Some(n)),
             None => Ok(None),
         };
         let step = not_null(raw.step, "step")?.ok_or(StateError::Missing("step"))?;
-        let tokens_seen =
-            need(not_null(raw.tokens_seen, "tokens_seen")?, "tokens_seen", require_all)?
-                .unwrap_or(0);
+        let tokens_seen = need(
+            not_null(raw.tokens_seen, "tokens_seen")?,
+            "tokens_seen",
+            require_all,
+        )?
+        .unwrap_or(0);
         let data_cursor = need(raw.data_cursor, "data_cursor", require_all)?.flatten();
         let rng_state = match need(raw.rng_state, "rng_state", require_all)?.flatten() {
             None => None,

@@ -42,7 +42,10 @@ pub(crate) fn model_bytes(tensors: &[(String, Vec<u64>, Vec<f32>)]) -> Vec<u8> {
 pub(crate) fn adamw(step: u64, seed: f32) -> OptimizerFile {
     let mut tensors = BTreeMap::new();
     tensors.insert("weight.exp_avg".into(), (vec![1, 2], vec![seed, -1e-30]));
-    tensors.insert("weight.exp_avg_sq".into(), (vec![1, 2], vec![seed * seed, 3e-38]));
+    tensors.insert(
+        "weight.exp_avg_sq".into(),
+        (vec![1, 2], vec![seed * seed, 3e-38]),
+    );
     tensors.insert("bias.exp_avg".into(), (vec![1], vec![-seed]));
     tensors.insert("bias.exp_avg_sq".into(), (vec![1], vec![0.7]));
     OptimizerFile {
@@ -102,7 +105,13 @@ fn step_names() {
     assert_eq!(step_name(1234567), "step-1234567");
     assert_eq!(parse_step_name("step-000007"), Some(7));
     assert_eq!(parse_step_name("step-1234567"), Some(1234567));
-    for bad in ["step-7", "step-0000007", "step-00000a", "step-000007.tmp", "xstep-000007"] {
+    for bad in [
+        "step-7",
+        "step-0000007",
+        "step-00000a",
+        "step-000007.tmp",
+        "xstep-000007",
+    ] {
         assert_eq!(parse_step_name(bad), None, "{bad}");
     }
     // Numbers, not strings: step 1000000 is newer than 999999.
@@ -123,7 +132,10 @@ fn test_checkpoint_roundtrip() {
         })),
         TrainerState {
             tokens_seen: 28,
-            data_cursor: Some(DataCursor { shard: 0, offset: 6 }),
+            data_cursor: Some(DataCursor {
+                shard: 0,
+                offset: 6,
+            }),
             rng_state: Some(RngState {
                 state: 0x185706b82c2e03f8,
                 inc: 0x6d,
@@ -141,12 +153,23 @@ fn test_checkpoint_roundtrip() {
     assert_eq!(fs::read(ck.join("LATEST")).unwrap(), b"step-000007\n");
     assert_eq!(
         names(&report.path),
-        ["MANIFEST.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"]
+        [
+            "MANIFEST.json",
+            "model.safetensors",
+            "optimizer.safetensors",
+            "trainer_state.json"
+        ]
     );
 
     let loaded = load(&ck, None).unwrap();
     assert_eq!(loaded.step, 7);
-    assert_eq!(loaded.state.data_cursor, Some(DataCursor { shard: 0, offset: 6 }));
+    assert_eq!(
+        loaded.state.data_cursor,
+        Some(DataCursor {
+            shard: 0,
+            offset: 6
+        })
+    );
     assert_eq!(loaded.state.rng_state.unwrap().state, 0x185706b82c2e03f8);
     assert_eq!(loaded.state.lr.map(f64::to_bits), Some(0.01f64.to_bits()));
     assert_eq!(loaded.config, None);
@@ -175,7 +198,12 @@ fn test_layout_matches_the_formats() {
     // trainer_state.json: every key, hex words.
     let state: serde_json::Value =
         serde_json::from_slice(&fs::read(step_dir.join(STATE_NAME)).unwrap()).unwrap();
-    let keys: Vec<&str> = state.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    let keys: Vec<&str> = state
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
     let mut want = vec![
         "config_sha256",
         "data_cursor",
@@ -189,7 +217,10 @@ fn test_layout_matches_the_formats() {
     let mut got = keys.clone();
     got.sort();
     assert_eq!(got, want);
-    assert_eq!(state["rng_state"]["state"], format!("{:016x}", 0x185706b82c2e03f8u64 ^ 5));
+    assert_eq!(
+        state["rng_state"]["state"],
+        format!("{:016x}", 0x185706b82c2e03f8u64 ^ 5)
+    );
     assert_eq!(state["rng_state"]["inc"], "000000000000006d");
     // MANIFEST.json: sorted, true sizes and hashes, every other file, nothing else.
     let manifest: serde_json::Value =
@@ -216,7 +247,12 @@ fn test_layout_matches_the_formats() {
     opt_names.sort();
     assert_eq!(
         opt_names,
-        ["bias.exp_avg", "bias.exp_avg_sq", "weight.exp_avg", "weight.exp_avg_sq"]
+        [
+            "bias.exp_avg",
+            "bias.exp_avg_sq",
+            "weight.exp_avg",
+            "weight.exp_avg_sq"
+        ]
     );
     assert!(opt.tensors.iter().all(|t| t.dtype == Dtype::F32));
     assert_eq!(opt.metadata["format"], "tinyllm");
@@ -270,7 +306,9 @@ fn test_config_and_defaults() {
     req.config = Some(Cow::Owned(config.clone()));
     assert!(matches!(
         save(&ck, req),
-        Err(CheckpointError::State(state::StateError::ConfigMismatch { .. }))
+        Err(CheckpointError::State(
+            state::StateError::ConfigMismatch { .. }
+        ))
     ));
     assert!(!ck.exists());
     // A config that is not JSON is refused too.
@@ -300,7 +338,10 @@ fn test_sgd_momentum_names() {
     let with = OptimizerFile {
         state: sgd(0.9),
         tensors: BTreeMap::from([
-            ("weight.momentum_buffer".to_string(), (vec![1, 2], vec![0.25, -0.5])),
+            (
+                "weight.momentum_buffer".to_string(),
+                (vec![1, 2], vec![0.25, -0.5]),
+            ),
             ("bias.momentum_buffer".to_string(), (vec![1], vec![1e-20])),
         ]),
     };
@@ -354,7 +395,10 @@ fn test_sgd_momentum_names() {
         .insert("head.momentum_buffer".into(), (vec![1], vec![0.0]));
     let mut req = request(6);
     req.optimizer = Some(Payload::Bytes(Cow::Owned(opt_bytes(&extra))));
-    assert!(matches!(save(dir.path(), req), Err(CheckpointError::Optimizer(_))));
+    assert!(matches!(
+        save(dir.path(), req),
+        Err(CheckpointError::Optimizer(_))
+    ));
     assert!(!dir.path().join("step-000006").exists());
     assert!(!dir.path().join("step-000006.tmp").exists());
     assert_eq!(load(dir.path(), None).unwrap().step, 5);
@@ -453,7 +497,11 @@ fn test_crash_at_every_write_keeps_a_valid_checkpoint() {
         // A stale tmp of the step being saved and one of another step.
         save(dir.path(), request(5)).unwrap();
         fs::create_dir(dir.path().join("step-000007.tmp")).unwrap();
-        fs::write(dir.path().join("step-000007.tmp/model.safetensors"), b"junk").unwrap();
+        fs::write(
+            dir.path().join("step-000007.tmp/model.safetensors"),
+            b"junk",
+        )
+        .unwrap();
         let mut fs_ops = CrashFs {
             inner: RealFs,
             countdown: k,
@@ -475,7 +523,10 @@ fn test_crash_at_every_write_keeps_a_valid_checkpoint() {
         // exactly the old or the new bytes.
         let listing = list(dir.path()).unwrap();
         for n in &listing.steps {
-            assert!(verify(&dir.path().join(step_name(*n))).is_empty(), "k={k} step {n}");
+            assert!(
+                verify(&dir.path().join(step_name(*n))).is_empty(),
+                "k={k} step {n}"
+            );
         }
         let latest = listing.latest().step().unwrap();
         assert!(listing.steps.contains(&latest), "k={k}");
@@ -541,7 +592,11 @@ fn test_load_skips_incomplete_and_corrupt() {
                     .open(&p)
                     .unwrap()
                     // The manifest's final newline is not part of its meaning.
-                    .set_len(if name == MANIFEST_NAME { len / 2 } else { len - 1 })
+                    .set_len(if name == MANIFEST_NAME {
+                        len / 2
+                    } else {
+                        len - 1
+                    })
                     .unwrap();
             } else {
                 fs::remove_file(&p).unwrap();
@@ -578,8 +633,14 @@ fn test_load_skips_incomplete_and_corrupt() {
     match load(dir.path(), None) {
         Err(e @ CheckpointError::NotFound { .. }) => {
             let text = e.to_string();
-            assert!(text.contains("step-000005: missing MANIFEST.json"), "{text}");
-            assert!(text.contains("step-000007: model.safetensors sha256 mismatch"), "{text}");
+            assert!(
+                text.contains("step-000005: missing MANIFEST.json"),
+                "{text}"
+            );
+            assert!(
+                text.contains("step-000007: model.safetensors sha256 mismatch"),
+                "{text}"
+            );
             assert!(text.contains("LATEST: names step-000009"), "{text}");
         }
         other => panic!("{other:?}"),
@@ -601,7 +662,10 @@ fn test_newer_than_latest_is_ignored() {
     assert_eq!(load(dir.path(), None).unwrap().step, 7);
     let s = survey(dir.path()).unwrap();
     assert_eq!(s.pick, Some(7));
-    assert!(s.rows.iter().any(|r| r.step == 9 && r.newer_than_latest && !r.picked));
+    assert!(s
+        .rows
+        .iter()
+        .any(|r| r.step == 9 && r.newer_than_latest && !r.picked));
     // LATEST names a broken directory: fall back below it, never above.
     flip(&dir.path().join("step-000007/trainer_state.json"), 3);
     assert_eq!(load(dir.path(), None).unwrap().step, 5);
@@ -635,14 +699,21 @@ fn test_keep_and_stale_tmp() {
     let dir = tempfile::tempdir().unwrap();
     fs::create_dir(dir.path()).ok();
     fs::create_dir(dir.path().join("step-000010.tmp")).unwrap();
-    fs::write(dir.path().join("step-000010.tmp/model.safetensors"), b"half").unwrap();
+    fs::write(
+        dir.path().join("step-000010.tmp/model.safetensors"),
+        b"half",
+    )
+    .unwrap();
     fs::write(dir.path().join("LATEST.tmp"), b"step-00").unwrap();
     for step in 1..=4 {
         let mut req = request(step);
         req.keep = Some(2);
         save(dir.path(), req).unwrap();
     }
-    assert_eq!(names(dir.path()), [".lock", "LATEST", "step-000003", "step-000004"]);
+    assert_eq!(
+        names(dir.path()),
+        [".lock", "LATEST", "step-000003", "step-000004"]
+    );
     // gc: keep 1 removes 3; a stale tmp and a directory newer than LATEST go too.
     fs::create_dir(dir.path().join("step-000011.tmp")).unwrap();
     save(dir.path(), request(6)).unwrap();
@@ -652,7 +723,12 @@ fn test_keep_and_stale_tmp() {
     let planned: Vec<(String, GcReason)> = dry
         .removed
         .iter()
-        .map(|r| (r.path.file_name().unwrap().to_string_lossy().into_owned(), r.reason))
+        .map(|r| {
+            (
+                r.path.file_name().unwrap().to_string_lossy().into_owned(),
+                r.reason,
+            )
+        })
         .collect();
     assert_eq!(
         planned,
@@ -670,7 +746,10 @@ fn test_keep_and_stale_tmp() {
     save(dir.path(), request(8)).unwrap();
     flip(&dir.path().join("step-000008/model.safetensors"), 120);
     gc(dir.path(), 1, false).unwrap();
-    assert_eq!(names(dir.path()), [".lock", "LATEST", "step-000004", "step-000008"]);
+    assert_eq!(
+        names(dir.path()),
+        [".lock", "LATEST", "step-000004", "step-000008"]
+    );
     assert_eq!(load(dir.path(), None).unwrap().step, 4);
     assert!(gc(dir.path(), 0, false).is_err());
 }
@@ -732,7 +811,10 @@ fn test_rejects_bad_state() {
     // A model that breaks a reader rule is refused and leaves no tmp behind.
     let mut req = request(7);
     req.model = Payload::Bytes(Cow::Borrowed(b"\x08\0\0\0\0\0\0\0{}"));
-    assert!(matches!(save(&ck, req), Err(CheckpointError::Payload { .. })));
+    assert!(matches!(
+        save(&ck, req),
+        Err(CheckpointError::Payload { .. })
+    ));
     assert_eq!(names(&ck), before);
 }
 
@@ -753,7 +835,10 @@ fn manifest_names_outside_and_symlinks_are_rejected_without_touching_anything() 
         );
         fs::write(sd.join(MANIFEST_NAME), text).unwrap();
         let problems = verify(&sd);
-        assert!(matches!(problems.as_slice(), [Problem::BadManifest(_), ..]), "{problems:?}");
+        assert!(
+            matches!(problems.as_slice(), [Problem::BadManifest(_), ..]),
+            "{problems:?}"
+        );
         assert_eq!(load(&ck, None).unwrap().step, 5);
     }
     // A symlink inside a step directory fails it, and gc removes the link, not its

@@ -213,8 +213,7 @@ pub fn inspect(step_dir: &Path) -> Inspection {
             out.problems.push(Problem::MissingManifest);
             return out;
         }
-        Some(Kind::File) => match read_small(&step_dir.join(MANIFEST_NAME), MAX_MANIFEST_BYTES)
-        {
+        Some(Kind::File) => match read_small(&step_dir.join(MANIFEST_NAME), MAX_MANIFEST_BYTES) {
             Ok(bytes) => {
                 out.size = out.size.saturating_add(bytes.len() as u64);
                 match Manifest::from_json(&bytes) {
@@ -343,7 +342,7 @@ pub fn inspect(step_dir: &Path) -> Inspection {
             }
         }
     }
-    for (name, _) in &entries {
+    for name in entries.keys() {
         if name != MANIFEST_NAME && manifest.get(name).is_none() {
             out.problems.push(Problem::Unlisted(name.clone()));
         }
