@@ -20,6 +20,9 @@ pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitCla
     if let Some(e) = err.downcast_ref::<checkpoint::CheckpointError>() {
         return Some(e.exit_class());
     }
+    if let Some(e) = err.downcast_ref::<checkpoint::optimizer::OptimizerError>() {
+        return Some(e.exit_class());
+    }
     if let Some(e) = err.downcast_ref::<safetensors::SafetensorsError>() {
         return Some(e.exit_class());
     }

@@ -9,6 +9,9 @@
 use std::path::{Path, PathBuf};
 
 use super::manifest::Manifest;
+use super::optimizer::{model_params, OptimizerError, OptimizerFile};
+use super::{MODEL_NAME, OPTIMIZER_NAME};
+use crate::core::safetensors::{MappedFile, SafetensorsError};
 use super::state::TrainerState;
 use super::verify::{inspect, Inspection, Problem};
 use super::{list, step_name, CheckpointError, Latest, Listing};
@@ -32,6 +35,21 @@ impl Loaded {
     /// The path of a file of the checkpoint.
     pub fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
+    }
+
+    /// The model file, mapped (its bytes verified by `load` a moment ago).
+    pub fn model(&self) -> Result<MappedFile, SafetensorsError> {
+        MappedFile::open(&self.file(MODEL_NAME))
+    }
+
+    /// The optimizer file, validated against the model's parameters; `None` when the
+    /// checkpoint has no optimizer state.
+    pub fn optimizer(&self) -> Result<Option<OptimizerFile>, OptimizerError> {
+        if self.manifest.get(OPTIMIZER_NAME).is_none() {
+            return Ok(None);
+        }
+        let params = model_params(&self.file(MODEL_NAME))?;
+        OptimizerFile::read(&self.file(OPTIMIZER_NAME), Some(&params)).map(Some)
     }
 }
 

@@ -149,6 +149,15 @@ pub enum OptimizerError {
     Safetensors(#[from] SafetensorsError),
 }
 
+impl crate::error::Classify for OptimizerError {
+    fn exit_class(&self) -> crate::error::ExitClass {
+        match self {
+            OptimizerError::Safetensors(e) => e.exit_class(),
+            _ => crate::error::ExitClass::Invalid,
+        }
+    }
+}
+
 /// A whole optimizer file: the state and every array by `<parameter>.<key>`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptimizerFile {

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use super::fsops::{Fill, FsOps, Op, RealFs, RecordingFs};
 use super::verify::hex;
 use super::*;
-use crate::core::safetensors::{self as st, Dtype, MappedFile, Tensor, TensorData};
+use crate::core::safetensors::{self as st, Dtype, Tensor, TensorData};
 
 /// Section 3's Linear(2, 1) after two AdamW steps: awkward float bits on purpose.
 pub(crate) fn linear_model() -> Vec<(String, Vec<u64>, Vec<f32>)> {
@@ -173,13 +173,12 @@ fn test_checkpoint_roundtrip() {
     assert_eq!(loaded.state.rng_state.unwrap().state, 0x185706b82c2e03f8);
     assert_eq!(loaded.state.lr.map(f64::to_bits), Some(0.01f64.to_bits()));
     assert_eq!(loaded.config, None);
-    let m = MappedFile::open(&loaded.file(MODEL_NAME)).unwrap();
+    let m = loaded.model().unwrap();
     for (name, shape, values) in &model {
         assert_eq!(&m.header().get(name).unwrap().shape, shape);
         assert_eq!(bits(&m.decode_f32(name).unwrap()), bits(values), "{name}");
     }
-    let params = optimizer::model_params(&loaded.file(MODEL_NAME)).unwrap();
-    let back = OptimizerFile::read(&loaded.file(OPTIMIZER_NAME), Some(&params)).unwrap();
+    let back = loaded.optimizer().unwrap().unwrap();
     assert_eq!(back.state, opt.state);
     for (name, (shape, values)) in &opt.tensors {
         let (s, v) = &back.tensors[name];
