@@ -3,6 +3,7 @@
 
 use assert_cmd::Command;
 
+mod errors;
 mod generate;
 
 /// The `tlio` binary under test, with failpoints cleared so the caller's environment
