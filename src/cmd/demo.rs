@@ -44,6 +44,9 @@ const LR: &str = "0.05";
 /// Byte-level data: every byte is a token.
 const VOCAB: u64 = 256;
 
+/// How many child processes a complete demo runs (for the progress bar).
+const CHILDREN: u64 = 10;
+
 const SHARD: &str = "corpus.bin";
 const FULL: &str = "run-uninterrupted";
 const RESUMED: &str = "run-resumed";
@@ -92,6 +95,8 @@ struct Children<'a> {
     exe: PathBuf,
     dir: &'a Path,
     printer: &'a Printer,
+    /// One tick per child; drawn only on a terminal (the Printer decides).
+    bar: indicatif::ProgressBar,
 }
 
 impl Children<'_> {
@@ -105,12 +110,19 @@ impl Children<'_> {
         if let Some(spec) = failpoints {
             cmd.env("FAILPOINTS", spec);
         }
-        cmd.output()
-            .with_context(|| format!("cannot run {}", self.exe.display()))
+        let out = cmd
+            .output()
+            .with_context(|| format!("cannot run {}", self.exe.display()))?;
+        self.bar.inc(1);
+        Ok(out)
     }
 
     /// Show what a child said on stderr, because it did something unexpected.
     fn show_failure(&self, args: &[&str], out: &Output) {
+        self.bar.suspend(|| self.write_failure(args, out));
+    }
+
+    fn write_failure(&self, args: &[&str], out: &Output) {
         let mut err = std::io::stderr().lock();
         let _ = writeln!(
             err,
@@ -124,8 +136,14 @@ impl Children<'_> {
         }
     }
 
+    /// Say what the demo is doing: the bar's message on a terminal, else a line of
+    /// chatter (silenced by `-q`).
     fn stage(&self, what: &str) {
-        self.printer.info(format!("tlio demo: {what}"));
+        if self.printer.wants_progress() {
+            self.bar.set_message(what.to_string());
+        } else {
+            self.printer.info(format!("tlio demo: {what}"));
+        }
     }
 }
 
@@ -242,6 +260,7 @@ pub fn run(args: DemoArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         exe,
         dir: &dir,
         printer,
+        bar: printer.bar(CHILDREN, "", "{bar:30} {pos}/{len} {msg}"),
     };
     let mut report = Report {
         ok: false,
@@ -254,6 +273,7 @@ pub fn run(args: DemoArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     };
     let mut checks = Checks(Vec::new());
     report.completed = steps(&children, &mut checks, &mut report)?;
+    children.bar.finish_and_clear();
     report.checks = checks.0;
     report.ok = report.completed && report.checks.iter().all(|c| c.ok);
     print_report(&report, printer)?;
