@@ -88,6 +88,7 @@ fn a_pseudo_terminal_is_a_terminal_for_tlio() {
     let run = run_with_tty_stderr(dir.path(), &["generate", "man", "pages"]);
     assert_eq!(run.code, Some(0));
     assert!(String::from_utf8_lossy(&run.terminal).contains("man pages"));
+    assert!(run.stdout.is_empty(), "chatter never goes to stdout");
     let run = run_with_tty_stderr(dir.path(), &["-q", "generate", "man", "pages"]);
     assert_eq!(run.code, Some(0));
     assert!(run.terminal.is_empty());
