@@ -8,11 +8,19 @@ use crate::error::ExitClass;
 
 pub mod atomic;
 pub mod pcg;
+pub mod safetensors;
+pub mod tokens;
 
 /// The exit class of a core error, when `err` is one of core's error types.
 pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitClass> {
     use crate::error::Classify;
     if let Some(e) = err.downcast_ref::<atomic::AtomicError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<safetensors::SafetensorsError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<tokens::TokensError>() {
         return Some(e.exit_class());
     }
     None
