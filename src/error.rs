@@ -93,15 +93,33 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
+/// The chain of causes on one line, outermost first, joined with ": ".
+///
+/// A cause whose text the line already ends with is skipped: many error types print
+/// their source inside their own message *and* return it from `source()`, which would
+/// otherwise show "No such file or directory" twice. Newlines inside a cause would
+/// break the one-line contract, so they are escaped.
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !line.is_empty() {
+            if line.ends_with(&text) {
+                continue;
+            }
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.replace('\n', "\\n")
+}
+
 /// Print the one-line error and return the exit code.
 pub fn report(err: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(err) {
         return ExitCode::SUCCESS;
     }
-    // `{:#}` joins the chain with ": "; newlines inside a cause would break the
-    // one-line contract, so they are escaped.
-    let line = format!("{err:#}").replace('\n', "\\n");
-    let _ = writeln!(io::stderr().lock(), "tlio: error: {line}");
+    let _ = writeln!(io::stderr().lock(), "tlio: error: {}", one_line(err));
     ExitCode::from(classify(err).code())
 }
 
@@ -159,5 +177,32 @@ pub fn usage_line(err: &clap::Error) -> String {
     match usage {
         Some(usage) => format!("tlio: error: {what} (usage: {usage}; see --help)"),
         None => format!("tlio: error: {what} (see --help)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read x.bin: {source}")]
+    struct Repeats {
+        source: io::Error,
+    }
+
+    #[test]
+    fn one_line_shows_a_repeated_cause_once() {
+        let inner = io::Error::new(io::ErrorKind::NotFound, "No such file");
+        let err = anyhow::Error::new(Repeats { source: inner }).context("cannot inspect x.bin");
+        assert_eq!(
+            one_line(&err),
+            "cannot inspect x.bin: cannot read x.bin: No such file"
+        );
+    }
+
+    #[test]
+    fn one_line_joins_distinct_causes_and_escapes_newlines() {
+        let err = anyhow::anyhow!("bad\nvalue").context("outer");
+        assert_eq!(one_line(&err), "outer: bad\\nvalue");
     }
 }
