@@ -7,12 +7,20 @@
 use crate::error::ExitClass;
 
 pub mod atomic;
+pub mod optim;
 pub mod pcg;
+pub mod train;
 
 /// The exit class of a core error, when `err` is one of core's error types.
 pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitClass> {
     use crate::error::Classify;
     if let Some(e) = err.downcast_ref::<atomic::AtomicError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<optim::OptimError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<train::TrainError>() {
         return Some(e.exit_class());
     }
     None
