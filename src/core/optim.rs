@@ -15,8 +15,6 @@
 //! here (`f32::mul_add`); `mul_`, `addcmul_`, `addcdiv_`, `sqrt` and `/` are separate
 //! roundings in the order torch's kernels write them.
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{Classify, ExitClass};
 
 /// PyTorch's AdamW defaults.
@@ -61,10 +59,8 @@ impl Classify for OptimError {
     }
 }
 
-/// The hyperparameters, in the JSON form of checkpoint.md's optimizer metadata (minus
-/// the step count, which lives in [`Optimizer`]).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
+/// The hyperparameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum OptimConfig {
     /// `torch.optim.AdamW`.
     Adamw {
@@ -232,121 +228,16 @@ impl OptimConfig {
     }
 }
 
-/// The full optimizer state as checkpoint.md's metadata JSON: the configuration plus
-/// the step count. SGD's JSON has no step (its update does not depend on it; whether
-/// the momentum buffer exists is told by the buffer tensors), so it reads back as 0.
+/// The optimizer's scalar state: the configuration plus the step count (what
+/// checkpoint.md's metadata JSON holds; the checkpoint core owns that JSON form). SGD's
+/// update does not depend on the step; whether its momentum buffer exists is told by
+/// the buffer tensors.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OptimHeader {
     /// Hyperparameters.
     pub config: OptimConfig,
     /// Optimizer steps taken (AdamW's bias corrections depend on it).
     pub step: u64,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AdamwJson {
-    #[serde(rename = "type")]
-    kind: String,
-    step: u64,
-    lr: f64,
-    betas: (f64, f64),
-    eps: f64,
-    weight_decay: f64,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SgdJson {
-    #[serde(rename = "type")]
-    kind: String,
-    lr: f64,
-    momentum: f64,
-    dampening: f64,
-    nesterov: bool,
-    weight_decay: f64,
-}
-
-impl OptimHeader {
-    /// The compact JSON of checkpoint.md (`{"type":"adamw","step":..,"lr":..,...}`),
-    /// floats in shortest round-trip form.
-    pub fn to_json(&self) -> String {
-        let value = match self.config {
-            OptimConfig::Adamw {
-                lr,
-                betas,
-                eps,
-                weight_decay,
-            } => serde_json::to_string(&AdamwJson {
-                kind: "adamw".into(),
-                step: self.step,
-                lr,
-                betas,
-                eps,
-                weight_decay,
-            }),
-            OptimConfig::Sgd {
-                lr,
-                momentum,
-                dampening,
-                nesterov,
-                weight_decay,
-            } => serde_json::to_string(&SgdJson {
-                kind: "sgd".into(),
-                lr,
-                momentum,
-                dampening,
-                nesterov,
-                weight_decay,
-            }),
-        };
-        // Serializing plain numbers and strings cannot fail; an empty object would be
-        // rejected by `from_json`, never silently accepted.
-        value.unwrap_or_default()
-    }
-
-    /// Parse the metadata JSON back; unknown keys and types are refused.
-    pub fn from_json(text: &str) -> Result<Self, OptimError> {
-        let value: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| OptimError::State(format!("malformed state JSON: {e}")))?;
-        let kind = value.get("type").and_then(|t| t.as_str()).unwrap_or("");
-        let header = match kind {
-            "adamw" => {
-                let j: AdamwJson = serde_json::from_value(value)
-                    .map_err(|e| OptimError::State(format!("adamw state: {e}")))?;
-                OptimHeader {
-                    config: OptimConfig::Adamw {
-                        lr: j.lr,
-                        betas: j.betas,
-                        eps: j.eps,
-                        weight_decay: j.weight_decay,
-                    },
-                    step: j.step,
-                }
-            }
-            "sgd" => {
-                let j: SgdJson = serde_json::from_value(value)
-                    .map_err(|e| OptimError::State(format!("sgd state: {e}")))?;
-                OptimHeader {
-                    config: OptimConfig::Sgd {
-                        lr: j.lr,
-                        momentum: j.momentum,
-                        dampening: j.dampening,
-                        nesterov: j.nesterov,
-                        weight_decay: j.weight_decay,
-                    },
-                    step: 0,
-                }
-            }
-            other => {
-                return Err(OptimError::State(format!(
-                    "unknown optimizer type {other:?} (expected \"adamw\" or \"sgd\")"
-                )))
-            }
-        };
-        header.config.validate()?;
-        Ok(header)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -832,8 +723,7 @@ mod tests {
                 opt.step(&mut [&mut pa, &mut pb], &[&grad(s, 5), &grad(s + 9, 3)])
                     .unwrap();
             }
-            let header = OptimHeader::from_json(&opt.header().to_json()).unwrap();
-            assert_eq!(header.config, *opt.config());
+            let header = opt.header();
             let tensors: BTreeMap<String, Vec<f32>> = opt
                 .state_tensors()
                 .into_iter()
@@ -851,35 +741,6 @@ mod tests {
             assert_eq!(pa, qa);
             assert_eq!(pb, qb);
         }
-    }
-
-    #[test]
-    fn header_json_matches_the_checkpoint_schema() {
-        let h = OptimHeader {
-            config: adamw_default(0.01),
-            step: 50,
-        };
-        assert_eq!(
-            h.to_json(),
-            r#"{"type":"adamw","step":50,"lr":0.01,"betas":[0.9,0.999],"eps":1e-8,"weight_decay":0.01}"#
-        );
-        let s = OptimHeader {
-            config: OptimConfig::sgd(0.1, 0.9),
-            step: 3,
-        };
-        assert_eq!(
-            s.to_json(),
-            r#"{"type":"sgd","lr":0.1,"momentum":0.9,"dampening":0.0,"nesterov":false,"weight_decay":0.0}"#
-        );
-        assert_eq!(
-            OptimHeader::from_json(&s.to_json()).unwrap().config,
-            s.config
-        );
-        assert!(OptimHeader::from_json(r#"{"type":"adam","lr":1}"#).is_err());
-        assert!(OptimHeader::from_json(
-            r#"{"type":"adamw","step":1,"lr":0.01,"betas":[0.9,0.999],"eps":1e-8,"weight_decay":0.01,"x":1}"#
-        )
-        .is_err());
     }
 
     #[test]
