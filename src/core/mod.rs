@@ -9,6 +9,7 @@ use crate::error::ExitClass;
 pub mod atomic;
 pub mod optim;
 pub mod pcg;
+pub mod tokens;
 pub mod train;
 
 /// The exit class of a core error, when `err` is one of core's error types.
@@ -18,6 +19,9 @@ pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitCla
         return Some(e.exit_class());
     }
     if let Some(e) = err.downcast_ref::<optim::OptimError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<tokens::TokensError>() {
         return Some(e.exit_class());
     }
     if let Some(e) = err.downcast_ref::<train::TrainError>() {

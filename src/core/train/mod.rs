@@ -5,6 +5,7 @@
 //! fixed order on one thread, so the same inputs give the same bits on the same machine.
 
 pub mod bigram;
+pub mod config;
 pub mod counts;
 
 use crate::core::optim::OptimError;
