@@ -9,6 +9,7 @@ use crate::error::ExitClass;
 pub mod atomic;
 pub mod optim;
 pub mod pcg;
+pub mod safetensors;
 pub mod tokens;
 pub mod train;
 
@@ -19,6 +20,9 @@ pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitCla
         return Some(e.exit_class());
     }
     if let Some(e) = err.downcast_ref::<optim::OptimError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<safetensors::SafetensorsError>() {
         return Some(e.exit_class());
     }
     if let Some(e) = err.downcast_ref::<tokens::TokensError>() {
