@@ -104,3 +104,60 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
     let _ = writeln!(io::stderr().lock(), "tlio: error: {line}");
     ExitCode::from(classify(err).code())
 }
+
+/// Report a command-line parsing outcome that is not a parsed command: `--help` and
+/// `--version` print as clap renders them (stdout, exit 0); every usage error becomes
+/// one line, `tlio: error: <what> (usage: <usage line>)`, with exit 2.
+///
+/// clap's own rendering spans several lines (the error, a tip, the usage, a pointer to
+/// `--help`); the contract of cli.md is one line per error, so the first line and the
+/// usage line are joined.
+pub fn report_usage(err: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        // A closed stdout while printing help is not worth reporting.
+        let _ = err.print();
+        return ExitCode::SUCCESS;
+    }
+    let _ = writeln!(io::stderr().lock(), "{}", usage_line(err));
+    ExitCode::from(ExitClass::Operational.code())
+}
+
+/// The one-line form of a clap usage error.
+pub fn usage_line(err: &clap::Error) -> String {
+    use clap::error::ErrorKind;
+    // `to_string` on the rendered text drops colour codes.
+    let rendered = err.render().to_string();
+    let usage = rendered
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("Usage: "))
+        .map(str::trim);
+    let what = if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        "a subcommand is required".to_string()
+    } else {
+        // Everything but the usage block and the pointer to --help, on one line:
+        // "invalid value 'x' for '<SHELL>' [possible values: ...]".
+        let mut what = String::new();
+        for line in rendered.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with("Usage:") || line.starts_with("For more") {
+                continue;
+            }
+            let line = line.strip_prefix("error: ").unwrap_or(line);
+            if !what.is_empty() {
+                what.push_str(if line.starts_with("tip:") { "; " } else { " " });
+            }
+            what.push_str(line);
+        }
+        if what.is_empty() {
+            what.push_str("invalid arguments");
+        }
+        what
+    };
+    match usage {
+        Some(usage) => format!("tlio: error: {what} (usage: {usage}; see --help)"),
+        None => format!("tlio: error: {what} (see --help)"),
+    }
+}
