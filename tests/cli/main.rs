@@ -4,7 +4,9 @@
 use assert_cmd::Command;
 
 mod ckpt;
+mod errors;
 mod generate;
+mod output;
 
 /// The `tlio` binary under test, with failpoints cleared so the caller's environment
 /// cannot leak in.

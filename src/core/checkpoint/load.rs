@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 
 use super::manifest::Manifest;
 use super::optimizer::{model_params, OptimizerError, OptimizerFile};
-use super::{MODEL_NAME, OPTIMIZER_NAME};
-use crate::core::safetensors::{MappedFile, SafetensorsError};
 use super::state::TrainerState;
 use super::verify::{inspect, Inspection, Problem};
 use super::{list, step_name, CheckpointError, Latest, Listing};
+use super::{MODEL_NAME, OPTIMIZER_NAME};
+use crate::core::safetensors::{MappedFile, SafetensorsError};
 
 /// A checkpoint that verified.
 #[derive(Debug, Clone)]

@@ -4,8 +4,8 @@
 //! the trainer's.
 //!
 //! Invariants: AdamW holds exactly `<p>.exp_avg` and `<p>.exp_avg_sq` per parameter,
-//! SGD `<p>.momentum_buffer` per parameter when momentum is nonzero and nothing when it
-//! is zero; each array has its parameter's shape; floats in the JSON are written in
+//! SGD `<p>.momentum_buffer` per parameter when momentum is nonzero (or none at all
+//! before the first step, like torch) and nothing when it is zero; each array has its parameter's shape; floats in the JSON are written in
 //! shortest round-trip form, so reading them back gives the identical bits.
 
 use std::collections::BTreeMap;
@@ -209,7 +209,11 @@ fn check_layout(
             }
         }
     }
+    // SGD's momentum buffers exist only from the first step on (torch's are `None`
+    // until then): with momentum, every parameter has one or none has.
+    let sgd_before_first_step = matches!(state, OptimizerState::Sgd { .. }) && implied.is_empty();
     let expected: BTreeMap<&str, &[u64]> = match params {
+        Some(_) if sgd_before_first_step => BTreeMap::new(),
         Some(p) => p.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect(),
         None => implied.clone(),
     };

@@ -366,6 +366,12 @@ fn test_sgd_momentum_names() {
     let back = OptimizerFile::read(&path.join(OPTIMIZER_NAME), Some(&params)).unwrap();
     assert_eq!(back, without);
 
+    // Before the first step SGD with momentum has no buffers yet (like torch).
+    let fresh = OptimizerFile {
+        state: sgd(0.9),
+        tensors: BTreeMap::new(),
+    };
+    assert!(fresh.validate(Some(&params)).is_ok());
     // Wrong names are refused: a buffer with momentum 0, a missing parameter, AdamW
     // names under SGD, an array for a parameter the model does not have.
     let bad = [

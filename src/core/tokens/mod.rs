@@ -1,0 +1,199 @@
+//! llm.c-style token shards and the exactly resumable token stream of tokens.md.
+//!
+//! Invariants: a `Shard` is only ever built from a file whose header, size and every id
+//! have been validated; a `TokenStream`'s `Cursor` is its whole position (shard, offset
+//! of the next window, generator state), so restoring it continues bit for bit.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::error::{Classify, ExitClass};
+
+mod pack;
+mod shard;
+mod stream;
+
+pub use pack::{output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, BYTES_VOCAB};
+pub use shard::{
+    inspect_header, read_header, Dtype, Header, HeaderReport, Shard, ShardWriter, HEADER_BYTES,
+    LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
+};
+pub use stream::{Batch, Cursor, RngState, TokenStream};
+
+/// Errors of token shards, packing and the token stream.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    /// A file could not be opened, read, mapped or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The file is shorter than the 1024-byte header.
+    #[error("{}: short file: {size} bytes, the header alone is {HEADER_BYTES}", path.display())]
+    Short {
+        /// The file.
+        path: PathBuf,
+        /// Its size in bytes.
+        size: u64,
+    },
+    /// Header word 0 is not a known magic number.
+    #[error("{}: bad magic {magic} (expected {MAGIC}, or {LLAMA3_MAGIC} for llm.c Llama-3 shards)", path.display())]
+    BadMagic {
+        /// The file.
+        path: PathBuf,
+        /// Word 0 as a signed 32-bit integer.
+        magic: i32,
+    },
+    /// Header word 1 is not a version this magic allows.
+    #[error("{}: unsupported version {version} for magic {magic} (expected {expected})", path.display())]
+    BadVersion {
+        /// The file.
+        path: PathBuf,
+        /// The magic number.
+        magic: i32,
+        /// Word 1.
+        version: i32,
+        /// The versions this magic allows, for the message.
+        expected: &'static str,
+    },
+    /// Header word 2 (the id count) is negative.
+    #[error("{}: negative id count {count} in header word 2", path.display())]
+    NegativeCount {
+        /// The file.
+        path: PathBuf,
+        /// Word 2.
+        count: i32,
+    },
+    /// Header word 3 (the vocabulary size) is negative.
+    #[error("{}: negative vocabulary size {vocab} in header word 3", path.display())]
+    NegativeVocab {
+        /// The file.
+        path: PathBuf,
+        /// Word 3.
+        vocab: i32,
+    },
+    /// A reserved header word (4..255) is not zero.
+    #[error("{}: reserved header word {word} is {value}, must be 0", path.display())]
+    Reserved {
+        /// The file.
+        path: PathBuf,
+        /// The word's index.
+        word: usize,
+        /// Its value.
+        value: i32,
+    },
+    /// The file size disagrees with the header's id count.
+    #[error("{}: size mismatch: the header's {count} ids of {itemsize} bytes need {expected} bytes, the file has {actual}", path.display())]
+    SizeMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The header's id count.
+        count: u64,
+        /// Bytes per id.
+        itemsize: u64,
+        /// 1024 + count * itemsize.
+        expected: u64,
+        /// The file's size.
+        actual: u64,
+    },
+    /// An id is not below the vocabulary size.
+    #[error("{}: id {id} at index {index} is not below the vocabulary size {vocab}", path.display())]
+    IdOutOfVocab {
+        /// The file.
+        path: PathBuf,
+        /// The id's index among the ids.
+        index: u64,
+        /// The id.
+        id: u64,
+        /// The vocabulary size.
+        vocab: u32,
+    },
+    /// The vocabulary size given by the caller disagrees with the one the shard records.
+    #[error("{}: vocabulary size mismatch: the shard records {recorded}, expected {expected}", path.display())]
+    VocabMismatch {
+        /// The shard.
+        path: PathBuf,
+        /// Header word 3.
+        recorded: u32,
+        /// What the caller asked for.
+        expected: u32,
+    },
+    /// A vocabulary size out of the range a shard header can record.
+    #[error("vocabulary size {vocab} is out of range (1 to {max})", max = i32::MAX)]
+    BadVocab {
+        /// The value given.
+        vocab: u64,
+    },
+    /// A token stream needs at least one shard.
+    #[error("the token stream needs at least one shard")]
+    NoShards,
+    /// seq_len or batch is below 1.
+    #[error("{name} must be at least 1, got {value}")]
+    BadArg {
+        /// `seq_len` or `batch`.
+        name: &'static str,
+        /// The value given.
+        value: usize,
+    },
+    /// A shard holds fewer than T + 1 ids, so not even one window fits.
+    #[error("{}: shard {shard} holds {count} ids, too short for one window of seq_len {seq_len} (needs {})", path.display(), seq_len.saturating_add(1))]
+    ShardTooShort {
+        /// The shard's index in the stream.
+        shard: usize,
+        /// Its path.
+        path: PathBuf,
+        /// Its id count.
+        count: u64,
+        /// T.
+        seq_len: usize,
+    },
+    /// A cursor field is malformed or out of range.
+    #[error("cursor field \"{field}\": {reason}")]
+    BadCursor {
+        /// The field, e.g. `offset` or `rng.inc`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `pack` input is not in the declared format.
+    #[error("{input}: {reason}")]
+    BadInput {
+        /// The input's name (`-` for standard input).
+        input: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `pack` options that cannot work (a zero shard size, too many ids for one shard).
+    #[error("{0}")]
+    BadOptions(String),
+    /// Reading a `pack` input failed.
+    #[error("cannot read {input}: {source}")]
+    Read {
+        /// The input's name.
+        input: String,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Writing an output shard failed.
+    #[error(transparent)]
+    Write(#[from] crate::core::atomic::AtomicError),
+}
+
+impl Classify for TokensError {
+    fn exit_class(&self) -> ExitClass {
+        match self {
+            TokensError::Io { .. } | TokensError::Read { .. } | TokensError::Write(_) => {
+                ExitClass::Operational
+            }
+            // Bad arguments are usage errors, not bad data.
+            TokensError::NoShards
+            | TokensError::BadArg { .. }
+            | TokensError::BadVocab { .. }
+            | TokensError::BadOptions(_) => ExitClass::Operational,
+            _ => ExitClass::Invalid,
+        }
+    }
+}

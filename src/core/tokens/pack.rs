@@ -1,0 +1,609 @@
+//! `tokens pack`: turn byte streams, decimal id text or raw little-endian id arrays into
+//! shards, streaming in bounded memory.
+//!
+//! Invariants: every id is checked against the vocabulary before it is written; each
+//! shard is written atomically; on any error every shard this call already committed
+//! is removed again, so a failed pack leaves no output.
+
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use super::shard::{check_vocab, Header, ShardWriter, MAX_COUNT};
+use super::TokensError;
+
+/// Bytes read from an input at a time.
+const READ_CHUNK: usize = 1 << 20;
+/// Digits in the shard number of `OUT_000000.bin`.
+const SHARD_NUMBER_DIGITS: usize = 6;
+/// The vocabulary of `--from bytes`: every byte value is an id.
+pub const BYTES_VOCAB: u32 = 256;
+
+/// How `pack` reads its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    /// Each byte is an id (vocabulary 256 by default).
+    Bytes,
+    /// Decimal ids separated by ASCII whitespace.
+    Ids,
+    /// Little-endian uint16 ids, back to back.
+    U16le,
+    /// Little-endian uint32 ids, back to back.
+    U32le,
+}
+
+/// One input: a name for messages (`-` for standard input) and its bytes.
+pub struct PackInput {
+    /// Shown in errors.
+    pub name: String,
+    /// The bytes.
+    pub reader: Box<dyn Read>,
+}
+
+/// What to build.
+#[derive(Debug, Clone, Copy)]
+pub struct PackOptions {
+    /// The input format.
+    pub format: InputFormat,
+    /// The vocabulary every id must be below (recorded in each shard).
+    pub vocab: u32,
+    /// Ids per shard; `None` writes one file.
+    pub shard_tokens: Option<u64>,
+}
+
+/// What was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackSummary {
+    /// Each shard written, in order, with its header.
+    pub shards: Vec<(PathBuf, Header)>,
+    /// Ids written in all.
+    pub tokens: u64,
+}
+
+/// The name of shard `index` for output `out` with `--shard-tokens`: `OUT_000000.bin`
+/// (a trailing `.bin` of `out` is dropped first, so `train.bin` gives
+/// `train_000000.bin`).
+pub fn output_name(out: &Path, index: usize) -> PathBuf {
+    let base = if out.extension().is_some_and(|e| e == "bin") {
+        out.with_extension("")
+    } else {
+        out.to_path_buf()
+    };
+    let mut name = base.into_os_string();
+    name.push(format!("_{index:0SHARD_NUMBER_DIGITS$}.bin"));
+    PathBuf::from(name)
+}
+
+/// Where ids go: the current shard, rotated every `shard_tokens` ids.
+struct Sink<'a> {
+    out: &'a Path,
+    opts: PackOptions,
+    current: Option<ShardWriter>,
+    done: Vec<(PathBuf, Header)>,
+    tokens: u64,
+}
+
+impl Sink<'_> {
+    fn next_path(&self) -> PathBuf {
+        match self.opts.shard_tokens {
+            Some(_) => output_name(self.out, self.done.len()),
+            None => self.out.to_path_buf(),
+        }
+    }
+
+    fn push(&mut self, mut ids: &[u32]) -> Result<(), TokensError> {
+        while !ids.is_empty() {
+            let writer = match self.current.take() {
+                Some(w) => w,
+                None => ShardWriter::create(&self.next_path(), self.opts.vocab)?,
+            };
+            let writer = self.current.insert(writer);
+            let limit = self.opts.shard_tokens.unwrap_or(MAX_COUNT + 1);
+            let room = usize::try_from(limit.saturating_sub(writer.count())).unwrap_or(usize::MAX);
+            let (now, later) = ids.split_at(room.min(ids.len()));
+            writer.push(now)?;
+            self.tokens = self.tokens.saturating_add(now.len() as u64);
+            if writer.count() >= limit {
+                self.finish_current()?;
+            }
+            ids = later;
+        }
+        Ok(())
+    }
+
+    fn finish_current(&mut self) -> Result<(), TokensError> {
+        if let Some(writer) = self.current.take() {
+            let path = writer.path().to_path_buf();
+            let header = writer.finish()?;
+            self.done.push((path, header));
+        }
+        Ok(())
+    }
+
+    /// Commit the last shard; an empty input still yields one (empty) shard.
+    fn finish(&mut self) -> Result<(), TokensError> {
+        if self.current.is_none() && self.done.is_empty() {
+            self.current = Some(ShardWriter::create(&self.next_path(), self.opts.vocab)?);
+        }
+        self.finish_current()
+    }
+}
+
+/// Read into `buf` until it is full or the input ends; returns the bytes read.
+fn fill(reader: &mut dyn Read, buf: &mut [u8], name: &str) -> Result<usize, TokensError> {
+    let mut got = 0;
+    while let Some(rest) = buf.get_mut(got..) {
+        if rest.is_empty() {
+            break;
+        }
+        match reader.read(rest) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(TokensError::Read {
+                    input: name.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(got)
+}
+
+fn out_of_vocab(name: &str, position: u64, id: u64, vocab: u32) -> TokensError {
+    TokensError::BadInput {
+        input: name.to_string(),
+        reason: format!("id {id} at position {position} is not below the vocabulary size {vocab}"),
+    }
+}
+
+/// Check a decoded chunk against the vocabulary, naming the input and position.
+fn check_chunk(ids: &[u32], vocab: u32, name: &str, first: u64) -> Result<(), TokensError> {
+    if ids.iter().fold(0u32, |m, &id| m.max(id)) < vocab {
+        return Ok(());
+    }
+    match ids.iter().enumerate().find(|(_, &id)| id >= vocab) {
+        Some((i, &id)) => Err(out_of_vocab(
+            name,
+            first.saturating_add(i as u64),
+            u64::from(id),
+            vocab,
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Decimal ids separated by whitespace, parsed across chunk boundaries.
+struct IdText {
+    current: Option<u64>,
+    offset: u64,
+}
+
+impl IdText {
+    fn feed(&mut self, bytes: &[u8], ids: &mut Vec<u32>, name: &str) -> Result<(), TokensError> {
+        for &b in bytes {
+            match b {
+                b'0'..=b'9' => {
+                    let value = self
+                        .current
+                        .unwrap_or(0)
+                        .checked_mul(10)
+                        .and_then(|v| v.checked_add(u64::from(b - b'0')))
+                        .filter(|&v| v <= u64::from(u32::MAX))
+                        .ok_or_else(|| TokensError::BadInput {
+                            input: name.to_string(),
+                            reason: format!("id at byte {} is too large for a token id", self.offset),
+                        })?;
+                    self.current = Some(value);
+                }
+                b if b.is_ascii_whitespace() => self.end(ids),
+                other => {
+                    return Err(TokensError::BadInput {
+                        input: name.to_string(),
+                        reason: format!(
+                            "invalid character {:?} at byte {} (ids are decimal integers separated by whitespace)",
+                            char::from(other),
+                            self.offset
+                        ),
+                    })
+                }
+            }
+            self.offset = self.offset.saturating_add(1);
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, ids: &mut Vec<u32>) {
+        if let Some(v) = self.current.take() {
+            // At most u32::MAX, checked as the digits came in.
+            ids.push(u32::try_from(v).unwrap_or(u32::MAX));
+        }
+    }
+}
+
+/// Pack one input into the sink.
+fn pack_input(
+    input: &mut PackInput,
+    sink: &mut Sink<'_>,
+    buf: &mut [u8],
+    ids: &mut Vec<u32>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(), TokensError> {
+    let vocab = sink.opts.vocab;
+    let name = input.name.as_str();
+    let mut position = 0u64;
+    let mut carry = 0usize;
+    let mut text = IdText {
+        current: None,
+        offset: 0,
+    };
+    loop {
+        let space = buf.get_mut(carry..).unwrap_or(&mut []);
+        let got = fill(&mut input.reader, space, name)?;
+        progress(got as u64);
+        let total = carry + got;
+        let data = buf.get(..total).unwrap_or(&[]);
+        ids.clear();
+        let rest = match sink.opts.format {
+            InputFormat::Bytes => {
+                ids.extend(data.iter().map(|&b| u32::from(b)));
+                0
+            }
+            InputFormat::Ids => {
+                text.feed(data, ids, name)?;
+                if got == 0 {
+                    text.end(ids);
+                }
+                0
+            }
+            InputFormat::U16le => {
+                let (whole, rest) = data.as_chunks::<2>();
+                ids.extend(whole.iter().map(|c| u32::from(u16::from_le_bytes(*c))));
+                rest.len()
+            }
+            InputFormat::U32le => {
+                let (whole, rest) = data.as_chunks::<4>();
+                ids.extend(whole.iter().map(|c| u32::from_le_bytes(*c)));
+                rest.len()
+            }
+        };
+        check_chunk(ids, vocab, name, position)?;
+        sink.push(ids)?;
+        position = position.saturating_add(ids.len() as u64);
+        if got == 0 {
+            if rest != 0 {
+                let size = if sink.opts.format == InputFormat::U16le {
+                    2
+                } else {
+                    4
+                };
+                return Err(TokensError::BadInput {
+                    input: name.to_string(),
+                    reason: format!(
+                        "{rest} trailing byte(s): the input is not a whole number of {size}-byte ids"
+                    ),
+                });
+            }
+            return Ok(());
+        }
+        // Keep the partial id for the next read.
+        buf.copy_within(total - rest..total, 0);
+        carry = rest;
+    }
+}
+
+/// Pack `inputs`, in order, into shards at `out` (one file, or `OUT_000000.bin`, ...
+/// with `shard_tokens`). `progress` is called with the bytes read after each read.
+/// On error, nothing is left under any output name.
+pub fn pack(
+    inputs: Vec<PackInput>,
+    out: &Path,
+    opts: &PackOptions,
+    progress: &mut dyn FnMut(u64),
+) -> Result<PackSummary, TokensError> {
+    check_vocab(u64::from(opts.vocab))?;
+    if let Some(n) = opts.shard_tokens {
+        if n == 0 || n > MAX_COUNT {
+            return Err(TokensError::BadOptions(format!(
+                "--shard-tokens must be 1 to {MAX_COUNT}, got {n}"
+            )));
+        }
+    }
+    let mut sink = Sink {
+        out,
+        opts: *opts,
+        current: None,
+        done: Vec::new(),
+        tokens: 0,
+    };
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut ids = Vec::with_capacity(READ_CHUNK);
+    let mut result = Ok(());
+    for mut input in inputs {
+        result = pack_input(&mut input, &mut sink, &mut buf, &mut ids, progress);
+        if result.is_err() {
+            break;
+        }
+    }
+    let result = result.and_then(|()| sink.finish());
+    match result {
+        Ok(()) => Ok(PackSummary {
+            shards: sink.done,
+            tokens: sink.tokens,
+        }),
+        Err(e) => {
+            // The unfinished shard's temporary file goes with its writer; the shards
+            // already committed by this call go too, so a failed pack leaves nothing.
+            drop(sink.current.take());
+            for (path, _) in &sink.done {
+                let _ = fs::remove_file(path);
+            }
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::tokens::Shard;
+
+    fn input(name: &str, bytes: &[u8]) -> PackInput {
+        PackInput {
+            name: name.to_string(),
+            reader: Box::new(io::Cursor::new(bytes.to_vec())),
+        }
+    }
+
+    /// A reader that hands out at most `step` bytes per read, to cut ids and numbers
+    /// across read boundaries.
+    struct Trickle(Vec<u8>, usize, usize);
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.1.min(buf.len()).min(self.0.len() - self.2);
+            buf[..n].copy_from_slice(&self.0[self.2..self.2 + n]);
+            self.2 += n;
+            Ok(n)
+        }
+    }
+
+    fn opts(format: InputFormat, vocab: u32, shard_tokens: Option<u64>) -> PackOptions {
+        PackOptions {
+            format,
+            vocab,
+            shard_tokens,
+        }
+    }
+
+    fn all_ids(summary: &PackSummary) -> Vec<u32> {
+        summary
+            .shards
+            .iter()
+            .flat_map(|(p, _)| {
+                let s = Shard::open(p, None).unwrap();
+                s.ids(0..s.len()).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bytes_split_into_numbered_shards() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("train.bin");
+        let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let s = pack(
+            vec![input("-", &data)],
+            &out,
+            &opts(InputFormat::Bytes, 256, Some(300)),
+            &mut |_| {},
+        )
+        .unwrap();
+        let names: Vec<_> = s
+            .shards
+            .iter()
+            .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "train_000000.bin",
+                "train_000001.bin",
+                "train_000002.bin",
+                "train_000003.bin"
+            ]
+        );
+        let counts: Vec<_> = s.shards.iter().map(|(_, h)| h.count).collect();
+        assert_eq!(counts, [300, 300, 300, 100]);
+        assert_eq!(s.tokens, 1000);
+        assert_eq!(
+            all_ids(&s),
+            data.iter().map(|&b| u32::from(b)).collect::<Vec<_>>()
+        );
+        assert!(!out.exists());
+    }
+
+    #[test]
+    fn exact_multiple_makes_no_empty_tail_and_empty_input_one_empty_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("x");
+        let s = pack(
+            vec![input("a", &[1; 20])],
+            &out,
+            &opts(InputFormat::Bytes, 256, Some(10)),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(s.shards.len(), 2);
+        let out2 = dir.path().join("empty.bin");
+        let s = pack(
+            vec![input("a", &[])],
+            &out2,
+            &opts(InputFormat::Bytes, 256, None),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(
+            s.shards,
+            vec![(out2.clone(), Header::for_ids(0, 256).unwrap())]
+        );
+        assert_eq!(std::fs::metadata(&out2).unwrap().len(), 1024);
+    }
+
+    #[test]
+    fn every_format_across_read_boundaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let want: Vec<u32> = vec![0, 7, 65535, 1234, 99, 70000];
+        let cases: Vec<(InputFormat, Vec<u8>, u32, Vec<u32>)> = vec![
+            (
+                InputFormat::Ids,
+                b"  0 7\n65535\t1234 99 70000\n".to_vec(),
+                70001,
+                want.clone(),
+            ),
+            (
+                InputFormat::Ids,
+                b"0 7 65535 1234 99 70000".to_vec(),
+                70001,
+                want.clone(),
+            ),
+            (
+                InputFormat::U16le,
+                want.iter()
+                    .take(5)
+                    .flat_map(|&i| (i as u16).to_le_bytes())
+                    .collect(),
+                65536,
+                want[..5].to_vec(),
+            ),
+            (
+                InputFormat::U32le,
+                want.iter().flat_map(|&i| i.to_le_bytes()).collect(),
+                70001,
+                want.clone(),
+            ),
+        ];
+        for (i, (format, bytes, vocab, expect)) in cases.into_iter().enumerate() {
+            for step in [1, 3, 1 << 20] {
+                let out = dir.path().join(format!("f{i}_{step}.bin"));
+                let inp = PackInput {
+                    name: "in".into(),
+                    reader: Box::new(Trickle(bytes.clone(), step, 0)),
+                };
+                let mut seen = 0;
+                let s = pack(vec![inp], &out, &opts(format, vocab, None), &mut |n| {
+                    seen += n
+                })
+                .unwrap();
+                assert_eq!(all_ids(&s), expect, "{format:?} step {step}");
+                assert_eq!(seen, bytes.len() as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn bad_input_leaves_no_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("o");
+        let cases: Vec<(InputFormat, Vec<u8>, &str)> = vec![
+            (
+                InputFormat::Ids,
+                b"1 2 300 4".to_vec(),
+                "id 300 at position 2 is not below the vocabulary size 256",
+            ),
+            (
+                InputFormat::Ids,
+                b"1 2 x".to_vec(),
+                "invalid character 'x' at byte 4",
+            ),
+            (InputFormat::Ids, b"1 -2".to_vec(), "invalid character '-'"),
+            (InputFormat::Ids, b"99999999999".to_vec(), "too large"),
+            (InputFormat::U16le, vec![1, 0, 2], "1 trailing byte(s)"),
+            (
+                InputFormat::U32le,
+                vec![1, 0, 0, 0, 0, 1, 0, 0],
+                "id 256 at position 1",
+            ),
+        ];
+        for (format, bytes, want) in cases {
+            // Good shards first: they are committed, then removed when the bad input fails.
+            let good = match format {
+                InputFormat::Ids => input("good", "5 ".repeat(25).as_bytes()),
+                InputFormat::U32le => input("good", &[5, 0, 0, 0].repeat(25)),
+                _ => input("good", &[5, 0].repeat(25)),
+            };
+            let err = pack(
+                vec![good, input("bad.txt", &bytes)],
+                &out,
+                &opts(format, 256, Some(10)),
+                &mut |_| {},
+            )
+            .unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.starts_with("bad.txt: ") && msg.contains(want), "{msg}");
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{msg}");
+        }
+        let bytes_v = pack(
+            vec![input("t", b"hello")],
+            &out,
+            &opts(InputFormat::Bytes, 100, None),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(
+            bytes_v.to_string().contains("id 104 at position 0"),
+            "{bytes_v}"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        assert!(pack(
+            vec![],
+            &out,
+            &opts(InputFormat::Bytes, 256, Some(0)),
+            &mut |_| {}
+        )
+        .is_err());
+        assert!(pack(
+            vec![],
+            &out,
+            &opts(InputFormat::Bytes, 0, None),
+            &mut |_| {}
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn output_names() {
+        assert_eq!(
+            output_name(Path::new("d/train"), 0),
+            Path::new("d/train_000000.bin")
+        );
+        assert_eq!(
+            output_name(Path::new("train.bin"), 12),
+            Path::new("train_000012.bin")
+        );
+        assert_eq!(
+            output_name(Path::new("a.b"), 1),
+            Path::new("a.b_000001.bin")
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        #[test]
+        fn pack_roundtrips_ids_text(
+            ids in proptest::collection::vec(0u32..5000, 0..200),
+            shard in proptest::option::of(1u64..50),
+            step in 1usize..17,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("p");
+            let text: String = ids.iter().map(|i| format!("{i}\n")).collect();
+            let inp = PackInput { name: "-".into(), reader: Box::new(Trickle(text.into_bytes(), step, 0)) };
+            let s = pack(vec![inp], &out, &opts(InputFormat::Ids, 5000, shard), &mut |_| {}).unwrap();
+            proptest::prop_assert_eq!(all_ids(&s), ids.clone());
+            if let Some(n) = shard {
+                proptest::prop_assert_eq!(s.shards.len() as u64, (ids.len() as u64).div_ceil(n).max(1));
+            }
+        }
+    }
+}

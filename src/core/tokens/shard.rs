@@ -1,0 +1,850 @@
+//! The shard format of tokens.md: a 1024-byte header of 256 little-endian int32
+//! (magic, version, id count n, vocabulary size V, then zeros), then n ids as
+//! little-endian uint16 (version 1) or uint32 (version 2; llm.c Llama-3 shards, magic
+//! 20240801 version 7, are read as uint32 too).
+//!
+//! Invariants: a `Shard` exists only for a file whose header, exact size and every id
+//! (against V, when known) were checked; its ids are mapped read-only and never copied
+//! whole. A `ShardWriter` writes only 20240520 shards, atomically, in bounded memory,
+//! and refuses any id at or above its vocabulary.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use serde::Serialize;
+
+use super::TokensError;
+use crate::core::atomic::AtomicFile;
+
+/// Bytes in the header.
+pub const HEADER_BYTES: usize = 1024;
+/// Bytes per header word.
+const WORD_BYTES: usize = 4;
+/// The first header word that is reserved (must be 0 in 20240520 shards).
+const FIRST_RESERVED_WORD: usize = 4;
+/// Header word 0 of the shards tlio reads and writes (llm.c's GPT-2 format).
+pub const MAGIC: i32 = 20240520;
+/// Header word 0 of llm.c's Llama-3 shards.
+pub const LLAMA3_MAGIC: i32 = 20240801;
+/// The only version of llm.c's Llama-3 shards (uint32 ids).
+const LLAMA3_VERSION: i32 = 7;
+/// Version of 20240520 shards with uint16 ids.
+const VERSION_U16: i32 = 1;
+/// Version of 20240520 shards with uint32 ids.
+const VERSION_U32: i32 = 2;
+/// The largest vocabulary whose ids all fit in uint16 (ids 0..=65535).
+pub const U16_VOCAB_LIMIT: u32 = 65536;
+/// The largest id count, and vocabulary size, a signed 32-bit header word records.
+pub const MAX_COUNT: u64 = i32::MAX as u64;
+/// Encoding buffer of the writer, in ids (bounded memory whatever the input size).
+const WRITE_CHUNK_IDS: usize = 1 << 16;
+
+/// How the ids of a shard are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Dtype {
+    /// Little-endian uint16 (version 1).
+    #[serde(rename = "uint16")]
+    U16,
+    /// Little-endian uint32 (version 2, and Llama-3 version 7).
+    #[serde(rename = "uint32")]
+    U32,
+}
+
+impl Dtype {
+    /// Bytes per id.
+    pub fn itemsize(self) -> usize {
+        match self {
+            Dtype::U16 => 2,
+            Dtype::U32 => 4,
+        }
+    }
+
+    /// The name shown to users.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::U16 => "uint16",
+            Dtype::U32 => "uint32",
+        }
+    }
+}
+
+/// A validated shard header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Word 0: `MAGIC` or `LLAMA3_MAGIC`.
+    pub magic: i32,
+    /// Word 1.
+    pub version: i32,
+    /// How the ids are stored, from magic and version.
+    pub dtype: Dtype,
+    /// Word 2: the number of ids.
+    pub count: u64,
+    /// Word 3: the vocabulary size, `None` when the file records 0 ("not recorded").
+    pub vocab: Option<u32>,
+}
+
+impl Header {
+    /// The header tlio writes for `count` ids of vocabulary `vocab`: version 1 when
+    /// `vocab <= 65536`, else version 2.
+    pub fn for_ids(count: u64, vocab: u32) -> Result<Header, TokensError> {
+        check_vocab(u64::from(vocab))?;
+        if count > MAX_COUNT {
+            return Err(TokensError::BadOptions(format!(
+                "{count} ids do not fit one shard (at most {MAX_COUNT})"
+            )));
+        }
+        let (version, dtype) = if vocab <= U16_VOCAB_LIMIT {
+            (VERSION_U16, Dtype::U16)
+        } else {
+            (VERSION_U32, Dtype::U32)
+        };
+        Ok(Header {
+            magic: MAGIC,
+            version,
+            dtype,
+            count,
+            vocab: Some(vocab),
+        })
+    }
+
+    /// The exact file size this header implies, `None` if it overflows u64.
+    pub fn file_size(&self) -> Option<u64> {
+        self.count
+            .checked_mul(self.dtype.itemsize() as u64)?
+            .checked_add(HEADER_BYTES as u64)
+    }
+
+    /// The 1024 header bytes.
+    pub fn to_bytes(&self) -> [u8; HEADER_BYTES] {
+        let mut bytes = [0u8; HEADER_BYTES];
+        // Every field was range-checked when the header was built or parsed, so the
+        // conversions to i32 cannot fail; 0 stands for "not recorded".
+        let count = i32::try_from(self.count).unwrap_or(0);
+        let vocab = self.vocab.and_then(|v| i32::try_from(v).ok()).unwrap_or(0);
+        let (words, _) = bytes.as_chunks_mut::<WORD_BYTES>();
+        for (word, value) in words
+            .iter_mut()
+            .zip([self.magic, self.version, count, vocab])
+        {
+            *word = value.to_le_bytes();
+        }
+        bytes
+    }
+
+    /// Parse and validate the header of `path`, whose size is `size`.
+    pub fn parse(
+        path: &Path,
+        bytes: &[u8; HEADER_BYTES],
+        size: u64,
+    ) -> Result<Header, TokensError> {
+        let (words, _) = bytes.as_chunks::<WORD_BYTES>();
+        let word = |i: usize| words.get(i).map_or(0, |w| i32::from_le_bytes(*w));
+        let (magic, version) = (word(0), word(1));
+        let bad_version = |expected| TokensError::BadVersion {
+            path: path.to_path_buf(),
+            magic,
+            version,
+            expected,
+        };
+        let dtype = match (magic, version) {
+            (MAGIC, VERSION_U16) => Dtype::U16,
+            (MAGIC, VERSION_U32) => Dtype::U32,
+            (LLAMA3_MAGIC, LLAMA3_VERSION) => Dtype::U32,
+            (MAGIC, _) => return Err(bad_version("1 or 2")),
+            (LLAMA3_MAGIC, _) => return Err(bad_version("7")),
+            _ => {
+                return Err(TokensError::BadMagic {
+                    path: path.to_path_buf(),
+                    magic,
+                })
+            }
+        };
+        let count = u64::try_from(word(2)).map_err(|_| TokensError::NegativeCount {
+            path: path.to_path_buf(),
+            count: word(2),
+        })?;
+        let vocab = u32::try_from(word(3)).map_err(|_| TokensError::NegativeVocab {
+            path: path.to_path_buf(),
+            vocab: word(3),
+        })?;
+        if magic == MAGIC {
+            for (index, w) in words.iter().enumerate().skip(FIRST_RESERVED_WORD) {
+                let value = i32::from_le_bytes(*w);
+                if value != 0 {
+                    return Err(TokensError::Reserved {
+                        path: path.to_path_buf(),
+                        word: index,
+                        value,
+                    });
+                }
+            }
+        }
+        let header = Header {
+            magic,
+            version,
+            dtype,
+            count,
+            vocab: (vocab != 0).then_some(vocab),
+        };
+        let itemsize = dtype.itemsize() as u64;
+        match header.file_size() {
+            Some(expected) if expected == size => Ok(header),
+            expected => Err(TokensError::SizeMismatch {
+                path: path.to_path_buf(),
+                count,
+                itemsize,
+                expected: expected.unwrap_or(u64::MAX),
+                actual: size,
+            }),
+        }
+    }
+}
+
+/// What `tokens header` shows of one file: its size, the first four header words when
+/// the file has them (so an invalid file still shows what it claims), and the verdict.
+#[derive(Debug)]
+pub struct HeaderReport {
+    /// The file's size in bytes.
+    pub size: u64,
+    /// Words 0..4 (magic, version, count, vocabulary) when the file has 16 bytes.
+    pub words: Option<[i32; 4]>,
+    /// The validated header, or why it does not validate.
+    pub header: Result<Header, TokensError>,
+}
+
+fn io_err(path: &Path) -> impl Fn(io::Error) -> TokensError + '_ {
+    move |source| TokensError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Check a vocabulary size given by a caller: 1 to `MAX_COUNT`.
+pub(crate) fn check_vocab(vocab: u64) -> Result<u32, TokensError> {
+    match u32::try_from(vocab) {
+        Ok(v) if v >= 1 && u64::from(v) <= MAX_COUNT => Ok(v),
+        _ => Err(TokensError::BadVocab { vocab }),
+    }
+}
+
+/// Read up to 1024 header bytes of an open file; returns how many were read.
+fn read_header_bytes(
+    file: &mut File,
+    path: &Path,
+    buf: &mut [u8; HEADER_BYTES],
+) -> Result<usize, TokensError> {
+    let mut got = 0;
+    while let Some(rest) = buf.get_mut(got..) {
+        if rest.is_empty() {
+            break;
+        }
+        match file.read(rest) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_err(path)(e)),
+        }
+    }
+    Ok(got)
+}
+
+/// Open `path` and validate its header against the file size, reading only the header.
+fn open_and_parse(path: &Path) -> Result<(File, u64, Header), TokensError> {
+    let report_and_file = read_report(path)?;
+    let (file, report) = report_and_file;
+    let header = report.header?;
+    Ok((file, report.size, header))
+}
+
+fn read_report(path: &Path) -> Result<(File, HeaderReport), TokensError> {
+    let mut file = File::open(path).map_err(io_err(path))?;
+    let size = file.metadata().map_err(io_err(path))?.len();
+    let mut buf = [0u8; HEADER_BYTES];
+    let got = read_header_bytes(&mut file, path, &mut buf)?;
+    let words = buf.get(..16).filter(|_| got >= 16).map(|w| {
+        let (chunks, _) = w.as_chunks::<WORD_BYTES>();
+        let mut out = [0i32; 4];
+        for (o, c) in out.iter_mut().zip(chunks) {
+            *o = i32::from_le_bytes(*c);
+        }
+        out
+    });
+    let header = if got < HEADER_BYTES {
+        Err(TokensError::Short {
+            path: path.to_path_buf(),
+            size: got as u64,
+        })
+    } else {
+        Header::parse(path, &buf, size)
+    };
+    Ok((
+        file,
+        HeaderReport {
+            size,
+            words,
+            header,
+        },
+    ))
+}
+
+/// Read and validate the header of `path` (1024 bytes read, whatever the file's size).
+/// `Err` only when the file cannot be opened or read; a file that does not validate is
+/// a report whose `header` is the error.
+pub fn inspect_header(path: &Path) -> Result<HeaderReport, TokensError> {
+    read_report(path).map(|(_, report)| report)
+}
+
+/// The validated header of `path`, reading only its 1024 header bytes.
+pub fn read_header(path: &Path) -> Result<Header, TokensError> {
+    inspect_header(path)?.header
+}
+
+/// A validated shard, its ids mapped read-only.
+#[derive(Debug)]
+pub struct Shard {
+    path: PathBuf,
+    header: Header,
+    vocab: Option<u32>,
+    map: Mmap,
+}
+
+impl Shard {
+    /// Open and validate `path`: header, exact size, and every id below the vocabulary
+    /// (the recorded one, else `vocab`; a given `vocab` must equal a recorded one).
+    pub fn open(path: &Path, vocab: Option<u32>) -> Result<Shard, TokensError> {
+        let vocab = vocab.map(|v| check_vocab(u64::from(v))).transpose()?;
+        let (file, size, header) = open_and_parse(path)?;
+        if let (Some(recorded), Some(expected)) = (header.vocab, vocab) {
+            if recorded != expected {
+                return Err(TokensError::VocabMismatch {
+                    path: path.to_path_buf(),
+                    recorded,
+                    expected,
+                });
+            }
+        }
+        // SAFETY: the map is read-only and shards are inputs tlio never writes. As with
+        // every memory map, another process truncating or rewriting the file while it
+        // is mapped would change what we read (or raise SIGBUS); shards are treated as
+        // immutable, as llm.c and numpy.memmap do. The length is re-checked below so a
+        // file that changed size since the header was read is refused.
+        let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
+        if map.len() as u64 != size {
+            return Err(TokensError::SizeMismatch {
+                path: path.to_path_buf(),
+                count: header.count,
+                itemsize: header.dtype.itemsize() as u64,
+                expected: size,
+                actual: map.len() as u64,
+            });
+        }
+        let shard = Shard {
+            path: path.to_path_buf(),
+            header,
+            vocab: header.vocab.or(vocab),
+            map,
+        };
+        if let Some(limit) = shard.vocab {
+            shard.check_ids(limit)?;
+        }
+        Ok(shard)
+    }
+
+    /// One pass over the mapped ids: the maximum decides; only a failing shard is
+    /// scanned a second time, to name the first bad id.
+    pub(crate) fn check_ids(&self, limit: u32) -> Result<(), TokensError> {
+        let bytes = self.id_bytes();
+        let max = match self.header.dtype {
+            Dtype::U16 if limit >= U16_VOCAB_LIMIT => return Ok(()),
+            Dtype::U16 => {
+                let (ids, _) = bytes.as_chunks::<2>();
+                u32::from(ids.iter().fold(0u16, |m, c| m.max(u16::from_le_bytes(*c))))
+            }
+            Dtype::U32 => {
+                let (ids, _) = bytes.as_chunks::<4>();
+                ids.iter().fold(0u32, |m, c| m.max(u32::from_le_bytes(*c)))
+            }
+        };
+        if max < limit {
+            return Ok(());
+        }
+        let (index, id) = (0..self.len())
+            .filter_map(|i| self.get(i).map(|id| (i, id)))
+            .find(|&(_, id)| id >= limit)
+            .unwrap_or((0, max));
+        Err(TokensError::IdOutOfVocab {
+            path: self.path.clone(),
+            index: index as u64,
+            id: u64::from(id),
+            vocab: limit,
+        })
+    }
+
+    fn id_bytes(&self) -> &[u8] {
+        self.map.get(HEADER_BYTES..).unwrap_or(&[])
+    }
+
+    /// The file this shard was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The vocabulary every id was checked against: the recorded one, else the one
+    /// given to `open`, else `None` (not checked).
+    pub fn vocab(&self) -> Option<u32> {
+        self.vocab
+    }
+
+    /// The number of ids.
+    pub fn len(&self) -> usize {
+        self.id_bytes().len() / self.header.dtype.itemsize()
+    }
+
+    /// True when the shard holds no id.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The id at `index`.
+    pub fn get(&self, index: usize) -> Option<u32> {
+        let size = self.header.dtype.itemsize();
+        let start = index.checked_mul(size)?;
+        let bytes = self.id_bytes().get(start..start.checked_add(size)?)?;
+        Some(match self.header.dtype {
+            Dtype::U16 => u32::from(u16::from_le_bytes(bytes.try_into().ok()?)),
+            Dtype::U32 => u32::from_le_bytes(bytes.try_into().ok()?),
+        })
+    }
+
+    fn range_bytes(&self, start: usize, len: usize) -> Option<&[u8]> {
+        let size = self.header.dtype.itemsize();
+        let begin = start.checked_mul(size)?;
+        let end = start.checked_add(len)?.checked_mul(size)?;
+        self.id_bytes().get(begin..end)
+    }
+
+    /// Copy the ids `start .. start + out.len()` into `out` as i64; `None` (and `out`
+    /// untouched) when the range passes the end.
+    pub fn copy_to_i64(&self, start: usize, out: &mut [i64]) -> Option<()> {
+        let bytes = self.range_bytes(start, out.len())?;
+        match self.header.dtype {
+            Dtype::U16 => {
+                let (ids, _) = bytes.as_chunks::<2>();
+                for (o, c) in out.iter_mut().zip(ids) {
+                    *o = i64::from(u16::from_le_bytes(*c));
+                }
+            }
+            Dtype::U32 => {
+                let (ids, _) = bytes.as_chunks::<4>();
+                for (o, c) in out.iter_mut().zip(ids) {
+                    *o = i64::from(u32::from_le_bytes(*c));
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// The ids in `range` as u32, `None` when it passes the end.
+    pub fn ids(&self, range: Range<usize>) -> Option<Vec<u32>> {
+        let len = range.end.checked_sub(range.start)?;
+        let bytes = self.range_bytes(range.start, len)?;
+        Some(match self.header.dtype {
+            Dtype::U16 => {
+                let (ids, _) = bytes.as_chunks::<2>();
+                ids.iter()
+                    .map(|c| u32::from(u16::from_le_bytes(*c)))
+                    .collect()
+            }
+            Dtype::U32 => {
+                let (ids, _) = bytes.as_chunks::<4>();
+                ids.iter().map(|c| u32::from_le_bytes(*c)).collect()
+            }
+        })
+    }
+}
+
+/// Writes one 20240520 shard atomically and in bounded memory: a placeholder header,
+/// the ids as they come, then the real header (with the final count) patched in before
+/// the commit. Dropping it without `finish` leaves nothing on disk.
+pub struct ShardWriter {
+    file: AtomicFile,
+    path: PathBuf,
+    vocab: u32,
+    dtype: Dtype,
+    count: u64,
+    buf: Vec<u8>,
+}
+
+impl ShardWriter {
+    /// Start writing `path` for vocabulary `vocab` (1 to 2^31 - 1).
+    pub fn create(path: &Path, vocab: u32) -> Result<ShardWriter, TokensError> {
+        let header = Header::for_ids(0, vocab)?;
+        let mut file = AtomicFile::create(path)?;
+        file.write_all(&[0u8; HEADER_BYTES]).map_err(io_err(path))?;
+        Ok(ShardWriter {
+            file,
+            path: path.to_path_buf(),
+            vocab,
+            dtype: header.dtype,
+            count: 0,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Ids written so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The final path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Append ids. Every id must be below the vocabulary, and the shard can hold at
+    /// most `MAX_COUNT` ids; on error nothing of `ids` is written.
+    pub fn push(&mut self, ids: &[u32]) -> Result<(), TokensError> {
+        let max = ids.iter().fold(0u32, |m, &id| m.max(id));
+        if !ids.is_empty() && max >= self.vocab {
+            let (index, &id) = ids
+                .iter()
+                .enumerate()
+                .find(|(_, &id)| id >= self.vocab)
+                .unwrap_or((0, &max));
+            return Err(TokensError::IdOutOfVocab {
+                path: self.path.clone(),
+                index: self.count.saturating_add(index as u64),
+                id: u64::from(id),
+                vocab: self.vocab,
+            });
+        }
+        let total = self.count.saturating_add(ids.len() as u64);
+        if total > MAX_COUNT {
+            return Err(TokensError::BadOptions(format!(
+                "{}: more than {MAX_COUNT} ids do not fit one shard (split with --shard-tokens)",
+                self.path.display()
+            )));
+        }
+        for chunk in ids.chunks(WRITE_CHUNK_IDS) {
+            self.buf.clear();
+            match self.dtype {
+                Dtype::U16 => {
+                    for &id in chunk {
+                        // Below vocab <= 65536 (checked above), so it fits in u16.
+                        self.buf.extend_from_slice(&(id as u16).to_le_bytes());
+                    }
+                }
+                Dtype::U32 => {
+                    for &id in chunk {
+                        self.buf.extend_from_slice(&id.to_le_bytes());
+                    }
+                }
+            }
+            self.file.write_all(&self.buf).map_err(io_err(&self.path))?;
+        }
+        self.count = total;
+        Ok(())
+    }
+
+    /// Patch the header with the final count and commit the file under its name.
+    pub fn finish(mut self) -> Result<Header, TokensError> {
+        let header = Header::for_ids(self.count, self.vocab)?;
+        let w = self.file.writer();
+        w.seek(SeekFrom::Start(0))
+            .and_then(|_| w.write_all(&header.to_bytes()))
+            .map_err(io_err(&self.path))?;
+        self.file.commit()?;
+        Ok(header)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard file with an arbitrary header and payload.
+    pub(crate) fn raw_shard(dir: &Path, name: &str, words: &[i32], payload: &[u8]) -> PathBuf {
+        let mut bytes = vec![0u8; HEADER_BYTES];
+        for (i, w) in words.iter().enumerate() {
+            bytes[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        bytes.extend_from_slice(payload);
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    fn u16_payload(ids: &[u16]) -> Vec<u8> {
+        ids.iter().flat_map(|i| i.to_le_bytes()).collect()
+    }
+
+    fn u32_payload(ids: &[u32]) -> Vec<u8> {
+        ids.iter().flat_map(|i| i.to_le_bytes()).collect()
+    }
+
+    fn write_shard(path: &Path, ids: &[u32], vocab: u32) -> Header {
+        let mut w = ShardWriter::create(path, vocab).unwrap();
+        w.push(ids).unwrap();
+        w.finish().unwrap()
+    }
+
+    #[test]
+    fn test_header_worked_example() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ex.bin");
+        let header = write_shard(&path, &[1, 2, 3], 256);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 1030);
+        assert_eq!(
+            &bytes[..16],
+            &[0x88, 0xd8, 0x34, 0x01, 0x01, 0, 0, 0, 0x03, 0, 0, 0, 0x00, 0x01, 0, 0]
+        );
+        assert!(bytes[16..1024].iter().all(|&b| b == 0), "1008 zero bytes");
+        assert_eq!(&bytes[1024..], &[1, 0, 2, 0, 3, 0]);
+        assert_eq!(header.version, 1);
+        assert_eq!(read_header(&path).unwrap(), header);
+        let shard = Shard::open(&path, None).unwrap();
+        assert_eq!(shard.ids(0..3).unwrap(), [1, 2, 3]);
+        assert_eq!(shard.vocab(), Some(256));
+    }
+
+    #[test]
+    fn test_version_2_reads_uint32() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = [0u32, 65535, 65536, 70000, 99_999];
+        let path = dir.path().join("v2.bin");
+        let header = write_shard(&path, &ids, 100_000);
+        assert_eq!((header.version, header.dtype), (2, Dtype::U32));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 1024 + 5 * 4);
+        let shard = Shard::open(&path, None).unwrap();
+        assert_eq!(shard.len(), 5);
+        assert_eq!(shard.ids(0..5).unwrap(), ids);
+        assert_eq!(shard.get(3), Some(70000));
+        let mut out = [0i64; 3];
+        shard.copy_to_i64(2, &mut out).unwrap();
+        assert_eq!(out, [65536, 70000, 99_999]);
+        // A vocabulary up to 65536 still fits uint16.
+        let h = write_shard(&dir.path().join("v1.bin"), &[65535], 65536);
+        assert_eq!((h.version, h.dtype), (1, Dtype::U16));
+        // llm.c's Llama-3 shards: magic 20240801, version 7, uint32, V not recorded.
+        let path = raw_shard(
+            dir.path(),
+            "llama3.bin",
+            &[LLAMA3_MAGIC, 7, 2],
+            &u32_payload(&[128_000, 5]),
+        );
+        let shard = Shard::open(&path, None).unwrap();
+        assert_eq!(shard.header().dtype, Dtype::U32);
+        assert_eq!(shard.vocab(), None);
+        assert_eq!(shard.ids(0..2).unwrap(), [128_000, 5]);
+        // The caller's vocabulary is checked when the file records none.
+        let err = Shard::open(&path, Some(128_000)).unwrap_err();
+        assert!(matches!(
+            err,
+            TokensError::IdOutOfVocab {
+                index: 0,
+                id: 128_000,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn test_open_tokens_maps_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.bin");
+        let ids: Vec<u32> = (0..1000).map(|i| i % 256).collect();
+        write_shard(&path, &ids, 256);
+        let shard = Shard::open(&path, Some(256)).unwrap();
+        // The ids are the file's own bytes, mapped (not a copy): the slice lies inside
+        // the mapping right after the header.
+        let map_start = shard.map.as_ptr() as usize;
+        let ids_start = shard.id_bytes().as_ptr() as usize;
+        assert_eq!(ids_start - map_start, HEADER_BYTES);
+        assert_eq!(shard.map.len(), 1024 + 2000);
+        assert_eq!(shard.len(), 1000);
+        assert_eq!(
+            shard.ids(250..260).unwrap(),
+            (250..260).map(|i| i % 256).collect::<Vec<_>>()
+        );
+        assert_eq!(shard.get(1000), None);
+        assert_eq!(shard.ids(999..1001), None);
+        let mut out = [0i64; 2];
+        assert!(shard.copy_to_i64(999, &mut out).is_none());
+        // Read-only: the mapping is an `Mmap`, not an `MmapMut`, and the file is
+        // unchanged after use.
+        drop(shard);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 3024);
+    }
+
+    #[test]
+    fn test_rejects_bad_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let ok = u16_payload(&[1, 2, 3]);
+        let cases: Vec<(PathBuf, &str)> = vec![
+            (
+                raw_shard(d, "magic.bin", &[20240521, 1, 3, 256], &ok),
+                "bad magic 20240521",
+            ),
+            (
+                raw_shard(d, "version.bin", &[MAGIC, 3, 3, 256], &ok),
+                "unsupported version 3",
+            ),
+            (
+                raw_shard(d, "llama.bin", &[LLAMA3_MAGIC, 1, 3], &ok),
+                "unsupported version 1",
+            ),
+            (
+                raw_shard(
+                    d,
+                    "long.bin",
+                    &[MAGIC, 1, 3, 256],
+                    &[ok.clone(), vec![0]].concat(),
+                ),
+                "size mismatch",
+            ),
+            (
+                raw_shard(d, "shortids.bin", &[MAGIC, 1, 3, 256], &ok[..4]),
+                "size mismatch",
+            ),
+            (
+                raw_shard(d, "vocab.bin", &[MAGIC, 1, 3, 3], &ok),
+                "id 3 at index 2 is not below the vocabulary size 3",
+            ),
+            (
+                raw_shard(d, "negcount.bin", &[MAGIC, 1, -1, 256], &ok),
+                "negative id count -1",
+            ),
+            (
+                raw_shard(d, "hugecount.bin", &[MAGIC, 2, i32::MAX, 256], &ok),
+                "size mismatch",
+            ),
+            (
+                raw_shard(d, "negvocab.bin", &[MAGIC, 1, 3, -5], &ok),
+                "negative vocabulary size -5",
+            ),
+            (
+                raw_shard(d, "reserved.bin", &[MAGIC, 1, 3, 256, 0, 0, 0, 7], &ok),
+                "reserved header word 7 is 7",
+            ),
+        ];
+        for (path, want) in &cases {
+            let err = Shard::open(path, None).unwrap_err().to_string();
+            assert!(err.contains(want), "{}: {err}", path.display());
+            assert!(err.contains(&path.display().to_string()), "{err}");
+        }
+        // A short file: less than the header.
+        let short = d.join("short.bin");
+        std::fs::write(&short, [0x88, 0xd8, 0x34, 0x01, 1, 0]).unwrap();
+        let err = Shard::open(&short, None).unwrap_err();
+        assert!(matches!(err, TokensError::Short { size: 6, .. }), "{err}");
+        let report = inspect_header(&short).unwrap();
+        assert_eq!((report.size, report.words), (6, None));
+        // Header-only reading does not scan ids: the out-of-vocabulary file's header is
+        // fine, its ids are not.
+        assert!(read_header(&cases[5].0).is_ok());
+        // A missing file is an I/O error, not a validation failure.
+        let missing = Shard::open(&d.join("missing.bin"), None).unwrap_err();
+        assert!(matches!(missing, TokensError::Io { .. }));
+        use crate::error::{Classify, ExitClass};
+        assert_eq!(missing.exit_class(), ExitClass::Operational);
+        assert_eq!(
+            Shard::open(&short, None).unwrap_err().exit_class(),
+            ExitClass::Invalid
+        );
+        // A given vocabulary must equal the recorded one.
+        let good = raw_shard(d, "good.bin", &[MAGIC, 1, 3, 256], &ok);
+        let err = Shard::open(&good, Some(255)).unwrap_err();
+        assert!(matches!(
+            err,
+            TokensError::VocabMismatch {
+                recorded: 256,
+                expected: 255,
+                ..
+            }
+        ));
+        assert!(Shard::open(&good, Some(256)).is_ok());
+        assert!(matches!(
+            Shard::open(&good, Some(0)),
+            Err(TokensError::BadVocab { .. })
+        ));
+    }
+
+    #[test]
+    fn header_word_zero_vocab_is_not_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = raw_shard(
+            dir.path(),
+            "gpt2.bin",
+            &[MAGIC, 1, 2],
+            &u16_payload(&[50256, 7]),
+        );
+        let shard = Shard::open(&path, None).unwrap();
+        assert_eq!(shard.vocab(), None);
+        assert!(Shard::open(&path, Some(50257)).is_ok());
+        assert!(Shard::open(&path, Some(50256)).is_err());
+    }
+
+    #[test]
+    fn writer_refuses_bad_ids_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.bin");
+        let mut w = ShardWriter::create(&path, 10).unwrap();
+        w.push(&[1, 2]).unwrap();
+        let err = w.push(&[3, 10, 4]).unwrap_err();
+        assert!(matches!(
+            err,
+            TokensError::IdOutOfVocab {
+                index: 3,
+                id: 10,
+                vocab: 10,
+                ..
+            }
+        ));
+        assert_eq!(w.count(), 2);
+        drop(w);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        assert!(ShardWriter::create(&path, 0).is_err());
+        assert!(ShardWriter::create(&path, 1 << 31).is_err());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        #[test]
+        fn write_then_open_roundtrips(
+            ids in proptest::collection::vec(0u32..200_000, 0..300),
+            vocab in 200_000u32..300_000,
+            small in proptest::bool::ANY,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("p.bin");
+            let (ids, vocab) = if small {
+                (ids.iter().map(|i| i % 1000).collect::<Vec<_>>(), 1000)
+            } else {
+                (ids, vocab)
+            };
+            let mut w = ShardWriter::create(&path, vocab).unwrap();
+            for chunk in ids.chunks(7) {
+                w.push(chunk).unwrap();
+            }
+            let header = w.finish().unwrap();
+            let shard = Shard::open(&path, Some(vocab)).unwrap();
+            proptest::prop_assert_eq!(*shard.header(), header);
+            proptest::prop_assert_eq!(shard.ids(0..ids.len()).unwrap(), ids.clone());
+            proptest::prop_assert_eq!(
+                std::fs::metadata(&path).unwrap().len(),
+                header.file_size().unwrap()
+            );
+        }
+    }
+}

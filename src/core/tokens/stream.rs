@@ -1,0 +1,898 @@
+//! The token stream of tokens.md: windows of T + 1 ids, T apart within a pass, each pass
+//! starting at a random phase drawn from PCG32, shards in order, wrapping.
+//!
+//! Invariants: the current shard index is always valid and the offset never exceeds
+//! the shard's length, so every window read is in range; the generator is used only
+//! when a pass starts; `cursor()` (shard, offset of the NEXT window, generator state) is
+//! the whole position, so `restore(cursor())` on a fresh stream over the same shards
+//! continues bit for bit.
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use super::shard::{check_vocab, Shard};
+use super::TokensError;
+use crate::core::pcg::Pcg32;
+
+/// Hex digits of each 64-bit generator word in JSON.
+const HEX_DIGITS: usize = 16;
+
+/// One batch: B windows as fresh row-major [B, T] arrays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// inputs[b * T + t] = ids[o_b + t].
+    pub inputs: Vec<i64>,
+    /// targets[b * T + t] = ids[o_b + t + 1]: the next token of each input.
+    pub targets: Vec<i64>,
+    /// B, the number of rows.
+    pub batch: usize,
+    /// T, the number of columns.
+    pub seq_len: usize,
+}
+
+impl Batch {
+    /// Row `b` of the inputs.
+    pub fn input_row(&self, b: usize) -> Option<&[i64]> {
+        row(&self.inputs, b, self.seq_len)
+    }
+
+    /// Row `b` of the targets.
+    pub fn target_row(&self, b: usize) -> Option<&[i64]> {
+        row(&self.targets, b, self.seq_len)
+    }
+}
+
+fn row(values: &[i64], b: usize, t: usize) -> Option<&[i64]> {
+    let start = b.checked_mul(t)?;
+    values.get(start..start.checked_add(t)?)
+}
+
+/// The PCG32 position as it travels in JSON: two 64-bit words as exactly 16 lowercase
+/// hex digits each (no JSON reader rounds a string), the increment odd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RngState {
+    /// The generator's state.
+    pub state: u64,
+    /// Its (odd) increment.
+    pub inc: u64,
+}
+
+impl RngState {
+    /// The position of `rng`.
+    pub fn of(rng: &Pcg32) -> RngState {
+        RngState {
+            state: rng.state(),
+            inc: rng.inc(),
+        }
+    }
+
+    /// A generator at this position; `None` when the increment is even.
+    pub fn to_rng(self) -> Option<Pcg32> {
+        Pcg32::from_parts(self.state, self.inc)
+    }
+
+    /// Parse `{"state": "<16 hex>", "inc": "<16 hex>"}` strictly; `prefix` names the
+    /// field in errors (`rng` inside a cursor, `rng_state` in a checkpoint).
+    pub fn from_json_value(value: &Value, prefix: &str) -> Result<RngState, TokensError> {
+        let fields = object(value, prefix, &["state", "inc"])?;
+        let state = hex_word(fields.get("state"), &format!("{prefix}.state"))?;
+        let inc_field = format!("{prefix}.inc");
+        let inc = hex_word(fields.get("inc"), &inc_field)?;
+        if inc & 1 == 0 {
+            return Err(bad(
+                &inc_field,
+                format!("{inc:016x} is even; a PCG32 increment is always odd"),
+            ));
+        }
+        Ok(RngState { state, inc })
+    }
+}
+
+fn bad(field: &str, reason: impl Into<String>) -> TokensError {
+    TokensError::BadCursor {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// `value` as an object with exactly the keys `keys`.
+fn object<'a>(
+    value: &'a Value,
+    field: &str,
+    keys: &[&str],
+) -> Result<&'a Map<String, Value>, TokensError> {
+    let map = value
+        .as_object()
+        .ok_or_else(|| bad(field, format!("expected an object, got {value}")))?;
+    if let Some(unknown) = map.keys().find(|k| !keys.contains(&k.as_str())) {
+        let name = if field.is_empty() {
+            unknown.clone()
+        } else {
+            format!("{field}.{unknown}")
+        };
+        return Err(bad(&name, "unknown key"));
+    }
+    for key in keys {
+        if !map.contains_key(*key) {
+            let name = if field.is_empty() {
+                (*key).to_string()
+            } else {
+                format!("{field}.{key}")
+            };
+            return Err(bad(&name, "missing"));
+        }
+    }
+    Ok(map)
+}
+
+fn hex_word(value: Option<&Value>, field: &str) -> Result<u64, TokensError> {
+    let text = value
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(field, "expected a string of 16 lowercase hex digits"))?;
+    let ok = text.len() == HEX_DIGITS
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if !ok {
+        return Err(bad(
+            field,
+            format!("{text:?} is not exactly 16 lowercase hex digits"),
+        ));
+    }
+    u64::from_str_radix(text, 16).map_err(|e| bad(field, e.to_string()))
+}
+
+fn count_field(map: &Map<String, Value>, field: &str) -> Result<u64, TokensError> {
+    let value = map.get(field).unwrap_or(&Value::Null);
+    value.as_u64().ok_or_else(|| {
+        bad(
+            field,
+            format!("expected a non-negative integer, got {value}"),
+        )
+    })
+}
+
+impl Serialize for RngState {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("RngState", 2)?;
+        s.serialize_field("state", &format!("{:016x}", self.state))?;
+        s.serialize_field("inc", &format!("{:016x}", self.inc))?;
+        s.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for RngState {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        RngState::from_json_value(&value, "rng").map_err(D::Error::custom)
+    }
+}
+
+/// The whole position of a token stream: `{"shard": s, "offset": o, "rng": {"state":
+/// "<16 hex>", "inc": "<16 hex>"}}`, where `o` is the offset of the NEXT window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Cursor {
+    /// The index of the current shard.
+    pub shard: u64,
+    /// The offset of the next window in that shard.
+    pub offset: u64,
+    /// The generator's position.
+    pub rng: RngState,
+}
+
+impl Cursor {
+    /// Parse a cursor strictly: exactly the keys `shard`, `offset`, `rng` (itself
+    /// exactly `state` and `inc`), non-negative integers, 16 lowercase hex digits, an
+    /// odd increment. Errors name the field.
+    pub fn from_json_value(value: &Value) -> Result<Cursor, TokensError> {
+        let map = object(value, "", &["shard", "offset", "rng"])?;
+        let shard = count_field(map, "shard")?;
+        let offset = count_field(map, "offset")?;
+        let rng = RngState::from_json_value(map.get("rng").unwrap_or(&Value::Null), "rng")?;
+        Ok(Cursor { shard, offset, rng })
+    }
+
+    /// Parse a cursor from JSON text (see `from_json_value`).
+    pub fn from_json(text: &str) -> Result<Cursor, TokensError> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| bad("", format!("not a JSON document: {e}")))?;
+        Cursor::from_json_value(&value)
+    }
+
+    /// The compact JSON form.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"shard\":{},\"offset\":{},\"rng\":{{\"state\":\"{:016x}\",\"inc\":\"{:016x}\"}}}}",
+            self.shard, self.offset, self.rng.state, self.rng.inc
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for Cursor {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        Cursor::from_json_value(&value).map_err(D::Error::custom)
+    }
+}
+
+/// Windows over a list of shards, resumable from a `Cursor`.
+#[derive(Debug)]
+pub struct TokenStream {
+    shards: Vec<Shard>,
+    seq_len: usize,
+    batch: usize,
+    rng: Pcg32,
+    shard: usize,
+    offset: usize,
+}
+
+/// The phase of a pass over a shard of `n` ids: `rng.below(min(T, n - T))`; the bound
+/// keeps one window in range on a short shard.
+fn draw_phase(rng: &mut Pcg32, n: usize, seq_len: usize) -> usize {
+    let bound = seq_len.min(n.saturating_sub(seq_len)).max(1);
+    // Shards hold at most 2^31 - 1 ids, so the bound fits; saturating keeps the draw
+    // in range even if it did not.
+    rng.below(u32::try_from(bound).unwrap_or(u32::MAX)) as usize
+}
+
+impl TokenStream {
+    /// A stream over `shards` with windows of `seq_len` (T) inputs and `batch` (B)
+    /// windows per batch. Checks: at least one shard, T >= 1, B >= 1, every shard holds
+    /// at least T + 1 ids, and a given `vocab_size` equals each shard's vocabulary (a
+    /// shard that records none has its ids checked against it). The first pass starts
+    /// on shard 0 at a phase drawn from `rng`.
+    pub fn new(
+        shards: Vec<Shard>,
+        seq_len: usize,
+        batch: usize,
+        mut rng: Pcg32,
+        vocab_size: Option<u32>,
+    ) -> Result<TokenStream, TokensError> {
+        if shards.is_empty() {
+            return Err(TokensError::NoShards);
+        }
+        if seq_len < 1 {
+            return Err(TokensError::BadArg {
+                name: "seq_len",
+                value: seq_len,
+            });
+        }
+        if batch < 1 {
+            return Err(TokensError::BadArg {
+                name: "batch",
+                value: batch,
+            });
+        }
+        let vocab = vocab_size.map(|v| check_vocab(u64::from(v))).transpose()?;
+        for (index, shard) in shards.iter().enumerate() {
+            if shard.len() <= seq_len {
+                return Err(TokensError::ShardTooShort {
+                    shard: index,
+                    path: shard.path().to_path_buf(),
+                    count: shard.len() as u64,
+                    seq_len,
+                });
+            }
+            if let Some(expected) = vocab {
+                match shard.vocab() {
+                    Some(recorded) if recorded != expected => {
+                        return Err(TokensError::VocabMismatch {
+                            path: shard.path().to_path_buf(),
+                            recorded,
+                            expected,
+                        })
+                    }
+                    Some(_) => {}
+                    None => shard.check_ids(expected)?,
+                }
+            }
+        }
+        let first_len = shards.first().map_or(0, Shard::len);
+        let offset = draw_phase(&mut rng, first_len, seq_len);
+        Ok(TokenStream {
+            shards,
+            seq_len,
+            batch,
+            rng,
+            shard: 0,
+            offset,
+        })
+    }
+
+    /// T.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    /// B.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// The shards, in stream order.
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    fn shard_len(&self, index: usize) -> usize {
+        self.shards.get(index).map_or(0, Shard::len)
+    }
+
+    /// Read the next window into `window` (T + 1 ids), starting a new pass first when
+    /// no window fits at the offset.
+    fn next_window(&mut self, window: &mut [i64]) {
+        let span = self.seq_len.saturating_add(1);
+        if self.offset.saturating_add(span) > self.shard_len(self.shard) {
+            self.shard = (self.shard + 1) % self.shards.len();
+            let n = self.shard_len(self.shard);
+            self.offset = draw_phase(&mut self.rng, n, self.seq_len);
+        }
+        let read = self
+            .shards
+            .get(self.shard)
+            .and_then(|s| s.copy_to_i64(self.offset, window));
+        // Every shard holds at least T + 1 ids and a pass starts at a phase below
+        // n - T, so the window is always in range (the struct invariant).
+        debug_assert!(read.is_some(), "window out of range");
+        self.offset = self.offset.saturating_add(self.seq_len);
+    }
+
+    /// The next B windows as fresh [B, T] arrays. A batch may span passes and shards.
+    pub fn next_batch(&mut self) -> Batch {
+        let (b, t) = (self.batch, self.seq_len);
+        let mut inputs = Vec::with_capacity(b.saturating_mul(t));
+        let mut targets = Vec::with_capacity(b.saturating_mul(t));
+        let mut window = vec![0i64; t.saturating_add(1)];
+        for _ in 0..b {
+            self.next_window(&mut window);
+            inputs.extend_from_slice(window.get(..t).unwrap_or(&[]));
+            targets.extend_from_slice(window.get(1..).unwrap_or(&[]));
+        }
+        Batch {
+            inputs,
+            targets,
+            batch: b,
+            seq_len: t,
+        }
+    }
+
+    /// The whole position: shard, offset of the next window, generator state.
+    pub fn cursor(&self) -> Cursor {
+        Cursor {
+            shard: self.shard as u64,
+            offset: self.offset as u64,
+            rng: RngState::of(&self.rng),
+        }
+    }
+
+    /// Move to `cursor`. Checks shard < S, offset <= the shard's length (an offset where
+    /// no window fits starts a new pass at the next read) and an odd increment; on error
+    /// the stream is unchanged.
+    pub fn restore(&mut self, cursor: &Cursor) -> Result<(), TokensError> {
+        let shard = usize::try_from(cursor.shard)
+            .ok()
+            .filter(|&s| s < self.shards.len())
+            .ok_or_else(|| {
+                bad(
+                    "shard",
+                    format!(
+                        "{} is out of range: the stream has {} shard(s)",
+                        cursor.shard,
+                        self.shards.len()
+                    ),
+                )
+            })?;
+        let n = self.shard_len(shard);
+        let offset = usize::try_from(cursor.offset)
+            .ok()
+            .filter(|&o| o <= n)
+            .ok_or_else(|| {
+                let path = self
+                    .shards
+                    .get(shard)
+                    .map(|s| s.path().display().to_string())
+                    .unwrap_or_default();
+                bad(
+                    "offset",
+                    format!(
+                        "{} is past the end of shard {shard} ({path}, {n} ids)",
+                        cursor.offset
+                    ),
+                )
+            })?;
+        let rng = cursor.rng.to_rng().ok_or_else(|| {
+            bad(
+                "rng.inc",
+                format!(
+                    "{:016x} is even; a PCG32 increment is always odd",
+                    cursor.rng.inc
+                ),
+            )
+        })?;
+        self.shard = shard;
+        self.offset = offset;
+        self.rng = rng;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::pcg::DEFAULT_SEQ;
+    use crate::core::tokens::ShardWriter;
+    use proptest::prelude::*;
+    use std::path::{Path, PathBuf};
+
+    fn write(dir: &Path, name: &str, ids: &[u32], vocab: u32) -> PathBuf {
+        let path = dir.join(name);
+        let mut w = ShardWriter::create(&path, vocab).unwrap();
+        w.push(ids).unwrap();
+        w.finish().unwrap();
+        path
+    }
+
+    fn open_all(paths: &[PathBuf]) -> Vec<Shard> {
+        paths
+            .iter()
+            .map(|p| Shard::open(p, None).unwrap())
+            .collect()
+    }
+
+    /// The first seed whose first two `below(3)` draws are `a` then `b`.
+    fn seed_drawing(a: u32, b: u32) -> u64 {
+        (0u64..)
+            .find(|&s| {
+                let mut r = Pcg32::seed(s, DEFAULT_SEQ);
+                r.below(3) == a && r.below(3) == b
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn test_hand_example_token_windows() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<u32> = (10..20).collect();
+        let path = write(dir.path(), "hand.bin", &ids, 256);
+        // The spec's generator: seed(42, 54) draws 0, 0, 2, 1, 1, 1, 2, 0, 0, 2 from below(3).
+        let mut r = Pcg32::seed(42, DEFAULT_SEQ);
+        let draws: Vec<u32> = (0..10).map(|_| r.below(3)).collect();
+        assert_eq!(draws, [0, 0, 2, 1, 1, 1, 2, 0, 0, 2]);
+
+        // The worked example needs phase draws 1 then 0.
+        let seed = seed_drawing(1, 0);
+        let mut s = TokenStream::new(
+            open_all(std::slice::from_ref(&path)),
+            3,
+            2,
+            Pcg32::seed(seed, DEFAULT_SEQ),
+            Some(256),
+        )
+        .unwrap();
+        assert_eq!(s.cursor().offset, 1, "pass 1 starts at phase 1");
+        let b1 = s.next_batch();
+        assert_eq!(b1.inputs, [11, 12, 13, 14, 15, 16]);
+        assert_eq!(b1.targets, [12, 13, 14, 15, 16, 17]);
+        assert_eq!((b1.batch, b1.seq_len), (2, 3));
+        assert_eq!(b1.input_row(1).unwrap(), [14, 15, 16]);
+        // The cursor names the NEXT window (offset 7), not the one just read (4).
+        assert_eq!((s.cursor().shard, s.cursor().offset), (0, 7));
+        let b2 = s.next_batch();
+        assert_eq!(b2.inputs, [10, 11, 12, 13, 14, 15]);
+        assert_eq!(b2.targets, [11, 12, 13, 14, 15, 16]);
+        let c = s.cursor();
+        assert_eq!((c.shard, c.offset), (0, 6));
+        // The generator has drawn exactly two phases.
+        let mut g = Pcg32::seed(seed, DEFAULT_SEQ);
+        g.below(3);
+        g.below(3);
+        assert_eq!(c.rng, RngState::of(&g));
+
+        // With seed 42 both phases are 0.
+        let mut s =
+            TokenStream::new(open_all(&[path]), 3, 2, Pcg32::seed(42, DEFAULT_SEQ), None).unwrap();
+        assert_eq!(s.next_batch().inputs, [10, 11, 12, 13, 14, 15]);
+        assert_eq!(s.next_batch().inputs, [16, 17, 18, 10, 11, 12]);
+    }
+
+    /// A few shards of distinct ids: shard k holds k * 1000 + i at position i, so an id
+    /// names its shard and position.
+    fn tagged_shards(dir: &Path, lens: &[usize]) -> Vec<PathBuf> {
+        lens.iter()
+            .enumerate()
+            .map(|(k, &n)| {
+                let ids: Vec<u32> = (0..n).map(|i| (k * 1000 + i) as u32).collect();
+                write(dir, &format!("s{k}.bin"), &ids, 100_000)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn test_cursor_restore_is_bitwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = tagged_shards(dir.path(), &[23, 9, 40]);
+        let (t, b) = (4, 3);
+        let mut one =
+            TokenStream::new(open_all(&paths), t, b, Pcg32::seed(7, DEFAULT_SEQ), None).unwrap();
+        let all: Vec<Batch> = (0..16).map(|_| one.next_batch()).collect();
+
+        let mut first =
+            TokenStream::new(open_all(&paths), t, b, Pcg32::seed(7, DEFAULT_SEQ), None).unwrap();
+        for _ in 0..7 {
+            first.next_batch();
+        }
+        // Through JSON, as a checkpoint or `--save-cursor` carries it.
+        let text = first.cursor().to_json();
+        let cursor = Cursor::from_json(&text).unwrap();
+        assert_eq!(cursor, first.cursor());
+        assert_eq!(serde_json::to_string(&cursor).unwrap(), text);
+        // A fresh stream with a different seed: the cursor replaces its whole position.
+        let mut resumed =
+            TokenStream::new(open_all(&paths), t, b, Pcg32::seed(999, 1), None).unwrap();
+        resumed.restore(&cursor).unwrap();
+        let rest: Vec<Batch> = (0..9).map(|_| resumed.next_batch()).collect();
+        assert_eq!(rest, all[7..]);
+        assert_eq!(resumed.cursor(), one.cursor());
+
+        // Without the generator state the resumed run diverges at its next pass.
+        let mut wrong =
+            TokenStream::new(open_all(&paths), t, b, Pcg32::seed(999, 1), None).unwrap();
+        wrong
+            .restore(&Cursor {
+                rng: RngState::of(&Pcg32::seed(999, 1)),
+                ..cursor
+            })
+            .unwrap();
+        let diverged: Vec<Batch> = (0..9).map(|_| wrong.next_batch()).collect();
+        assert_ne!(diverged, all[7..]);
+    }
+
+    #[test]
+    fn test_stream_rejects_bad_args() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let ten = write(d, "ten.bin", &(0..10).collect::<Vec<_>>(), 256);
+        let four = write(d, "four.bin", &[1, 2, 3, 4], 256);
+        let big = write(d, "big.bin", &(0..10).collect::<Vec<_>>(), 512);
+        let rng = Pcg32::seed(1, DEFAULT_SEQ);
+        let err = |shards: Vec<PathBuf>, t, b, v| {
+            TokenStream::new(open_all(&shards), t, b, rng, v).unwrap_err()
+        };
+        assert!(matches!(err(vec![], 3, 1, None), TokensError::NoShards));
+        assert!(matches!(
+            err(vec![ten.clone()], 0, 1, None),
+            TokensError::BadArg {
+                name: "seq_len",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err(vec![ten.clone()], 3, 0, None),
+            TokensError::BadArg { name: "batch", .. }
+        ));
+        // Too short: T + 1 = 5 ids needed, the second shard holds 4; the error names it.
+        let e = err(vec![ten.clone(), four.clone()], 4, 1, None);
+        assert!(
+            matches!(
+                e,
+                TokensError::ShardTooShort {
+                    shard: 1,
+                    count: 4,
+                    seq_len: 4,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("four.bin"), "{e}");
+        // Vocabulary mismatch names the shard.
+        let e = err(vec![ten.clone(), big.clone()], 3, 1, Some(256));
+        assert!(
+            matches!(
+                e,
+                TokensError::VocabMismatch {
+                    recorded: 512,
+                    expected: 256,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("big.bin"), "{e}");
+        assert!(matches!(
+            err(vec![ten.clone()], 3, 1, Some(0)),
+            TokensError::BadVocab { .. }
+        ));
+        // A shard that records no vocabulary has its ids checked against the given one.
+        let mut unrecorded = vec![0u8; 1024];
+        unrecorded[..12].copy_from_slice(&[0x88, 0xd8, 0x34, 0x01, 1, 0, 0, 0, 5, 0, 0, 0]);
+        unrecorded.extend([0u8, 0, 1, 0, 2, 0, 3, 0, 9, 0]);
+        let gpt2 = d.join("gpt2.bin");
+        std::fs::write(&gpt2, unrecorded).unwrap();
+        let e = err(vec![gpt2.clone()], 2, 1, Some(9));
+        assert!(
+            matches!(
+                e,
+                TokensError::IdOutOfVocab {
+                    index: 4,
+                    id: 9,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(TokenStream::new(open_all(&[gpt2]), 2, 1, rng, Some(10)).is_ok());
+        // A shard with exactly one window is fine: phase below(min(T, 1)) = 0, and
+        // every pass reads the same window.
+        let mut s = TokenStream::new(open_all(&[four]), 3, 3, rng, None).unwrap();
+        let b = s.next_batch();
+        assert_eq!(b.inputs, [1, 2, 3, 1, 2, 3, 1, 2, 3]);
+        assert_eq!(b.targets, [2, 3, 4, 2, 3, 4, 2, 3, 4]);
+    }
+
+    #[test]
+    fn test_restore_rejects_bad_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = tagged_shards(dir.path(), &[10, 12]);
+        let mut s =
+            TokenStream::new(open_all(&paths), 3, 1, Pcg32::seed(5, DEFAULT_SEQ), None).unwrap();
+        s.next_batch();
+        let before = s.cursor();
+        let good = Cursor {
+            shard: 1,
+            offset: 4,
+            rng: RngState::of(&Pcg32::seed(8, 9)),
+        };
+        for (bad, field) in [
+            (Cursor { shard: 2, ..good }, "shard"),
+            (
+                Cursor {
+                    shard: u64::MAX,
+                    ..good
+                },
+                "shard",
+            ),
+            (Cursor { offset: 13, ..good }, "offset"),
+            (
+                Cursor {
+                    offset: u64::MAX,
+                    ..good
+                },
+                "offset",
+            ),
+            (
+                Cursor {
+                    rng: RngState { state: 1, inc: 6 },
+                    ..good
+                },
+                "rng.inc",
+            ),
+        ] {
+            let e = s.restore(&bad).unwrap_err();
+            assert!(
+                matches!(&e, TokensError::BadCursor { field: f, .. } if f == field),
+                "{e}"
+            );
+            assert_eq!(
+                s.cursor(),
+                before,
+                "a rejected cursor leaves the stream unchanged"
+            );
+        }
+        // The offset at the end of the shard is valid: the next read starts a new pass
+        // on the next shard (wrapping), with a phase from the restored generator.
+        let rng = Pcg32::seed(8, 9);
+        s.restore(&Cursor {
+            shard: 1,
+            offset: 12,
+            rng: RngState::of(&rng),
+        })
+        .unwrap();
+        let mut g = rng;
+        let phase = g.below(3) as i64;
+        assert_eq!(s.next_batch().inputs, [phase, phase + 1, phase + 2]);
+        assert_eq!(s.cursor().shard, 0);
+        // The last offset where a window fits (6 + T + 1 = 10 ids), then the next pass.
+        s.restore(&Cursor {
+            shard: 0,
+            offset: 6,
+            rng: RngState::of(&rng),
+        })
+        .unwrap();
+        assert_eq!(s.next_batch().inputs, [6, 7, 8]);
+        assert_eq!(s.next_batch().inputs[0] / 1000, 1, "then shard 1");
+        // Offset 7 on the 10-id shard: no window fits, so the next read starts a pass.
+        s.restore(&Cursor {
+            shard: 0,
+            offset: 7,
+            rng: RngState::of(&rng),
+        })
+        .unwrap();
+        assert_eq!(s.next_batch().inputs[0], 1000 + phase);
+    }
+
+    #[test]
+    fn cursor_json_is_strict() {
+        let ok =
+            r#"{"shard":1,"offset":6,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006d"}}"#;
+        let c = Cursor::from_json(ok).unwrap();
+        assert_eq!(c.to_json(), ok);
+        assert_eq!(serde_json::from_str::<Cursor>(ok).unwrap(), c);
+        assert_eq!(c.rng.to_rng().unwrap(), Pcg32::seed(42, 54));
+        let cases = [
+            (
+                r#"{"shard":1,"offset":-1,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006d"}}"#,
+                "offset",
+            ),
+            (
+                r#"{"shard":1.0,"offset":6,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006d"}}"#,
+                "shard",
+            ),
+            (
+                r#"{"shard":"1","offset":6,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006d"}}"#,
+                "shard",
+            ),
+            (
+                r#"{"offset":6,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006d"}}"#,
+                "shard",
+            ),
+            (
+                r#"{"shard":1,"offset":6,"step":3,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006d"}}"#,
+                "step",
+            ),
+            (
+                r#"{"shard":1,"offset":6,"rng":{"state":"185706B82C2E03F8","inc":"000000000000006d"}}"#,
+                "rng.state",
+            ),
+            (
+                r#"{"shard":1,"offset":6,"rng":{"state":"85706b82c2e03f8","inc":"000000000000006d"}}"#,
+                "rng.state",
+            ),
+            (
+                r#"{"shard":1,"offset":6,"rng":{"state":"0x5706b82c2e03f8","inc":"000000000000006d"}}"#,
+                "rng.state",
+            ),
+            (
+                r#"{"shard":1,"offset":6,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006c"}}"#,
+                "rng.inc",
+            ),
+            (
+                r#"{"shard":1,"offset":6,"rng":{"state":"185706b82c2e03f8","inc":109}}"#,
+                "rng.inc",
+            ),
+            (
+                r#"{"shard":1,"offset":6,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006d","x":1}}"#,
+                "rng.x",
+            ),
+            (r#"{"shard":1,"offset":6,"rng":null}"#, "rng"),
+            (r#"[1,2]"#, ""),
+            (r#"{"shard":1,"#, ""),
+        ];
+        for (text, field) in cases {
+            let e = Cursor::from_json(text).unwrap_err();
+            assert!(
+                matches!(&e, TokensError::BadCursor { field: f, .. } if f == field),
+                "{text}: {e}"
+            );
+            assert!(serde_json::from_str::<Cursor>(text).is_err());
+        }
+    }
+
+    /// A random stream configuration: shard lengths (each at least T + 1), T, B, seed.
+    fn config() -> impl Strategy<Value = (Vec<usize>, usize, usize, u64)> {
+        (1usize..7, 1usize..5).prop_flat_map(|(t, b)| {
+            (
+                proptest::collection::vec(t + 1..t + 40, 1..5),
+                Just(t),
+                Just(b),
+                any::<u64>(),
+            )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+
+        #[test]
+        fn restore_continue_equals_one_stream(
+            (lens, t, b, seed) in config(),
+            n in 0usize..12,
+            m in 1usize..12,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let paths = tagged_shards(dir.path(), &lens);
+            let rng = Pcg32::seed(seed, DEFAULT_SEQ);
+            let mut one = TokenStream::new(open_all(&paths), t, b, rng, None).unwrap();
+            let all: Vec<Batch> = (0..n + m).map(|_| one.next_batch()).collect();
+            let mut first = TokenStream::new(open_all(&paths), t, b, rng, None).unwrap();
+            for _ in 0..n {
+                first.next_batch();
+            }
+            let cursor = Cursor::from_json(&first.cursor().to_json()).unwrap();
+            drop(first);
+            let mut resumed = TokenStream::new(open_all(&paths), t, b, Pcg32::seed(0, 0), None).unwrap();
+            resumed.restore(&cursor).unwrap();
+            let rest: Vec<Batch> = (0..m).map(|_| resumed.next_batch()).collect();
+            prop_assert_eq!(&rest[..], &all[n..]);
+            prop_assert_eq!(resumed.cursor(), one.cursor());
+        }
+
+        #[test]
+        fn test_windows_tile_each_pass((lens, t, b, seed) in config(), batches in 1usize..30) {
+            let dir = tempfile::tempdir().unwrap();
+            let paths = tagged_shards(dir.path(), &lens);
+            let mut s = TokenStream::new(open_all(&paths), t, b, Pcg32::seed(seed, DEFAULT_SEQ), None).unwrap();
+            // Every window as (shard, start, targets), in stream order.
+            let mut windows = Vec::new();
+            for _ in 0..batches {
+                let batch = s.next_batch();
+                for row in 0..b {
+                    let inputs = batch.input_row(row).unwrap();
+                    let targets = batch.target_row(row).unwrap();
+                    let first = inputs[0] as usize;
+                    windows.push((first / 1000, first % 1000, targets.to_vec()));
+                }
+            }
+            // Split into passes: a pass continues while the shard stays and the start
+            // moves by exactly T.
+            let mut passes: Vec<Vec<(usize, usize, Vec<i64>)>> = Vec::new();
+            for w in windows {
+                match passes.last_mut() {
+                    Some(p) if p.last().is_some_and(|l| l.0 == w.0 && l.1 + t == w.1) => p.push(w),
+                    _ => passes.push(vec![w]),
+                }
+            }
+            let last = passes.len() - 1;
+            for (i, pass) in passes.iter().enumerate() {
+                let shard = pass[0].0;
+                prop_assert_eq!(shard, i % lens.len(), "shards in order, wrapping");
+                let n = lens[shard];
+                let phase = pass[0].1;
+                prop_assert!(phase < t.min(n - t), "phase {} on n {} T {}", phase, n, t);
+                // Every token after the phase is a target exactly once, in order.
+                let targets: Vec<i64> = pass.iter().flat_map(|w| w.2.iter().copied()).collect();
+                let expect: Vec<i64> = (phase + 1..phase + 1 + pass.len() * t)
+                    .map(|p| (shard * 1000 + p) as i64)
+                    .collect();
+                prop_assert_eq!(targets, expect);
+                let next = pass.last().unwrap().1 + t;
+                if i < last {
+                    // The pass ends exactly where the next window would not fit.
+                    prop_assert!(next + t + 1 > n);
+                } else {
+                    prop_assert!(next <= n);
+                }
+            }
+        }
+
+        #[test]
+        fn test_targets_are_inputs_shifted((lens, t, b, seed) in config(), batches in 1usize..10) {
+            let dir = tempfile::tempdir().unwrap();
+            let paths = tagged_shards(dir.path(), &lens);
+            let shards = open_all(&paths);
+            let mut s = TokenStream::new(shards, t, b, Pcg32::seed(seed, DEFAULT_SEQ), None).unwrap();
+            let mut previous: Option<Batch> = None;
+            for _ in 0..batches {
+                let batch = s.next_batch();
+                prop_assert_eq!(batch.inputs.len(), b * t);
+                prop_assert_eq!(batch.targets.len(), b * t);
+                for row in 0..b {
+                    let x = batch.input_row(row).unwrap();
+                    let y = batch.target_row(row).unwrap();
+                    prop_assert_eq!(&y[..t - 1], &x[1..]);
+                    // The last target is the id after the last input in the shard.
+                    let last = x[t - 1] as usize;
+                    let shard = &s.shards()[last / 1000];
+                    prop_assert_eq!(y[t - 1], i64::from(shard.get(last % 1000 + 1).unwrap()));
+                }
+                // Fresh arrays: a new allocation each batch, never a view of the last.
+                if let Some(p) = &previous {
+                    prop_assert_ne!(p.inputs.as_ptr(), batch.inputs.as_ptr());
+                }
+                previous = Some(batch);
+            }
+        }
+    }
+}
