@@ -10,6 +10,7 @@ use crate::output::Printer;
 
 pub mod demo;
 pub mod generate;
+pub mod st;
 
 /// Strict, fast tools for safetensors files, atomic checkpoints, token shards and a
 /// bigram trainer that resumes bit for bit.
@@ -35,6 +36,9 @@ pub enum Command {
     /// Write man pages and shell completions.
     #[command(subcommand)]
     Generate(generate::GenerateCommand),
+    /// Inspect, verify, convert and diff safetensors files.
+    #[command(subcommand)]
+    St(st::StCommand),
 }
 
 /// How a command that did not fail ended.
@@ -78,5 +82,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Demo(args) => demo::run(args, &printer),
         Command::Generate(cmd) => generate::run(cmd, &printer),
+        Command::St(cmd) => st::run(cmd, &printer),
     }
 }
