@@ -11,6 +11,7 @@ use crate::output::Printer;
 pub mod ckpt;
 pub mod demo;
 pub mod generate;
+pub mod st;
 
 /// Strict, fast tools for safetensors files, atomic checkpoints, token shards and a
 /// bigram trainer that resumes bit for bit.
@@ -39,6 +40,9 @@ pub enum Command {
     /// Write man pages and shell completions.
     #[command(subcommand)]
     Generate(generate::GenerateCommand),
+    /// Inspect, verify, convert and diff safetensors files.
+    #[command(subcommand)]
+    St(st::StCommand),
 }
 
 /// How a command that did not fail ended.
@@ -83,5 +87,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Ckpt(cmd) => ckpt::run(cmd, &printer),
         Command::Demo(args) => demo::run(args, &printer),
         Command::Generate(cmd) => generate::run(cmd, &printer),
+        Command::St(cmd) => st::run(cmd, &printer),
     }
 }

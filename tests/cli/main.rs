@@ -7,6 +7,8 @@ mod ckpt;
 mod errors;
 mod generate;
 mod output;
+mod snapshots;
+mod st;
 
 /// The `tlio` binary under test, with failpoints cleared so the caller's environment
 /// cannot leak in.
