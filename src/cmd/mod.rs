@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use crate::output::Printer;
 
 pub mod generate;
+pub mod tokens;
 
 /// Strict, fast tools for safetensors files, atomic checkpoints, token shards and a
 /// bigram trainer that resumes bit for bit.
@@ -31,6 +32,9 @@ pub enum Command {
     /// Write man pages and shell completions.
     #[command(subcommand)]
     Generate(generate::GenerateCommand),
+    /// Token shards: header, pack, windows.
+    #[command(subcommand)]
+    Tokens(tokens::TokensCommand),
 }
 
 /// How a command that did not fail ended.
@@ -66,5 +70,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let printer = Printer::new(cli.json, cli.quiet);
     match cli.command {
         Command::Generate(cmd) => generate::run(cmd, &printer),
+        Command::Tokens(cmd) => tokens::run(cmd, &printer),
     }
 }

@@ -4,6 +4,7 @@
 use assert_cmd::Command;
 
 mod generate;
+mod tokens;
 
 /// The `tlio` binary under test, with failpoints cleared so the caller's environment
 /// cannot leak in.

@@ -216,9 +216,9 @@ pub struct HeaderReport {
 }
 
 fn io_err(path: &Path) -> impl Fn(io::Error) -> TokensError + '_ {
-    move |source| TokensError::Io {
+    move |error| TokensError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
