@@ -93,14 +93,116 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
+/// The chain of causes on one line, outermost first, joined with ": ".
+///
+/// A cause whose text the line already ends with is skipped: many error types print
+/// their source inside their own message *and* return it from `source()`, which would
+/// otherwise show "No such file or directory" twice. Newlines inside a cause would
+/// break the one-line contract, so they are escaped.
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !line.is_empty() {
+            if line.ends_with(&text) {
+                continue;
+            }
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.replace('\n', "\\n")
+}
+
 /// Print the one-line error and return the exit code.
 pub fn report(err: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(err) {
         return ExitCode::SUCCESS;
     }
-    // `{:#}` joins the chain with ": "; newlines inside a cause would break the
-    // one-line contract, so they are escaped.
-    let line = format!("{err:#}").replace('\n', "\\n");
-    let _ = writeln!(io::stderr().lock(), "tlio: error: {line}");
+    let _ = writeln!(io::stderr().lock(), "tlio: error: {}", one_line(err));
     ExitCode::from(classify(err).code())
+}
+
+/// Report a command-line parsing outcome that is not a parsed command: `--help` and
+/// `--version` print as clap renders them (stdout, exit 0); every usage error becomes
+/// one line, `tlio: error: <what> (usage: <usage line>)`, with exit 2.
+///
+/// clap's own rendering spans several lines (the error, a tip, the usage, a pointer to
+/// `--help`); the contract of cli.md is one line per error, so the first line and the
+/// usage line are joined.
+pub fn report_usage(err: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        // A closed stdout while printing help is not worth reporting.
+        let _ = err.print();
+        return ExitCode::SUCCESS;
+    }
+    let _ = writeln!(io::stderr().lock(), "{}", usage_line(err));
+    ExitCode::from(ExitClass::Operational.code())
+}
+
+/// The one-line form of a clap usage error.
+pub fn usage_line(err: &clap::Error) -> String {
+    use clap::error::ErrorKind;
+    // `to_string` on the rendered text drops colour codes.
+    let rendered = err.render().to_string();
+    let usage = rendered
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("Usage: "))
+        .map(str::trim);
+    let what = if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        "a subcommand is required".to_string()
+    } else {
+        // Everything but the usage block and the pointer to --help, on one line:
+        // "invalid value 'x' for '<SHELL>' [possible values: ...]".
+        let mut what = String::new();
+        for line in rendered.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with("Usage:") || line.starts_with("For more") {
+                continue;
+            }
+            let line = line.strip_prefix("error: ").unwrap_or(line);
+            if !what.is_empty() {
+                what.push_str(if line.starts_with("tip:") { "; " } else { " " });
+            }
+            what.push_str(line);
+        }
+        if what.is_empty() {
+            what.push_str("invalid arguments");
+        }
+        what
+    };
+    match usage {
+        Some(usage) => format!("tlio: error: {what} (usage: {usage}; see --help)"),
+        None => format!("tlio: error: {what} (see --help)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read x.bin: {source}")]
+    struct Repeats {
+        source: io::Error,
+    }
+
+    #[test]
+    fn one_line_shows_a_repeated_cause_once() {
+        let inner = io::Error::new(io::ErrorKind::NotFound, "No such file");
+        let err = anyhow::Error::new(Repeats { source: inner }).context("cannot inspect x.bin");
+        assert_eq!(
+            one_line(&err),
+            "cannot inspect x.bin: cannot read x.bin: No such file"
+        );
+    }
+
+    #[test]
+    fn one_line_joins_distinct_causes_and_escapes_newlines() {
+        let err = anyhow::anyhow!("bad\nvalue").context("outer");
+        assert_eq!(one_line(&err), "outer: bad\\nvalue");
+    }
 }

@@ -3,13 +3,14 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
     // Failpoints come from the FAILPOINTS environment variable; the scenario must live
     // for the whole run so that every evaluated point sees it.
     let _failpoints = fail::FailScenario::setup();
-    let cli = tlio::cmd::Cli::parse();
+    let cli = match tlio::cmd::parse() {
+        Ok(cli) => cli,
+        Err(err) => return tlio::error::report_usage(&err),
+    };
     match tlio::cmd::run(cli) {
         Ok(outcome) => outcome.exit_code(),
         Err(err) => tlio::error::report(&err),

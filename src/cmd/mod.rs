@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::output::Printer;
 
+pub mod demo;
 pub mod generate;
 pub mod tokens;
 
@@ -29,6 +30,9 @@ pub struct Cli {
 /// The command groups.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the whole mission end to end on built-in data: pack, train, crash, resume,
+    /// and prove the resumed run bitwise equal to an uninterrupted one.
+    Demo(demo::DemoArgs),
     /// Write man pages and shell completions.
     #[command(subcommand)]
     Generate(generate::GenerateCommand),
@@ -65,10 +69,18 @@ impl Outcome {
     }
 }
 
+/// Parse the process's arguments without letting clap print or exit, so that a usage
+/// error can be reported as the one-line error of the CLI contract
+/// (`crate::error::report_usage`).
+pub fn parse() -> Result<Cli, clap::Error> {
+    Cli::try_parse()
+}
+
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let printer = Printer::new(cli.json, cli.quiet);
     match cli.command {
+        Command::Demo(args) => demo::run(args, &printer),
         Command::Generate(cmd) => generate::run(cmd, &printer),
         Command::Tokens(cmd) => tokens::run(cmd, &printer),
     }

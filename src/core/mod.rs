@@ -7,8 +7,11 @@
 use crate::error::ExitClass;
 
 pub mod atomic;
+pub mod optim;
 pub mod pcg;
+pub mod safetensors;
 pub mod tokens;
+pub mod train;
 
 /// The exit class of a core error, when `err` is one of core's error types.
 pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitClass> {
@@ -16,7 +19,16 @@ pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitCla
     if let Some(e) = err.downcast_ref::<atomic::AtomicError>() {
         return Some(e.exit_class());
     }
+    if let Some(e) = err.downcast_ref::<optim::OptimError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<safetensors::SafetensorsError>() {
+        return Some(e.exit_class());
+    }
     if let Some(e) = err.downcast_ref::<tokens::TokensError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<train::TrainError>() {
         return Some(e.exit_class());
     }
     None

@@ -3,7 +3,9 @@
 
 use assert_cmd::Command;
 
+mod errors;
 mod generate;
+mod output;
 mod tokens;
 
 /// The `tlio` binary under test, with failpoints cleared so the caller's environment

@@ -1,0 +1,783 @@
+//! AdamW and SGD with PyTorch's update rules, defaults and f32 arithmetic, over named
+//! f32 parameters in a fixed order.
+//!
+//! Invariants: the update of one element depends only on that element's parameter,
+//! gradient and state, so updating a tensor in slices (as the trainer does, to avoid a
+//! full gradient buffer) gives the same bits as updating it whole; every scalar is
+//! computed the way `torch.optim` computes it (in f64, as Python floats) and rounded to
+//! f32 where torch's CPU kernel rounds it; the state (moments, step count and
+//! hyperparameters) is the whole optimizer, so exporting and importing it continues a
+//! run bit for bit.
+//!
+//! The per-element operations mirror torch's CPU kernels (`_single_tensor_adam` with
+//! `decoupled_weight_decay`, `_single_tensor_sgd`): `lerp_` and `add_(.., alpha)` are
+//! written with an explicit fused multiply-add there (`vec::fmadd`), so they are fused
+//! here (`f32::mul_add`); `mul_`, `addcmul_`, `addcdiv_`, `sqrt` and `/` are separate
+//! roundings in the order torch's kernels write them.
+
+use crate::error::{Classify, ExitClass};
+
+/// PyTorch's AdamW defaults.
+pub const ADAMW_BETAS: (f64, f64) = (0.9, 0.999);
+/// PyTorch's AdamW default epsilon.
+pub const ADAMW_EPS: f64 = 1e-8;
+/// PyTorch's AdamW default decoupled weight decay.
+pub const ADAMW_WEIGHT_DECAY: f64 = 0.01;
+/// The SGD momentum `tlio train` uses unless told otherwise (torch's own default is 0).
+pub const SGD_MOMENTUM: f64 = 0.9;
+
+/// Errors of the optimizers.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum OptimError {
+    /// A hyperparameter is out of its valid range (torch raises the same).
+    #[error("invalid {name}: {value} ({why})")]
+    Hyper {
+        /// The hyperparameter's name.
+        name: &'static str,
+        /// The value given.
+        value: f64,
+        /// The valid range.
+        why: &'static str,
+    },
+    /// A parameter index, slice or gradient does not fit the parameters the optimizer
+    /// was built for.
+    #[error("parameter {param}: {why}")]
+    Shape {
+        /// The parameter's name (or index when unknown).
+        param: String,
+        /// What does not fit.
+        why: String,
+    },
+    /// Imported state is missing a tensor, has one too many, or has the wrong length.
+    #[error("optimizer state: {0}")]
+    State(String),
+}
+
+impl Classify for OptimError {
+    fn exit_class(&self) -> ExitClass {
+        ExitClass::Invalid
+    }
+}
+
+/// The hyperparameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OptimConfig {
+    /// `torch.optim.AdamW`.
+    Adamw {
+        /// Learning rate.
+        lr: f64,
+        /// (beta1, beta2).
+        betas: (f64, f64),
+        /// Added to the denominator.
+        eps: f64,
+        /// Decoupled weight decay.
+        weight_decay: f64,
+    },
+    /// `torch.optim.SGD`.
+    Sgd {
+        /// Learning rate.
+        lr: f64,
+        /// Momentum factor (0 = plain SGD, no buffer).
+        momentum: f64,
+        /// Dampening for momentum.
+        dampening: f64,
+        /// Nesterov momentum.
+        nesterov: bool,
+        /// L2 penalty added to the gradient.
+        weight_decay: f64,
+    },
+}
+
+impl OptimConfig {
+    /// AdamW with torch's defaults and the given learning rate.
+    pub fn adamw(lr: f64) -> Self {
+        OptimConfig::Adamw {
+            lr,
+            betas: ADAMW_BETAS,
+            eps: ADAMW_EPS,
+            weight_decay: ADAMW_WEIGHT_DECAY,
+        }
+    }
+
+    /// SGD with the given learning rate and momentum, torch's defaults otherwise.
+    pub fn sgd(lr: f64, momentum: f64) -> Self {
+        OptimConfig::Sgd {
+            lr,
+            momentum,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        }
+    }
+
+    /// The learning rate.
+    pub fn lr(&self) -> f64 {
+        match *self {
+            OptimConfig::Adamw { lr, .. } | OptimConfig::Sgd { lr, .. } => lr,
+        }
+    }
+
+    /// `"adamw"` or `"sgd"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OptimConfig::Adamw { .. } => "adamw",
+            OptimConfig::Sgd { .. } => "sgd",
+        }
+    }
+
+    /// The state keys stored per parameter (`<param>.<key>`), in file order.
+    pub fn state_keys(&self) -> &'static [&'static str] {
+        match *self {
+            OptimConfig::Adamw { .. } => &["exp_avg", "exp_avg_sq"],
+            OptimConfig::Sgd { momentum, .. } if momentum != 0.0 => &["momentum_buffer"],
+            OptimConfig::Sgd { .. } => &[],
+        }
+    }
+
+    /// Check every hyperparameter the way torch's constructors do.
+    pub fn validate(&self) -> Result<(), OptimError> {
+        fn check(
+            name: &'static str,
+            value: f64,
+            ok: bool,
+            why: &'static str,
+        ) -> Result<(), OptimError> {
+            if ok {
+                Ok(())
+            } else {
+                Err(OptimError::Hyper { name, value, why })
+            }
+        }
+        match *self {
+            OptimConfig::Adamw {
+                lr,
+                betas,
+                eps,
+                weight_decay,
+            } => {
+                check(
+                    "lr",
+                    lr,
+                    lr.is_finite() && lr >= 0.0,
+                    "must be finite and >= 0",
+                )?;
+                check(
+                    "beta1",
+                    betas.0,
+                    (0.0..1.0).contains(&betas.0),
+                    "must be in [0, 1)",
+                )?;
+                check(
+                    "beta2",
+                    betas.1,
+                    (0.0..1.0).contains(&betas.1),
+                    "must be in [0, 1)",
+                )?;
+                check(
+                    "eps",
+                    eps,
+                    eps.is_finite() && eps >= 0.0,
+                    "must be finite and >= 0",
+                )?;
+                check(
+                    "weight_decay",
+                    weight_decay,
+                    weight_decay.is_finite() && weight_decay >= 0.0,
+                    "must be finite and >= 0",
+                )
+            }
+            OptimConfig::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay,
+            } => {
+                check(
+                    "lr",
+                    lr,
+                    lr.is_finite() && lr >= 0.0,
+                    "must be finite and >= 0",
+                )?;
+                check(
+                    "momentum",
+                    momentum,
+                    momentum.is_finite() && momentum >= 0.0,
+                    "must be finite and >= 0",
+                )?;
+                check(
+                    "dampening",
+                    dampening,
+                    dampening.is_finite(),
+                    "must be finite",
+                )?;
+                check(
+                    "weight_decay",
+                    weight_decay,
+                    weight_decay.is_finite() && weight_decay >= 0.0,
+                    "must be finite and >= 0",
+                )?;
+                check(
+                    "momentum",
+                    momentum,
+                    !nesterov || (momentum > 0.0 && dampening == 0.0),
+                    "nesterov needs momentum > 0 and dampening 0",
+                )
+            }
+        }
+    }
+}
+
+/// The optimizer's scalar state: the configuration plus the step count (what
+/// checkpoint.md's metadata JSON holds; the checkpoint core owns that JSON form). SGD's
+/// update does not depend on the step; whether its momentum buffer exists is told by
+/// the buffer tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptimHeader {
+    /// Hyperparameters.
+    pub config: OptimConfig,
+    /// Optimizer steps taken (AdamW's bias corrections depend on it).
+    pub step: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    name: String,
+    len: usize,
+    /// AdamW: exp_avg, exp_avg_sq. SGD with momentum: the buffer (empty until the
+    /// first step, as torch's `momentum_buffer` is `None` until then).
+    state: Vec<Vec<f32>>,
+}
+
+/// The f32 scalars of one step, computed once (in f64, as torch's Python code does)
+/// and rounded where torch's kernels round them.
+#[derive(Debug, Clone, Copy)]
+pub struct StepScalars {
+    kind: StepKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum StepKind {
+    Adamw {
+        /// `1 - lr * weight_decay`, or `None` when weight_decay is 0 (torch skips it).
+        decay: Option<f32>,
+        /// `1 - beta1`, the lerp weight.
+        lerp_w: f32,
+        beta2: f32,
+        /// `1 - beta2`.
+        one_minus_beta2: f32,
+        /// `sqrt(1 - beta2^t)`.
+        bc2_sqrt: f32,
+        eps: f32,
+        /// `-lr / (1 - beta1^t)`.
+        neg_step_size: f32,
+    },
+    Sgd {
+        weight_decay: Option<f32>,
+        /// Some((momentum, 1 - dampening, first step)) when momentum != 0.
+        momentum: Option<(f32, f32, bool)>,
+        nesterov: bool,
+        neg_lr: f32,
+    },
+}
+
+/// An optimizer over a fixed, ordered list of named f32 parameters.
+#[derive(Debug, Clone)]
+pub struct Optimizer {
+    config: OptimConfig,
+    step: u64,
+    slots: Vec<Slot>,
+    /// Scalars of the step in progress (between `begin_step` and the last `update`).
+    current: Option<StepScalars>,
+}
+
+impl Optimizer {
+    /// A fresh optimizer (step 0, zero moments, no momentum buffer) for parameters
+    /// given as (name, element count) in their fixed order.
+    pub fn new(config: OptimConfig, params: &[(&str, usize)]) -> Result<Self, OptimError> {
+        config.validate()?;
+        let slots = params
+            .iter()
+            .map(|&(name, len)| Slot {
+                name: name.to_string(),
+                len,
+                state: match config {
+                    OptimConfig::Adamw { .. } => vec![vec![0.0; len], vec![0.0; len]],
+                    OptimConfig::Sgd { .. } => Vec::new(),
+                },
+            })
+            .collect();
+        Ok(Optimizer {
+            config,
+            step: 0,
+            slots,
+            current: None,
+        })
+    }
+
+    /// The hyperparameters.
+    pub fn config(&self) -> &OptimConfig {
+        &self.config
+    }
+
+    /// Steps taken so far.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// The header (config + step) for the checkpoint's metadata.
+    pub fn header(&self) -> OptimHeader {
+        OptimHeader {
+            config: self.config,
+            step: self.step,
+        }
+    }
+
+    /// Start a step: count it and compute its scalars. Every element of every
+    /// parameter must then be passed to [`Optimizer::update`] exactly once.
+    pub fn begin_step(&mut self) {
+        self.step = self.step.saturating_add(1);
+        let kind = match self.config {
+            OptimConfig::Adamw {
+                lr,
+                betas: (beta1, beta2),
+                eps,
+                weight_decay,
+            } => {
+                // torch keeps `step` as an f32 tensor and reads it back with `.item()`,
+                // so the exponent is a Python float; `powf` is C's `pow`, as
+                // Python's `**` on floats.
+                let t = self.step as f64;
+                let bias_correction1 = 1.0 - beta1.powf(t);
+                let bias_correction2 = 1.0 - beta2.powf(t);
+                let step_size = lr / bias_correction1;
+                let bias_correction2_sqrt = bias_correction2.powf(0.5);
+                StepKind::Adamw {
+                    decay: (weight_decay != 0.0).then_some((1.0 - lr * weight_decay) as f32),
+                    lerp_w: (1.0 - beta1) as f32,
+                    beta2: beta2 as f32,
+                    one_minus_beta2: (1.0 - beta2) as f32,
+                    bc2_sqrt: bias_correction2_sqrt as f32,
+                    eps: eps as f32,
+                    neg_step_size: (-step_size) as f32,
+                }
+            }
+            OptimConfig::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay,
+            } => {
+                let first = self.slots.iter().any(|s| s.state.is_empty());
+                StepKind::Sgd {
+                    weight_decay: (weight_decay != 0.0).then_some(weight_decay as f32),
+                    momentum: (momentum != 0.0).then_some((
+                        momentum as f32,
+                        (1.0 - dampening) as f32,
+                        first,
+                    )),
+                    nesterov,
+                    neg_lr: (-lr) as f32,
+                }
+            }
+        };
+        if let OptimConfig::Sgd { momentum, .. } = self.config {
+            if momentum != 0.0 {
+                for slot in &mut self.slots {
+                    if slot.state.is_empty() {
+                        slot.state.push(vec![0.0; slot.len]);
+                    }
+                }
+            }
+        }
+        self.current = Some(StepScalars { kind });
+    }
+
+    /// Update `param[offset .. offset + p.len()]` of parameter `index` with gradient
+    /// `g` (same length), within the step opened by [`Optimizer::begin_step`].
+    pub fn update(
+        &mut self,
+        index: usize,
+        offset: usize,
+        p: &mut [f32],
+        g: &[f32],
+    ) -> Result<(), OptimError> {
+        let scalars = self.current.ok_or_else(|| {
+            OptimError::State("update outside a step (begin_step was not called)".into())
+        })?;
+        let slot = self.slots.get_mut(index).ok_or_else(|| OptimError::Shape {
+            param: index.to_string(),
+            why: "no such parameter".into(),
+        })?;
+        let end = offset.checked_add(p.len()).filter(|&e| e <= slot.len);
+        let end = match end {
+            Some(end) if g.len() == p.len() => end,
+            _ => {
+                return Err(OptimError::Shape {
+                    param: slot.name.clone(),
+                    why: format!(
+                        "slice [{offset}, +{}) with a gradient of {} does not fit {} elements",
+                        p.len(),
+                        g.len(),
+                        slot.len
+                    ),
+                })
+            }
+        };
+        match scalars.kind {
+            StepKind::Adamw {
+                decay,
+                lerp_w,
+                beta2,
+                one_minus_beta2,
+                bc2_sqrt,
+                eps,
+                neg_step_size,
+            } => {
+                let [m, v] = slot.state.as_mut_slice() else {
+                    return Err(OptimError::State(format!("{}: missing moments", slot.name)));
+                };
+                let (Some(m), Some(v)) = (m.get_mut(offset..end), v.get_mut(offset..end)) else {
+                    return Err(OptimError::State(format!("{}: short moments", slot.name)));
+                };
+                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                    adamw_element(
+                        p,
+                        g,
+                        m,
+                        v,
+                        decay,
+                        lerp_w,
+                        beta2,
+                        one_minus_beta2,
+                        bc2_sqrt,
+                        eps,
+                        neg_step_size,
+                    );
+                }
+            }
+            StepKind::Sgd {
+                weight_decay,
+                momentum,
+                nesterov,
+                neg_lr,
+            } => match momentum {
+                None => {
+                    for (p, &g) in p.iter_mut().zip(g) {
+                        let g = match weight_decay {
+                            Some(wd) => (*p).mul_add(wd, g),
+                            None => g,
+                        };
+                        *p = g.mul_add(neg_lr, *p);
+                    }
+                }
+                Some((mom, one_minus_damp, first)) => {
+                    let buf = slot
+                        .state
+                        .first_mut()
+                        .and_then(|b| b.get_mut(offset..end))
+                        .ok_or_else(|| {
+                            OptimError::State(format!("{}: missing momentum buffer", slot.name))
+                        })?;
+                    for ((p, &g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
+                        // grad.add(param, alpha=wd): vec::fmadd(param, wd, grad).
+                        let g = match weight_decay {
+                            Some(wd) => (*p).mul_add(wd, g),
+                            None => g,
+                        };
+                        // First step: buf = clone(grad). Then buf.mul_(m) (one rounding)
+                        // .add_(grad, alpha=1-dampening) (fused).
+                        *b = if first {
+                            g
+                        } else {
+                            g.mul_add(one_minus_damp, *b * mom)
+                        };
+                        let d = if nesterov { (*b).mul_add(mom, g) } else { *b };
+                        // param.add_(d, alpha=-lr): vec::fmadd(d, -lr, param).
+                        *p = d.mul_add(neg_lr, *p);
+                    }
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Close the step opened by [`Optimizer::begin_step`].
+    pub fn end_step(&mut self) {
+        self.current = None;
+    }
+
+    /// One whole step over every parameter: `params[i]` and `grads[i]` are parameter
+    /// `i` in full.
+    pub fn step(&mut self, params: &mut [&mut [f32]], grads: &[&[f32]]) -> Result<(), OptimError> {
+        if params.len() != self.slots.len() || grads.len() != self.slots.len() {
+            return Err(OptimError::Shape {
+                param: "*".into(),
+                why: format!(
+                    "{} parameters and {} gradients for an optimizer of {}",
+                    params.len(),
+                    grads.len(),
+                    self.slots.len()
+                ),
+            });
+        }
+        for (i, slot) in self.slots.iter().enumerate() {
+            let plen = params.get(i).map_or(0, |p| p.len());
+            if plen != slot.len {
+                return Err(OptimError::Shape {
+                    param: slot.name.clone(),
+                    why: format!("{plen} elements, expected {}", slot.len),
+                });
+            }
+        }
+        self.begin_step();
+        let result = params
+            .iter_mut()
+            .zip(grads)
+            .enumerate()
+            .try_for_each(|(i, (p, g))| self.update(i, 0, p, g));
+        self.end_step();
+        result
+    }
+
+    /// The state tensors as (`<param>.<key>`, values), parameters in their order, keys
+    /// in [`OptimConfig::state_keys`] order. SGD before its first step has none.
+    pub fn state_tensors(&self) -> Vec<(String, &[f32])> {
+        let keys = self.config.state_keys();
+        let mut out = Vec::new();
+        for slot in &self.slots {
+            for (key, values) in keys.iter().zip(&slot.state) {
+                out.push((format!("{}.{}", slot.name, key), values.as_slice()));
+            }
+        }
+        out
+    }
+
+    /// Rebuild an optimizer from a header and its state tensors (by full name), for
+    /// the given parameters. Every expected tensor must be present with the right
+    /// length and nothing else; SGD's buffers are absent only at step 0.
+    pub fn from_state(
+        header: OptimHeader,
+        params: &[(&str, usize)],
+        mut tensors: std::collections::BTreeMap<String, Vec<f32>>,
+    ) -> Result<Self, OptimError> {
+        let mut opt = Optimizer::new(header.config, params)?;
+        opt.step = header.step;
+        let keys = header.config.state_keys();
+        let sgd_fresh = matches!(header.config, OptimConfig::Sgd { .. }) && tensors.is_empty();
+        for slot in &mut opt.slots {
+            if sgd_fresh {
+                break;
+            }
+            slot.state.clear();
+            for key in keys {
+                let name = format!("{}.{}", slot.name, key);
+                let values = tensors
+                    .remove(&name)
+                    .ok_or_else(|| OptimError::State(format!("missing tensor {name}")))?;
+                if values.len() != slot.len {
+                    return Err(OptimError::State(format!(
+                        "tensor {name} has {} elements, expected {}",
+                        values.len(),
+                        slot.len
+                    )));
+                }
+                slot.state.push(values);
+            }
+        }
+        if let Some(name) = tensors.keys().next() {
+            return Err(OptimError::State(format!("unexpected tensor {name}")));
+        }
+        Ok(opt)
+    }
+}
+
+/// One AdamW element, torch's `_single_tensor_adam` with decoupled weight decay:
+/// `param.mul_(1 - lr*wd)`; `exp_avg.lerp_(grad, 1 - beta1)`;
+/// `exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)`;
+/// `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`;
+/// `param.addcdiv_(exp_avg, denom, value=-step_size)`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn adamw_element(
+    p: &mut f32,
+    g: f32,
+    m: &mut f32,
+    v: &mut f32,
+    decay: Option<f32>,
+    lerp_w: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    bc2_sqrt: f32,
+    eps: f32,
+    neg_step_size: f32,
+) {
+    if let Some(decay) = decay {
+        *p *= decay;
+    }
+    // torch's lerp: weight < 0.5 → fmadd(w, end - self, self), else
+    // fmadd(w - 1, end - self, end) (Lerp.h, lerp_vec).
+    *m = if lerp_w.abs() < 0.5 {
+        lerp_w.mul_add(g - *m, *m)
+    } else {
+        (lerp_w - 1.0).mul_add(g - *m, g)
+    };
+    // addcmul: self + value * t1 * t2, left to right, unfused.
+    *v = *v * beta2 + one_minus_beta2 * g * g;
+    let denom = v.sqrt() / bc2_sqrt + eps;
+    // addcdiv: self + value * t1 / t2, left to right, unfused.
+    *p += neg_step_size * *m / denom;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn adamw_default(lr: f64) -> OptimConfig {
+        OptimConfig::adamw(lr)
+    }
+
+    #[test]
+    fn slices_give_the_same_bits_as_whole_tensors() {
+        let params: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        for config in [
+            adamw_default(0.05),
+            OptimConfig::sgd(0.1, 0.9),
+            OptimConfig::sgd(0.1, 0.0),
+        ] {
+            let mut whole = params.clone();
+            let mut sliced = params.clone();
+            let mut a = Optimizer::new(config, &[("w", 37)]).unwrap();
+            let mut b = Optimizer::new(config, &[("w", 37)]).unwrap();
+            for step in 0..4 {
+                let g: Vec<f32> = (0..37).map(|i| ((i + step) as f32 * 0.71).cos()).collect();
+                a.step(&mut [&mut whole], &[&g]).unwrap();
+                b.begin_step();
+                for (k, (pc, gc)) in sliced.chunks_mut(5).zip(g.chunks(5)).enumerate() {
+                    b.update(0, k * 5, pc, gc).unwrap();
+                }
+                b.end_step();
+            }
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&whole), bits(&sliced), "{config:?}");
+        }
+    }
+
+    #[test]
+    fn first_adamw_step_moves_by_lr_against_the_gradient_sign() {
+        // After one step m/(1-b1) = g and sqrt(v/(1-b2)) = |g|, so the update is
+        // lr * g / (|g| + eps): about lr, whatever the gradient's scale.
+        let mut p = vec![1.0f32, -2.0, 0.5];
+        let g = vec![0.3f32, -4.0, 1e-3];
+        let mut opt = Optimizer::new(adamw_default(0.01), &[("w", 3)]).unwrap();
+        opt.step(&mut [&mut p], &[&g]).unwrap();
+        let expect = [
+            1.0 * (1.0 - 1e-4) - 0.01,
+            -2.0 * (1.0 - 1e-4) + 0.01,
+            0.5 * (1.0 - 1e-4) - 0.01,
+        ];
+        for (got, want) in p.iter().zip(expect) {
+            assert!((*got as f64 - want).abs() < 1e-6, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn sgd_without_momentum_has_no_state_and_plain_updates() {
+        let mut p = vec![1.0f32, 2.0];
+        let mut opt = Optimizer::new(OptimConfig::sgd(0.5, 0.0), &[("w", 2)]).unwrap();
+        opt.step(&mut [&mut p], &[&[2.0, -4.0]]).unwrap();
+        assert_eq!(p, [0.0, 4.0]);
+        assert!(opt.state_tensors().is_empty());
+    }
+
+    #[test]
+    fn sgd_momentum_first_step_clones_the_gradient() {
+        let mut p = vec![0.0f32];
+        let mut opt = Optimizer::new(OptimConfig::sgd(1.0, 0.9), &[("w", 1)]).unwrap();
+        assert!(
+            opt.state_tensors().is_empty(),
+            "no buffer before the first step"
+        );
+        opt.step(&mut [&mut p], &[&[1.0]]).unwrap();
+        assert_eq!(p, [-1.0]);
+        opt.step(&mut [&mut p], &[&[1.0]]).unwrap();
+        // buf = 0.9 * 1 + 1 = 1.9 (in f32), p = -1 - 1.9
+        assert_eq!(p, [-1.0 - (0.9f32 + 1.0)]);
+        let names: Vec<String> = opt.state_tensors().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["w.momentum_buffer"]);
+    }
+
+    #[test]
+    fn export_import_continues_bit_for_bit() {
+        for config in [adamw_default(0.02), OptimConfig::sgd(0.3, 0.9)] {
+            let params = [("a", 5usize), ("b", 3usize)];
+            let grad = |s: usize, n: usize| -> Vec<f32> {
+                (0..n).map(|i| ((i * 7 + s * 3) as f32).sin()).collect()
+            };
+            let mut pa = vec![0.1f32; 5];
+            let mut pb = vec![-0.2f32; 3];
+            let mut opt = Optimizer::new(config, &params).unwrap();
+            for s in 0..3 {
+                opt.step(&mut [&mut pa, &mut pb], &[&grad(s, 5), &grad(s + 9, 3)])
+                    .unwrap();
+            }
+            let header = opt.header();
+            let tensors: BTreeMap<String, Vec<f32>> = opt
+                .state_tensors()
+                .into_iter()
+                .map(|(n, v)| (n, v.to_vec()))
+                .collect();
+            let mut restored = Optimizer::from_state(header, &params, tensors).unwrap();
+            let (mut qa, mut qb) = (pa.clone(), pb.clone());
+            for s in 3..6 {
+                opt.step(&mut [&mut pa, &mut pb], &[&grad(s, 5), &grad(s + 9, 3)])
+                    .unwrap();
+                restored
+                    .step(&mut [&mut qa, &mut qb], &[&grad(s, 5), &grad(s + 9, 3)])
+                    .unwrap();
+            }
+            assert_eq!(pa, qa);
+            assert_eq!(pb, qb);
+        }
+    }
+
+    #[test]
+    fn import_refuses_missing_extra_and_short_tensors() {
+        let header = OptimHeader {
+            config: adamw_default(0.01),
+            step: 1,
+        };
+        let params = [("w", 2usize)];
+        let full = |extra: Option<&str>, len: usize| {
+            let mut m = BTreeMap::new();
+            m.insert("w.exp_avg".to_string(), vec![0.0; 2]);
+            m.insert("w.exp_avg_sq".to_string(), vec![0.0; len]);
+            if let Some(e) = extra {
+                m.insert(e.to_string(), vec![0.0; 2]);
+            }
+            m
+        };
+        assert!(Optimizer::from_state(header, &params, full(None, 2)).is_ok());
+        assert!(Optimizer::from_state(header, &params, full(None, 3)).is_err());
+        assert!(Optimizer::from_state(header, &params, full(Some("v.exp_avg"), 2)).is_err());
+        let mut missing = full(None, 2);
+        missing.remove("w.exp_avg");
+        assert!(Optimizer::from_state(header, &params, missing).is_err());
+    }
+
+    #[test]
+    fn invalid_hyperparameters_are_refused() {
+        assert!(Optimizer::new(OptimConfig::adamw(-1.0), &[]).is_err());
+        assert!(Optimizer::new(OptimConfig::adamw(f64::NAN), &[]).is_err());
+        assert!(Optimizer::new(OptimConfig::sgd(0.1, -0.5), &[]).is_err());
+        let bad_beta = OptimConfig::Adamw {
+            lr: 0.1,
+            betas: (1.0, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+        };
+        assert!(bad_beta.validate().is_err());
+    }
+}

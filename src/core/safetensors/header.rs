@@ -1,0 +1,712 @@
+//! Header-only reading: the five reader rules of the format page plus the spec's strict
+//! rules (duplicate keys anywhere, exactly three keys per entry, integers only, overflow
+//! checks, nothing but whitespace after the object, string-only metadata).
+//!
+//! Invariants: only `8 + N` bytes are ever read, after N has been checked against the
+//! limit and the file size, so a 20 GB file costs what a 1 KB one does; the JSON is
+//! parsed by visitors that see every key (a map type would keep the last duplicate);
+//! the first broken rule is reported with its tensor.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+
+use super::dtype::{byte_len, Dtype, SizeError};
+use super::{quote, SafetensorsError};
+
+/// Largest header length a reader accepts (rule 1).
+pub const MAX_HEADER_SIZE: u64 = 100_000_000;
+/// Size of the little-endian u64 header length.
+pub const N_LEN: u64 = 8;
+/// The reserved key of the metadata map.
+pub const METADATA_KEY: &str = "__metadata__";
+
+/// One tensor of a header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// The name.
+    pub name: String,
+    /// The dtype.
+    pub dtype: Dtype,
+    /// The shape, outermost first.
+    pub shape: Vec<u64>,
+    /// [begin, end) relative to the start of the data buffer.
+    pub data_offsets: (u64, u64),
+}
+
+impl TensorInfo {
+    /// Element count (checked when the header was read).
+    pub fn numel(&self) -> u64 {
+        super::dtype::numel(&self.shape).unwrap_or(0)
+    }
+
+    /// Byte count.
+    pub fn byte_len(&self) -> u64 {
+        self.data_offsets.1.saturating_sub(self.data_offsets.0)
+    }
+}
+
+/// A validated header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// The tensors in data-offset order (zero-size ties in canonical order).
+    pub tensors: Vec<TensorInfo>,
+    /// The metadata (empty when absent).
+    pub metadata: BTreeMap<String, String>,
+    /// N, the header length in bytes.
+    pub header_len: u64,
+    /// The size of the whole file.
+    pub file_size: u64,
+}
+
+impl Header {
+    /// Offset of the data buffer in the file: 8 + N.
+    pub fn data_start(&self) -> u64 {
+        N_LEN + self.header_len
+    }
+
+    /// The tensor of that name.
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The size of the data buffer.
+    pub fn data_len(&self) -> u64 {
+        self.file_size.saturating_sub(self.data_start())
+    }
+}
+
+/// Read and validate the header of the file at `path`, reading only `8 + N` bytes.
+pub fn read_header(path: &Path) -> Result<Header, SafetensorsError> {
+    let io = |source| SafetensorsError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    read_header_from(&mut file, size).map_err(|e| match e {
+        ReadFailure::Io(source) => io(source),
+        ReadFailure::Invalid(e) => e,
+    })
+}
+
+pub(crate) enum ReadFailure {
+    Io(std::io::Error),
+    Invalid(SafetensorsError),
+}
+
+/// Read the header from `file` (positioned at 0) whose total size is `size`.
+pub(crate) fn read_header_from(file: &mut File, size: u64) -> Result<Header, ReadFailure> {
+    check_prefix_len(size).map_err(ReadFailure::Invalid)?;
+    let mut prefix = [0u8; N_LEN as usize];
+    file.read_exact(&mut prefix).map_err(ReadFailure::Io)?;
+    let n = u64::from_le_bytes(prefix);
+    check_n(n, size).map_err(ReadFailure::Invalid)?;
+    // n is at most MAX_HEADER_SIZE and within the file, so this allocation is bounded by
+    // both the limit and the file's real size.
+    let mut buf = vec![0u8; n as usize];
+    file.read_exact(&mut buf).map_err(ReadFailure::Io)?;
+    parse_header_bytes(&buf, size).map_err(ReadFailure::Invalid)
+}
+
+fn check_prefix_len(size: u64) -> Result<(), SafetensorsError> {
+    if size < N_LEN {
+        return Err(SafetensorsError::TooShort { size });
+    }
+    Ok(())
+}
+
+fn check_n(n: u64, size: u64) -> Result<(), SafetensorsError> {
+    if n > MAX_HEADER_SIZE {
+        return Err(SafetensorsError::HeaderTooLarge { n });
+    }
+    match n.checked_add(N_LEN) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(SafetensorsError::HeaderPastEnd { n, size }),
+    }
+}
+
+/// Validate a whole file held in memory (the header and the data).
+pub fn parse_header(file: &[u8]) -> Result<Header, SafetensorsError> {
+    let size = file.len() as u64;
+    check_prefix_len(size)?;
+    let mut prefix = [0u8; N_LEN as usize];
+    prefix.copy_from_slice(file.get(..N_LEN as usize).unwrap_or(&[0; 8]));
+    let n = u64::from_le_bytes(prefix);
+    check_n(n, size)?;
+    let end = (N_LEN + n) as usize;
+    let header = file
+        .get(N_LEN as usize..end)
+        .ok_or(SafetensorsError::HeaderPastEnd { n, size })?;
+    parse_header_bytes(header, size)
+}
+
+/// Validate the N header bytes of a file of `file_size` bytes.
+pub fn parse_header_bytes(header: &[u8], file_size: u64) -> Result<Header, SafetensorsError> {
+    let header_len = header.len() as u64;
+    let text = std::str::from_utf8(header).map_err(|e| SafetensorsError::NotUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    let first = text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .chars()
+        .next();
+    if first != Some('{') {
+        // Either another JSON value or no JSON at all: tell them apart for the message.
+        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+            Ok(_) => SafetensorsError::NotObject,
+            Err(e) => SafetensorsError::Json {
+                message: e.to_string(),
+            },
+        });
+    }
+    let ctx = Ctx::default();
+    let mut de = serde_json::Deserializer::from_str(text);
+    let raw = match TopSeed(&ctx).deserialize(&mut de) {
+        Ok(raw) => raw,
+        Err(e) => {
+            return Err(ctx.err.into_inner().unwrap_or(SafetensorsError::Json {
+                message: e.to_string(),
+            }))
+        }
+    };
+    de.end().map_err(|e| SafetensorsError::TrailingCharacters {
+        detail: format!("line {} column {}", e.line(), e.column()),
+    })?;
+    validate(raw, header_len, file_size)
+}
+
+struct RawTensor {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<u64>,
+    offsets: (u64, u64),
+}
+
+struct RawHeader {
+    tensors: Vec<RawTensor>,
+    metadata: BTreeMap<String, String>,
+}
+
+fn validate(raw: RawHeader, header_len: u64, file_size: u64) -> Result<Header, SafetensorsError> {
+    let data_len = file_size.saturating_sub(N_LEN + header_len);
+    let mut tensors = Vec::with_capacity(raw.tensors.len());
+    for t in raw.tensors {
+        let (begin, end) = t.offsets;
+        let expected = match byte_len(t.dtype, &t.shape) {
+            Ok(n) => n,
+            Err(SizeError::Overflow) => {
+                return Err(SafetensorsError::Overflow {
+                    tensor: t.name,
+                    shape: t.shape,
+                })
+            }
+            Err(SizeError::SubByte { numel }) => {
+                return Err(SafetensorsError::SubByte {
+                    tensor: t.name,
+                    dtype: t.dtype,
+                    numel,
+                })
+            }
+        };
+        if end < begin {
+            return Err(SafetensorsError::BadOffsets {
+                tensor: t.name,
+                detail: format!("end {end} is before begin {begin}"),
+            });
+        }
+        let actual = end - begin;
+        if actual != expected {
+            return Err(SafetensorsError::ByteCount {
+                tensor: t.name,
+                dtype: t.dtype,
+                shape: t.shape,
+                expected,
+                actual,
+            });
+        }
+        tensors.push(TensorInfo {
+            name: t.name,
+            dtype: t.dtype,
+            shape: t.shape,
+            data_offsets: t.offsets,
+        });
+    }
+    tensors.sort_by(|a, b| {
+        a.data_offsets
+            .cmp(&b.data_offsets)
+            .then(a.dtype.rank().cmp(&b.dtype.rank()))
+            .then(a.name.as_bytes().cmp(b.name.as_bytes()))
+    });
+    let mut cursor = 0u64;
+    let mut previous: Option<&str> = None;
+    for t in &tensors {
+        let (begin, end) = t.data_offsets;
+        if end > data_len {
+            return Err(SafetensorsError::Tiling {
+                tensor: t.name.clone(),
+                detail: format!(
+                    "data ends at {end}, past the end of the {data_len}-byte data buffer"
+                ),
+            });
+        }
+        if begin < cursor {
+            return Err(SafetensorsError::Tiling {
+                tensor: t.name.clone(),
+                detail: format!(
+                    "begins at {begin}, overlapping tensor {} which ends at {cursor}",
+                    quote(previous.unwrap_or("<none>"))
+                ),
+            });
+        }
+        if begin > cursor {
+            return Err(SafetensorsError::Tiling {
+                tensor: t.name.clone(),
+                detail: format!("begins at {begin}, leaving a gap after byte {cursor}"),
+            });
+        }
+        cursor = end;
+        previous = Some(&t.name);
+    }
+    if cursor != data_len {
+        return Err(SafetensorsError::Tiling {
+            tensor: previous.unwrap_or("<none>").to_string(),
+            detail: format!(
+                "{} trailing bytes after the last tensor (data ends at {cursor}, the buffer holds {data_len})",
+                data_len - cursor
+            ),
+        });
+    }
+    Ok(Header {
+        tensors,
+        metadata: raw.metadata,
+        header_len,
+        file_size,
+    })
+}
+
+/// Holds the first typed error raised inside the visitors (serde only carries strings).
+#[derive(Default)]
+struct Ctx {
+    err: RefCell<Option<SafetensorsError>>,
+}
+
+impl Ctx {
+    fn fail<E: de::Error>(&self, e: SafetensorsError) -> E {
+        let mut slot = self.err.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        E::custom("invalid header")
+    }
+}
+
+/// A visitor that rejects every JSON value kind except those it overrides, through one
+/// function, so that the typed error names what was expected.
+macro_rules! reject_others {
+    ($($method:ident($ty:ty)),* $(,)?) => {
+        $(
+            fn $method<E: de::Error>(self, _v: $ty) -> Result<Self::Value, E> {
+                Err(self.reject())
+            }
+        )*
+    };
+}
+
+struct TopSeed<'c>(&'c Ctx);
+
+impl<'de> DeserializeSeed<'de> for TopSeed<'_> {
+    type Value = RawHeader;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<RawHeader, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed<'_> {
+    type Value = RawHeader;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+        let ctx = self.0;
+        let mut seen = HashSet::new();
+        let mut tensors = Vec::new();
+        let mut metadata = BTreeMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(ctx.fail(SafetensorsError::DuplicateKey {
+                    key,
+                    place: "in the header".to_string(),
+                }));
+            }
+            if key == METADATA_KEY {
+                metadata = map.next_value_seed(MetaSeed(ctx))?;
+            } else {
+                let (dtype, shape, offsets) = map.next_value_seed(EntrySeed { ctx, name: &key })?;
+                tensors.push(RawTensor {
+                    name: key,
+                    dtype,
+                    shape,
+                    offsets,
+                });
+            }
+        }
+        Ok(RawHeader { tensors, metadata })
+    }
+}
+
+struct MetaSeed<'c>(&'c Ctx);
+
+impl MetaSeed<'_> {
+    fn reject<E: de::Error>(&self) -> E {
+        self.0.fail(SafetensorsError::MetadataNotObject)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for MetaSeed<'_> {
+    type Value = BTreeMap<String, String>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MetaSeed<'_> {
+    type Value = BTreeMap<String, String>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object of strings")
+    }
+    reject_others!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64),
+        visit_str(&str),
+    );
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Err(self.reject())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<Self::Value, A::Error> {
+        Err(self.reject())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let ctx = self.0;
+        let mut out = BTreeMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(ctx.fail(SafetensorsError::DuplicateKey {
+                    key,
+                    place: "in __metadata__".to_string(),
+                }));
+            }
+            let value = map.next_value_seed(StrSeed {
+                ctx,
+                on_other: || SafetensorsError::MetadataNotString { key: key.clone() },
+            })?;
+            out.insert(key, value);
+        }
+        Ok(out)
+    }
+}
+
+/// Accepts a JSON string only; anything else raises `on_other()`.
+struct StrSeed<'c, F> {
+    ctx: &'c Ctx,
+    on_other: F,
+}
+
+impl<F: Fn() -> SafetensorsError> StrSeed<'_, F> {
+    fn reject<E: de::Error>(&self) -> E {
+        self.ctx.fail((self.on_other)())
+    }
+}
+
+impl<'de, F: Fn() -> SafetensorsError> DeserializeSeed<'de> for StrSeed<'_, F> {
+    type Value = String;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, F: Fn() -> SafetensorsError> Visitor<'de> for StrSeed<'_, F> {
+    type Value = String;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+        Ok(v)
+    }
+    reject_others!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64),
+    );
+    fn visit_unit<E: de::Error>(self) -> Result<String, E> {
+        Err(self.reject())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<String, A::Error> {
+        Err(self.reject())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<String, A::Error> {
+        Err(self.reject())
+    }
+}
+
+type Entry = (Dtype, Vec<u64>, (u64, u64));
+
+struct EntrySeed<'c, 'n> {
+    ctx: &'c Ctx,
+    name: &'n str,
+}
+
+impl EntrySeed<'_, '_> {
+    fn reject<E: de::Error>(&self) -> E {
+        self.ctx.fail(SafetensorsError::EntryNotObject {
+            tensor: self.name.to_string(),
+        })
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for EntrySeed<'_, '_> {
+    type Value = Entry;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Entry, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EntrySeed<'_, '_> {
+    type Value = Entry;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a tensor entry object")
+    }
+    reject_others!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64),
+        visit_str(&str),
+    );
+    fn visit_unit<E: de::Error>(self) -> Result<Entry, E> {
+        Err(self.reject())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<Entry, A::Error> {
+        Err(self.reject())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry, A::Error> {
+        let ctx = self.ctx;
+        let tensor = || self.name.to_string();
+        let mut dtype = None;
+        let mut shape = None;
+        let mut offsets = None;
+        while let Some(key) = map.next_key::<String>()? {
+            let dup = match key.as_str() {
+                "dtype" => dtype.is_some(),
+                "shape" => shape.is_some(),
+                "data_offsets" => offsets.is_some(),
+                _ => {
+                    return Err(ctx.fail(SafetensorsError::UnknownKey {
+                        tensor: tensor(),
+                        key,
+                    }))
+                }
+            };
+            if dup {
+                return Err(ctx.fail(SafetensorsError::DuplicateKey {
+                    key,
+                    place: format!("in the entry of tensor {}", quote(self.name)),
+                }));
+            }
+            match key.as_str() {
+                "dtype" => {
+                    let name = map.next_value_seed(StrSeed {
+                        ctx,
+                        on_other: || SafetensorsError::UnknownDtype {
+                            tensor: tensor(),
+                            dtype: "(not a string)".to_string(),
+                        },
+                    })?;
+                    match Dtype::from_name(&name) {
+                        Some(d) => dtype = Some(d),
+                        None => {
+                            return Err(ctx.fail(SafetensorsError::UnknownDtype {
+                                tensor: tensor(),
+                                dtype: name,
+                            }))
+                        }
+                    }
+                }
+                "shape" => {
+                    shape = Some(map.next_value_seed(IntsSeed {
+                        ctx,
+                        tensor: self.name,
+                        what: Ints::Shape,
+                    })?)
+                }
+                _ => {
+                    let v = map.next_value_seed(IntsSeed {
+                        ctx,
+                        tensor: self.name,
+                        what: Ints::Offsets,
+                    })?;
+                    match v.as_slice() {
+                        [b, e] => offsets = Some((*b, *e)),
+                        _ => {
+                            return Err(ctx.fail(SafetensorsError::BadOffsets {
+                                tensor: tensor(),
+                                detail: format!(
+                                    "data_offsets has {} entries, not [begin, end]",
+                                    v.len()
+                                ),
+                            }))
+                        }
+                    }
+                }
+            }
+        }
+        let missing = |key| {
+            ctx.fail(SafetensorsError::MissingKey {
+                tensor: tensor(),
+                key,
+            })
+        };
+        let dtype = dtype.ok_or_else(|| missing("dtype"))?;
+        let shape = shape.ok_or_else(|| missing("shape"))?;
+        let offsets = offsets.ok_or_else(|| missing("data_offsets"))?;
+        Ok((dtype, shape, offsets))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Ints {
+    Shape,
+    Offsets,
+}
+
+/// A JSON array of non-negative integers that fit in u64.
+struct IntsSeed<'c, 'n> {
+    ctx: &'c Ctx,
+    tensor: &'n str,
+    what: Ints,
+}
+
+impl IntsSeed<'_, '_> {
+    fn bad(&self, detail: String) -> SafetensorsError {
+        let tensor = self.tensor.to_string();
+        match self.what {
+            Ints::Shape => SafetensorsError::BadShape { tensor, detail },
+            Ints::Offsets => SafetensorsError::BadOffsets { tensor, detail },
+        }
+    }
+    fn field(&self) -> &'static str {
+        match self.what {
+            Ints::Shape => "shape",
+            Ints::Offsets => "data_offsets",
+        }
+    }
+    fn reject<E: de::Error>(&self) -> E {
+        self.ctx
+            .fail(self.bad(format!("{} is not a list of integers", self.field())))
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for IntsSeed<'_, '_> {
+    type Value = Vec<u64>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Vec<u64>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IntsSeed<'_, '_> {
+    type Value = Vec<u64>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of non-negative integers")
+    }
+    reject_others!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64),
+        visit_str(&str),
+    );
+    fn visit_unit<E: de::Error>(self) -> Result<Vec<u64>, E> {
+        Err(self.reject())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<Vec<u64>, A::Error> {
+        Err(self.reject())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
+        // Grows with the JSON text, never with a number written in it.
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(IntSeed(self.field()))? {
+            match v {
+                Ok(n) => out.push(n),
+                Err(detail) => return Err(self.ctx.fail(self.bad(detail))),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One element: Ok(n) for a JSON non-negative integer, Err(description) otherwise
+/// (reported by the enclosing list with its tensor).
+struct IntSeed(&'static str);
+
+impl<'de> DeserializeSeed<'de> for IntSeed {
+    type Value = Result<u64, String>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IntSeed {
+    type Value = Result<u64, String>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a non-negative integer")
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Ok(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Err(format!("{} entry {v} is negative", self.0)))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Err(format!(
+            "{} entry {v} is not an integer that fits in 64 bits",
+            self.0
+        )))
+    }
+    fn visit_bool<E: de::Error>(self, _v: bool) -> Result<Self::Value, E> {
+        Ok(Err(format!(
+            "{} entry is a boolean, not an integer",
+            self.0
+        )))
+    }
+    fn visit_str<E: de::Error>(self, _v: &str) -> Result<Self::Value, E> {
+        Ok(Err(format!("{} entry is a string, not an integer", self.0)))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Err(format!("{} entry is null, not an integer", self.0)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+        Ok(Err(format!("{} entry is a list, not an integer", self.0)))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map
+            .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+            .is_some()
+        {}
+        Ok(Err(format!(
+            "{} entry is an object, not an integer",
+            self.0
+        )))
+    }
+}

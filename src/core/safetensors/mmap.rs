@@ -1,0 +1,129 @@
+//! Memory-mapped loading: the header is validated first, then the file is mapped and
+//! each tensor's bytes are handed out without copying; decoding is a separate step.
+//!
+//! Invariant: every slice handed out lies inside the mapping, because the header's
+//! offsets were checked against the file size and the mapping's length is checked
+//! against that same size.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use super::float::{decode_f32, decode_f64};
+use super::header::{read_header_from, Header, ReadFailure, TensorInfo};
+use super::SafetensorsError;
+
+/// A validated safetensors file mapped into memory.
+pub struct MappedFile {
+    path: PathBuf,
+    header: Header,
+    map: Mmap,
+}
+
+impl std::fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedFile")
+            .field("path", &self.path)
+            .field("header", &self.header)
+            .finish()
+    }
+}
+
+impl MappedFile {
+    /// Open, validate the header and map `path` read-only.
+    pub fn open(path: &Path) -> Result<Self, SafetensorsError> {
+        let io = |source| SafetensorsError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let size = file.metadata().map_err(io)?.len();
+        let header = read_header_from(&mut file, size).map_err(|e| match e {
+            ReadFailure::Io(source) => io(source),
+            ReadFailure::Invalid(e) => e,
+        })?;
+        // SAFETY: the file is opened read-only and tlio never writes to its inputs (its
+        // outputs are new files renamed into place, so they never replace a file's
+        // contents in place). Another process truncating the file while it is mapped
+        // could fault on access; that is the documented risk of every memory-mapped
+        // reader, the reference library included.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        if map.len() as u64 != size {
+            return Err(SafetensorsError::Changed {
+                path: path.to_path_buf(),
+                expected: size,
+                actual: map.len() as u64,
+            });
+        }
+        Ok(MappedFile {
+            path: path.to_path_buf(),
+            header,
+            map,
+        })
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The bytes of the tensor's info, from the mapping.
+    pub fn info_bytes(&self, info: &TensorInfo) -> Option<&[u8]> {
+        let start = self.header.data_start().checked_add(info.data_offsets.0)?;
+        let end = self.header.data_start().checked_add(info.data_offsets.1)?;
+        self.map
+            .get(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
+    }
+
+    /// The raw bytes of tensor `name`, without copying.
+    pub fn tensor_bytes(&self, name: &str) -> Option<&[u8]> {
+        self.info_bytes(self.header.get(name)?)
+    }
+
+    /// The whole file as mapped.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    fn lookup(&self, name: &str) -> Result<(&TensorInfo, &[u8]), SafetensorsError> {
+        let missing = || SafetensorsError::NoSuchTensor {
+            tensor: name.to_string(),
+        };
+        let info = self.header.get(name).ok_or_else(missing)?;
+        let bytes = self.info_bytes(info).ok_or_else(missing)?;
+        Ok((info, bytes))
+    }
+
+    /// Decode tensor `name` to f32 values (exact for every dtype of 32 bits or fewer
+    /// except 32-bit integers beyond 2^24; C64 gives real and imaginary parts in turn).
+    pub fn decode_f32(&self, name: &str) -> Result<Vec<f32>, SafetensorsError> {
+        let (info, bytes) = self.lookup(name)?;
+        let mut out = Vec::new();
+        if !decode_f32(info.dtype, bytes, &mut out) {
+            return Err(SafetensorsError::CannotDecode {
+                tensor: name.to_string(),
+                dtype: info.dtype,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Decode tensor `name` to f64 values (exact except 64-bit integers beyond 2^53).
+    pub fn decode_f64(&self, name: &str) -> Result<Vec<f64>, SafetensorsError> {
+        let (info, bytes) = self.lookup(name)?;
+        let mut out = Vec::new();
+        if !decode_f64(info.dtype, bytes, &mut out) {
+            return Err(SafetensorsError::CannotDecode {
+                tensor: name.to_string(),
+                dtype: info.dtype,
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,793 @@
+//! The seed's safetensors tests (section 4) under their own names, plus the writer
+//! oracle (the reference crate's `serialize`) and codec properties.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::float::*;
+use super::*;
+
+fn meta(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn to_vec(tensors: &[Tensor<'_>], metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let n = write(&mut out, tensors, metadata).unwrap();
+    assert_eq!(n, out.len() as u64);
+    out
+}
+
+fn raw<'a>(name: &str, dtype: Dtype, shape: &[u64], bytes: &'a [u8]) -> Tensor<'a> {
+    Tensor {
+        name: name.to_string(),
+        dtype,
+        shape: shape.to_vec(),
+        data: TensorData::Raw(Cow::Borrowed(bytes)),
+    }
+}
+
+fn f32s<'a>(name: &str, dtype: Dtype, shape: &[u64], v: &'a [f32]) -> Tensor<'a> {
+    Tensor {
+        name: name.to_string(),
+        dtype,
+        shape: shape.to_vec(),
+        data: TensorData::F32(v),
+    }
+}
+
+fn roundtrip_file(bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.safetensors");
+    std::fs::write(&path, bytes).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn test_worked_example_bf16_bytes() {
+    let values = [1.0f32, 2.0, 3.0, 4.0];
+    let file = to_vec(
+        &[f32s("w", Dtype::BF16, &[2, 2], &values)],
+        &meta(&[("format", "tinyllm")]),
+    );
+    let header = br#"{"__metadata__":{"format":"tinyllm"},"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]}}"#;
+    assert_eq!(header.len(), 93);
+    let mut expected = vec![0x60, 0, 0, 0, 0, 0, 0, 0];
+    expected.extend_from_slice(header);
+    expected.extend_from_slice(b"   ");
+    expected.extend_from_slice(&[0x80, 0x3f, 0x00, 0x40, 0x40, 0x40, 0x80, 0x40]);
+    assert_eq!(expected.len(), 112);
+    assert_eq!(file, expected);
+    let (_d, path) = roundtrip_file(&file);
+    let m = MappedFile::open(&path).unwrap();
+    assert_eq!(m.decode_f32("w").unwrap(), values);
+    assert_eq!(m.header().get("w").unwrap().dtype, Dtype::BF16);
+}
+
+#[test]
+fn test_v0_calls_still_work() {
+    // The format page's F32 worked example: 120 bytes, read back to the same values.
+    let values = [1.0f32, 2.0, 3.0, 4.0];
+    let file = to_vec(
+        &[f32s("w", Dtype::F32, &[2, 2], &values)],
+        &meta(&[("format", "tinyllm")]),
+    );
+    let header = br#"{"__metadata__":{"format":"tinyllm"},"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#;
+    assert_eq!(file.len(), 120);
+    assert_eq!(&file[..8], &96u64.to_le_bytes());
+    assert_eq!(&file[8..101], &header[..]);
+    assert_eq!(&file[101..104], b"   ");
+    assert_eq!(
+        &file[104..],
+        &[0, 0, 0x80, 0x3f, 0, 0, 0, 0x40, 0, 0, 0x40, 0x40, 0, 0, 0x80, 0x40]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v0.safetensors");
+    save(
+        &path,
+        &[f32s("w", Dtype::F32, &[2, 2], &values)],
+        &meta(&[("format", "tinyllm")]),
+    )
+    .unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), file);
+    let h = read_header(&path).unwrap();
+    assert_eq!(h.metadata, meta(&[("format", "tinyllm")]));
+    assert_eq!(h.tensors.len(), 1);
+    assert_eq!(h.header_len, 96);
+    assert_eq!(h.data_start(), 104);
+    let m = MappedFile::open(&path).unwrap();
+    assert_eq!(m.decode_f32("w").unwrap(), values);
+    assert_eq!(m.decode_f64("w").unwrap(), [1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(m.tensor_bytes("w").unwrap(), &file[104..]);
+    assert!(m.tensor_bytes("nope").is_none());
+}
+
+#[test]
+fn test_raw_bits_are_written_as_is() {
+    // BF16 bits including a signalling-NaN payload and a subnormal; F8 codes including
+    // both NaNs and negative zero: all land on disk untouched and come back as bytes.
+    let bf16_bits: Vec<u8> = [0x7F81u16, 0x0001, 0xFFFF, 0x3F80, 0x8000]
+        .iter()
+        .flat_map(|b| b.to_le_bytes())
+        .collect();
+    let f8: Vec<u8> = vec![0x7F, 0xFF, 0x80, 0x01, 0x7E, 0x38];
+    let file = to_vec(
+        &[
+            raw("b", Dtype::BF16, &[5], &bf16_bits),
+            raw("q", Dtype::F8_E4M3, &[6], &f8),
+        ],
+        &BTreeMap::new(),
+    );
+    let h = parse_header(&file).unwrap();
+    let start = h.data_start() as usize;
+    let b = h.get("b").unwrap();
+    let q = h.get("q").unwrap();
+    assert_eq!(
+        &file[start + b.data_offsets.0 as usize..start + b.data_offsets.1 as usize],
+        &bf16_bits[..]
+    );
+    assert_eq!(
+        &file[start + q.data_offsets.0 as usize..start + q.data_offsets.1 as usize],
+        &f8[..]
+    );
+}
+
+#[test]
+fn test_bf16_rounds_to_nearest_even() {
+    let cases: [(u32, u16); 6] = [
+        (0x3F80_8000, 0x3F80), // 1 + 2^-8: tie, to even 0x3F80
+        (0x3F81_8000, 0x3F82), // tie above an odd code: up to even
+        (0x3F80_7FFF, 0x3F80), // below half
+        (0x3F80_8001, 0x3F81), // above half
+        (0xBF80_8000, 0xBF80), // negative tie
+        (0x7F7F_FFFF, 0x7F80), // rounds past the largest finite: infinity
+    ];
+    for (x, want) in cases {
+        assert_eq!(f32_to_bf16(f32::from_bits(x)), want, "{x:#x}");
+        assert_eq!(f64_to_bf16(f64::from(f32::from_bits(x))), want, "{x:#x}");
+    }
+    // One rounding from f64: a hair above the tie goes up. Rounding through f32 first
+    // (or truncating the f64 as the half crate does) would land on the tie and go down.
+    let above_tie = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+    assert_eq!(f64_to_bf16(above_tie), 0x3F81);
+    assert_eq!(f32_to_bf16(above_tie as f32), 0x3F80);
+    assert_eq!(f32_to_bf16(f32::NAN), 0x7FC0);
+    assert_eq!(f32_to_bf16(-f32::NAN), 0xFFC0);
+    assert_eq!(f64_to_bf16(-f64::NAN), 0xFFC0);
+    // Through the writer.
+    let v = [f32::from_bits(0x3F80_8000), f32::from_bits(0x3F81_8000)];
+    let file = to_vec(&[f32s("x", Dtype::BF16, &[2], &v)], &BTreeMap::new());
+    assert_eq!(&file[file.len() - 4..], &[0x80, 0x3F, 0x82, 0x3F]);
+}
+
+#[test]
+fn test_f8_e4m3_codes() {
+    let cases: [(f64, u8); 8] = [
+        (0.0, 0x00),
+        (2f64.powi(-9), 0x01),
+        (2f64.powi(-6), 0x08),
+        (1.0, 0x38),
+        (448.0, 0x7E),
+        (-0.0, 0x80),
+        (-448.0, 0xFE),
+        (256.0, 0x78),
+    ];
+    for (v, code) in cases {
+        assert_eq!(f64_to_e4m3(v), Some(code), "{v}");
+        let back = e4m3_to_f32(code);
+        assert_eq!(back.to_bits(), (v as f32).to_bits(), "{code:#x}");
+    }
+    assert_eq!(f64_to_e4m3(f64::NAN), Some(0x7F));
+    assert!(e4m3_to_f32(0x7F).is_nan());
+    assert!(e4m3_to_f32(0xFF).is_nan());
+    // Exponent 15 is numbers, not infinity/NaN; subnormals are m/8 * 2^-6.
+    assert_eq!(e4m3_to_f32(0x78), 256.0);
+    assert_eq!(e4m3_to_f32(0x7D), 416.0);
+    assert_eq!(e4m3_to_f32(0x07), 7.0 / 8.0 * 2f32.powi(-6));
+    assert_eq!(e4m3_to_f32(0x08), 2f32.powi(-6));
+}
+
+#[test]
+fn test_f8_rounds_to_nearest_even() {
+    let cases: [(f64, u8); 9] = [
+        (1.0625, 0x38),               // halfway 1 and 1.125: even 0x38
+        (1.1875, 0x3A),               // halfway 1.125 (0x39) and 1.25 (0x3A): even
+        (250.0, 0x78),                // above the 248 midpoint
+        (248.0, 0x78),                // the midpoint 240 (0x77) / 256 (0x78): even 0x78
+        (2f64.powi(-10), 0x00),       // subnormal tie between 0 and 2^-9: to zero
+        (3.0 * 2f64.powi(-10), 0x02), // subnormal tie 0x01 / 0x02: even
+        (-0.0, 0x80),
+        (-(2f64.powi(-11)), 0x80),     // rounds to negative zero
+        (15.0 * 2f64.powi(-10), 0x08), // tie 0x07 / 0x08 crosses into the normals
+    ];
+    for (v, code) in cases {
+        assert_eq!(f64_to_e4m3(v), Some(code), "{v}");
+        let mut out = Vec::new();
+        encode_f32(Dtype::F8_E4M3, &[v as f32], &mut out).unwrap();
+        assert_eq!(out, [code], "{v} through f32");
+    }
+}
+
+#[test]
+fn test_f8_rejects_out_of_range() {
+    for bad in [
+        449.0f32,
+        448.5,
+        464.0,
+        1e6,
+        f32::INFINITY,
+        -449.0,
+        f32::NEG_INFINITY,
+    ] {
+        let values = [1.0f32, 2.0, bad];
+        let err = write(
+            Vec::new(),
+            &[f32s("scale.me", Dtype::F8_E4M3, &[3], &values)],
+            &BTreeMap::new(),
+        )
+        .unwrap_err();
+        match &err {
+            SafetensorsError::OutOfRange { tensor, index, .. } => {
+                assert_eq!(tensor, "scale.me");
+                assert_eq!(*index, 2);
+            }
+            other => panic!("{bad}: {other}"),
+        }
+        assert!(err.to_string().contains("scale.me"));
+    }
+    // NaN is not out of range: it is 0x7F; 448 is the largest code.
+    let file = to_vec(
+        &[f32s("n", Dtype::F8_E4M3, &[2], &[f32::NAN, 448.0])],
+        &BTreeMap::new(),
+    );
+    assert_eq!(&file[file.len() - 2..], &[0x7F, 0x7E]);
+    // The save is atomic: nothing is left behind on an error.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.safetensors");
+    assert!(save(
+        &path,
+        &[f32s("n", Dtype::F8_E4M3, &[1], &[500.0])],
+        &BTreeMap::new()
+    )
+    .is_err());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn test_dtype_order_then_name() {
+    let a = [1.0f32];
+    let b = [2.0f32];
+    let c = [3.0f32];
+    let file = to_vec(
+        &[
+            f32s("a_u8", Dtype::U8, &[1], &c),
+            f32s("b_i32", Dtype::I32, &[1], &b),
+            f32s("z_f32", Dtype::F32, &[1], &a),
+            f32s("y_f32", Dtype::F32, &[1], &a),
+        ],
+        &BTreeMap::new(),
+    );
+    let h = parse_header(&file).unwrap();
+    let names: Vec<_> = h.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["y_f32", "z_f32", "b_i32", "a_u8"]);
+    assert_eq!(h.get("y_f32").unwrap().data_offsets, (0, 4));
+    assert_eq!(h.get("z_f32").unwrap().data_offsets, (4, 8));
+    assert_eq!(h.get("b_i32").unwrap().data_offsets, (8, 12));
+    assert_eq!(h.get("a_u8").unwrap().data_offsets, (12, 13));
+    // The header lists them in the same order.
+    let text = std::str::from_utf8(&file[8..8 + h.header_len as usize]).unwrap();
+    let pos = |n: &str| text.find(n).unwrap();
+    assert!(
+        pos("y_f32") < pos("z_f32") && pos("z_f32") < pos("b_i32") && pos("b_i32") < pos("a_u8")
+    );
+}
+
+#[test]
+fn test_save_rejects_bad_dtypes() {
+    // Unknown or mis-cased names never become a dtype.
+    for name in ["bf16", "float64", "F64 ", "FLOAT", "f32", "int8"] {
+        assert_eq!(Dtype::from_name(name), None, "{name:?}");
+    }
+    let empty = BTreeMap::new();
+    // float64 bytes labelled F32: the byte count gives them away.
+    let f64_bytes: Vec<u8> = [1.0f64, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let err = write(
+        Vec::new(),
+        &[raw("x", Dtype::F32, &[2], &f64_bytes)],
+        &empty,
+    )
+    .unwrap_err();
+    assert!(matches!(err, SafetensorsError::DataLength { .. }), "{err}");
+    // Float values into an integer dtype only when exact.
+    let err = write(
+        Vec::new(),
+        &[f32s("i", Dtype::I32, &[2], &[1.0, 1.5])],
+        &empty,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, SafetensorsError::NotExact { index: 1, .. }),
+        "{err}"
+    );
+    let err = write(Vec::new(), &[f32s("i", Dtype::I8, &[1], &[128.0])], &empty).unwrap_err();
+    assert!(matches!(err, SafetensorsError::NotExact { .. }), "{err}");
+    let err = write(Vec::new(), &[f32s("b", Dtype::BOOL, &[1], &[2.0])], &empty).unwrap_err();
+    assert!(matches!(err, SafetensorsError::NotExact { .. }), "{err}");
+    // Raw-only dtypes take no numbers.
+    for d in [Dtype::C64, Dtype::F8_E8M0, Dtype::F8_E4M3FNUZ, Dtype::F4] {
+        let err = write(Vec::new(), &[f32s("r", d, &[2], &[1.0, 2.0])], &empty).unwrap_err();
+        assert!(
+            matches!(err, SafetensorsError::RawOnly { .. }),
+            "{d}: {err}"
+        );
+    }
+    // Values count must match the shape.
+    let err = write(
+        Vec::new(),
+        &[f32s("s", Dtype::F32, &[3], &[1.0, 2.0])],
+        &empty,
+    )
+    .unwrap_err();
+    assert!(matches!(err, SafetensorsError::DataLength { .. }), "{err}");
+    // The reserved name and duplicate names.
+    let err = write(
+        Vec::new(),
+        &[f32s("__metadata__", Dtype::F32, &[1], &[1.0])],
+        &empty,
+    )
+    .unwrap_err();
+    assert!(matches!(err, SafetensorsError::ReservedName), "{err}");
+    let err = write(
+        Vec::new(),
+        &[
+            f32s("d", Dtype::F32, &[1], &[1.0]),
+            f32s("d", Dtype::F16, &[1], &[1.0]),
+        ],
+        &empty,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, SafetensorsError::DuplicateTensor { .. }),
+        "{err}"
+    );
+    // A sub-byte count that is not whole bytes.
+    let err = write(Vec::new(), &[raw("p", Dtype::F4, &[3], &[0, 0])], &empty).unwrap_err();
+    assert!(matches!(err, SafetensorsError::SubByte { .. }), "{err}");
+}
+
+#[test]
+fn test_read_header_checks_without_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = dir.path().join("ok.safetensors");
+    let v = [1.0f32; 6];
+    save(
+        &ok,
+        &[
+            f32s("a", Dtype::BF16, &[2, 3], &v),
+            f32s("s", Dtype::F32, &[], &v[..1]),
+        ],
+        &BTreeMap::new(),
+    )
+    .unwrap();
+    let h = read_header(&ok).unwrap();
+    assert_eq!(h.get("a").unwrap().dtype, Dtype::BF16);
+    assert_eq!(h.get("a").unwrap().shape, [2, 3]);
+    assert_eq!(h.get("s").unwrap().shape, Vec::<u64>::new());
+
+    // Trailing bytes after the last tensor break rule 5.
+    let mut bytes = std::fs::read(&ok).unwrap();
+    bytes.push(0);
+    let trailing = dir.path().join("trailing.safetensors");
+    std::fs::write(&trailing, &bytes).unwrap();
+    assert!(matches!(
+        read_header(&trailing).unwrap_err(),
+        SafetensorsError::Tiling { .. }
+    ));
+    // A huge header length is refused before any allocation.
+    let huge = dir.path().join("huge.safetensors");
+    let mut b = u64::MAX.to_le_bytes().to_vec();
+    b.extend_from_slice(b"{}");
+    std::fs::write(&huge, &b).unwrap();
+    assert!(matches!(
+        read_header(&huge).unwrap_err(),
+        SafetensorsError::HeaderTooLarge { .. }
+    ));
+    let past = dir.path().join("past.safetensors");
+    let mut b = 1000u64.to_le_bytes().to_vec();
+    b.extend_from_slice(b"{}      ");
+    std::fs::write(&past, &b).unwrap();
+    assert!(matches!(
+        read_header(&past).unwrap_err(),
+        SafetensorsError::HeaderPastEnd { .. }
+    ));
+    // A sparse file whose header claims 20 GB: only the header is read.
+    let big = dir.path().join("big.safetensors");
+    let n: u64 = 20_000_000_000 / 4;
+    let specs = [write::TensorSpec {
+        name: "big",
+        dtype: Dtype::F32,
+        shape: &[n],
+    }];
+    let layout = canonical_header(&specs, &BTreeMap::new()).unwrap();
+    std::fs::write(&big, &layout.header).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&big).unwrap();
+    f.set_len(layout.file_size()).unwrap();
+    let h = read_header(&big).unwrap();
+    assert_eq!(h.get("big").unwrap().byte_len(), 20_000_000_000);
+}
+
+#[test]
+fn test_load_rejects_unknown_dtypes() {
+    let file = |dtype: &str, shape: &str, end: u64| {
+        let json =
+            format!(r#"{{"t":{{"dtype":"{dtype}","shape":{shape},"data_offsets":[0,{end}]}}}}"#);
+        let mut b = (json.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(json.as_bytes());
+        b.extend(std::iter::repeat_n(0u8, end as usize));
+        b
+    };
+    for bad in ["bf16", "F64 ", "FLOAT", "f32", "Bool"] {
+        let err = parse_header(&file(bad, "[2]", 4)).unwrap_err();
+        assert!(
+            matches!(err, SafetensorsError::UnknownDtype { .. }),
+            "{bad}: {err}"
+        );
+        assert!(err.to_string().contains("rule 4"));
+    }
+    // F64 and BOOL are known dtypes here (every dtype of the library is).
+    assert!(parse_header(&file("F64", "[2]", 16)).is_ok());
+    assert!(parse_header(&file("BOOL", "[2]", 2)).is_ok());
+    // A wrong byte count.
+    let err = parse_header(&file("F32", "[2]", 12)).unwrap_err();
+    assert!(matches!(err, SafetensorsError::ByteCount { .. }), "{err}");
+}
+
+#[test]
+fn test_raw_codes_roundtrip() {
+    // Every code of every 8- and 16-bit float dtype with an encoder: raw bits -> values
+    // -> bits gives the same file, except that NaN codes come back as the canonical NaN
+    // of their sign (the spec's encoder rule).
+    let cases: [(Dtype, u16); 3] = [
+        (Dtype::BF16, 0x7FC0),
+        (Dtype::F16, 0x7E00),
+        (Dtype::F8_E4M3, 0x7F),
+    ];
+    for (dtype, qnan) in cases.into_iter().chain([(Dtype::F8_E5M2, 0x7E)]) {
+        let wide = dtype.bits() == 16;
+        let codes: Vec<u16> = if wide {
+            (0..=u16::MAX).collect()
+        } else {
+            (0..=255).collect()
+        };
+        let bytes: Vec<u8> = if wide {
+            codes.iter().flat_map(|c| c.to_le_bytes()).collect()
+        } else {
+            codes.iter().map(|&c| c as u8).collect()
+        };
+        let n = codes.len() as u64;
+        let file = to_vec(&[raw("t", dtype, &[n], &bytes)], &BTreeMap::new());
+        let (_d, path) = roundtrip_file(&file);
+        let m = MappedFile::open(&path).unwrap();
+        let values = m.decode_f32("t").unwrap();
+        let values64 = m.decode_f64("t").unwrap();
+        let again = to_vec(&[f32s("t", dtype, &[n], &values)], &BTreeMap::new());
+        let again64 = to_vec(
+            &[Tensor {
+                name: "t".into(),
+                dtype,
+                shape: vec![n],
+                data: TensorData::F64(&values64),
+            }],
+            &BTreeMap::new(),
+        );
+        assert_eq!(again, again64, "{dtype}: f32 and f64 paths agree");
+        let start = file.len() - bytes.len();
+        let sign_bit: u16 = if wide { 0x8000 } else { 0x80 };
+        for (i, &code) in codes.iter().enumerate() {
+            let got = if wide {
+                u16::from_le_bytes([again[start + 2 * i], again[start + 2 * i + 1]])
+            } else {
+                u16::from(again[start + i])
+            };
+            let want = if values[i].is_nan() {
+                (code & sign_bit) | qnan
+            } else {
+                code
+            };
+            assert_eq!(got, want, "{dtype} code {code:#x}");
+        }
+    }
+}
+
+/// The generic RNE encoder of this module, applied to f32 inputs, agrees with the
+/// `half` crate's f32 conversions on a dense sample of all f32 bit patterns.
+#[test]
+fn half_crate_f32_paths_agree_with_generic_rounding() {
+    let mut x: u32 = 0;
+    loop {
+        let v = f32::from_bits(x);
+        if !v.is_nan() {
+            assert_eq!(f32_to_bf16(v), f64_to_bf16(f64::from(v)), "{x:#x}");
+            assert_eq!(f32_to_f16(v), f64_to_f16(f64::from(v)), "{x:#x}");
+        }
+        match x.checked_add(4093) {
+            Some(n) => x = n,
+            None => break,
+        }
+    }
+}
+
+#[test]
+fn e5m2_and_fnuz_and_e8m0_decoding() {
+    assert_eq!(e5m2_to_f32(0x3C), 1.0);
+    assert_eq!(e5m2_to_f32(0x7B), 57344.0);
+    assert_eq!(e5m2_to_f32(0x7C), f32::INFINITY);
+    assert!(e5m2_to_f32(0x7D).is_nan());
+    assert_eq!(e5m2_to_f32(0x01), 2f32.powi(-16));
+    assert_eq!(
+        f64_to_e5m2(61440.0),
+        0x7C,
+        "the tie above the max goes to infinity"
+    );
+    assert_eq!(f64_to_e5m2(61439.0), 0x7B);
+    assert_eq!(f64_to_e5m2(1e9), 0x7C);
+    assert_eq!(f64_to_e5m2(-f64::INFINITY), 0xFC);
+    assert_eq!(e4m3fnuz_to_f32(0x40), 1.0);
+    assert!(e4m3fnuz_to_f32(0x80).is_nan());
+    assert_eq!(e4m3fnuz_to_f32(0x7F), 240.0);
+    assert_eq!(e5m2fnuz_to_f32(0x40), 1.0);
+    assert_eq!(e5m2fnuz_to_f32(0x7F), 57344.0);
+    assert_eq!(e8m0_to_f32(127), 1.0);
+    assert_eq!(e8m0_to_f32(0), 2f32.powi(-127));
+    assert_eq!(e8m0_to_f32(254), 2f32.powi(127));
+    assert!(e8m0_to_f32(255).is_nan());
+    assert_eq!(f64_to_f16(65520.0), 0x7C00);
+    assert_eq!(f64_to_f16(65519.99), 0x7BFF);
+    assert_eq!(f64_to_f16(2f64.powi(-25)), 0x0000);
+    assert_eq!(f64_to_f16(2f64.powi(-25) * 1.0000001), 0x0001);
+}
+
+fn lib_dtype(d: Dtype) -> safetensors::Dtype {
+    serde_json::from_str(&format!("\"{}\"", d.name())).unwrap()
+}
+
+#[derive(Debug, Clone)]
+struct Gen {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<u64>,
+    bytes: Vec<u8>,
+}
+
+fn arb_tensor() -> impl Strategy<Value = Gen> {
+    let names = prop_oneof![
+        "[a-z]{1,6}(\\.[a-z0-9_]{1,4}){0,2}",
+        "[\\u{0}-\\u{7f}]{1,4}",
+        "[α-ω😀é\"\\\\]{1,3}",
+    ];
+    (
+        names,
+        0usize..Dtype::ALL.len(),
+        prop::collection::vec(0u64..4, 0..3),
+    )
+        .prop_flat_map(|(name, d, mut shape)| {
+            let dtype = Dtype::ALL[d];
+            if dtype.bits() < 8 {
+                // keep sub-byte tensors whole bytes: 2 (F4) or 4 (F6) elements a row
+                shape.push(if dtype.bits() == 4 { 2 } else { 4 });
+            }
+            let len = super::dtype::byte_len(dtype, &shape).unwrap() as usize;
+            prop::collection::vec(any::<u8>(), len).prop_map(move |bytes| Gen {
+                name: name.clone(),
+                dtype,
+                shape: shape.clone(),
+                bytes,
+            })
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn writer_equals_reference_serialize(
+        tensors in prop::collection::vec(arb_tensor(), 0..8),
+        key in "[a-z]{0,5}",
+        value in "[ -~é\\n]{0,8}",
+    ) {
+        let mut seen = std::collections::HashSet::new();
+        let tensors: Vec<Gen> = tensors
+            .into_iter()
+            .filter(|t| t.name != "__metadata__" && seen.insert(t.name.clone()))
+            .collect();
+        let ours: Vec<Tensor<'_>> = tensors
+            .iter()
+            .map(|t| raw(&t.name, t.dtype, &t.shape, &t.bytes))
+            .collect();
+        let metadata = if key.is_empty() { BTreeMap::new() } else { meta(&[(&key, &value)]) };
+        let mine = to_vec(&ours, &metadata);
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .map(|t| {
+                let shape = t.shape.iter().map(|&d| d as usize).collect();
+                (t.name.clone(), safetensors::tensor::TensorView::new(lib_dtype(t.dtype), shape, &t.bytes).unwrap())
+            })
+            .collect();
+        let lib_meta = if key.is_empty() {
+            None
+        } else {
+            Some(std::collections::HashMap::from([(key.clone(), value.clone())]))
+        };
+        let theirs = safetensors::tensor::serialize(views, lib_meta).unwrap();
+        prop_assert_eq!(&mine, &theirs);
+        // and our reader accepts what we wrote, tensor for tensor
+        let h = parse_header(&mine).unwrap();
+        prop_assert_eq!(h.tensors.len(), tensors.len());
+        for t in &tensors {
+            let info = h.get(&t.name).unwrap();
+            prop_assert_eq!(info.dtype, t.dtype);
+            prop_assert_eq!(&info.shape, &t.shape);
+            let s = h.data_start() as usize;
+            prop_assert_eq!(&mine[s + info.data_offsets.0 as usize..s + info.data_offsets.1 as usize], &t.bytes[..]);
+        }
+    }
+
+    #[test]
+    fn e4m3_encoding_is_nearest_even(x in -448.0f64..=448.0) {
+        let code = f64_to_e4m3(x).unwrap();
+        let v = f64::from(e4m3_to_f32(code));
+        // No other code is strictly nearer; on a tie the chosen code is even.
+        for c in 0u8..=255 {
+            let w = f64::from(e4m3_to_f32(c));
+            if w.is_nan() { continue; }
+            let (d1, d2) = ((v - x).abs(), (w - x).abs());
+            prop_assert!(d1 <= d2, "x={} code={:#x} but {:#x} is nearer", x, code, c);
+            if d1 == d2 && w != v {
+                prop_assert_eq!(code & 1, 0, "tie must go to the even code");
+            }
+        }
+    }
+
+    #[test]
+    fn f64_bf16_is_one_rounding(bits in any::<u64>()) {
+        let x = f64::from_bits(bits);
+        prop_assume!(x.is_finite() && x.abs() < 3.0e38);
+        let code = f64_to_bf16(x);
+        let v = f64::from(bf16_to_f32(code));
+        let up = f64::from(bf16_to_f32(code.wrapping_add(1)));
+        let down = f64::from(bf16_to_f32(code.wrapping_sub(1)));
+        for w in [up, down] {
+            if w.is_finite() && (w.signum() == v.signum() || v == 0.0) {
+                prop_assert!((v - x).abs() <= (w - x).abs());
+            }
+        }
+    }
+}
+
+/// A file from a header text and a data buffer length (zero bytes of data).
+fn file_from(json: &str, data: usize) -> Vec<u8> {
+    let mut b = (json.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(json.as_bytes());
+    b.extend(std::iter::repeat_n(0u8, data));
+    b
+}
+
+#[test]
+fn strict_rules_name_the_rule() {
+    let e = |json: &str, data: usize| parse_header(&file_from(json, data)).unwrap_err();
+    let t = r#""dtype":"F32","shape":[1],"data_offsets":[0,4]"#;
+    let cases: Vec<(SafetensorsError, &str)> = vec![
+        (
+            e(&format!(r#"{{"a":{{{t}}},"a":{{{t}}}}}"#), 4),
+            "rule-2-duplicate-key",
+        ),
+        (
+            e(
+                &format!(r#"{{"__metadata__":{{"k":"v","k":"w"}},"a":{{{t}}}}}"#),
+                4,
+            ),
+            "rule-2-duplicate-key",
+        ),
+        (
+            e(
+                r#"{"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+                4,
+            ),
+            "rule-2-duplicate-key",
+        ),
+        (
+            e(&format!(r#"{{"a":{{{t},"x":1}}}}"#), 4),
+            "strict-entry-keys",
+        ),
+        (
+            e(r#"{"a":{"dtype":"F32","shape":[1]}}"#, 4),
+            "rule-4-tensor-entry",
+        ),
+        (
+            e(
+                r#"{"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}}"#,
+                4,
+            ),
+            "rule-4-shape",
+        ),
+        (
+            e(
+                r#"{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#,
+                4,
+            ),
+            "rule-4-shape",
+        ),
+        (
+            e(
+                r#"{"a":{"dtype":"F32","shape":["1"],"data_offsets":[0,4]}}"#,
+                4,
+            ),
+            "rule-4-shape",
+        ),
+        (
+            e(
+                r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}}"#,
+                4,
+            ),
+            "rule-4-data-offsets",
+        ),
+        (
+            e(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}}"#, 4),
+            "rule-4-data-offsets",
+        ),
+        (
+            e(
+                r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}}"#,
+                4,
+            ),
+            "rule-4-overflow",
+        ),
+        (
+            e(
+                r#"{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}}"#,
+                1,
+            ),
+            "rule-4-sub-byte-size",
+        ),
+        (
+            e(&format!(r#"{{"a":{{{t}}}}} x"#), 4),
+            "strict-trailing-bytes",
+        ),
+        (
+            e(&format!("{{\"a\":{{{t}}}}}\0\0\0"), 4),
+            "strict-trailing-bytes",
+        ),
+        (e(r#"{"__metadata__":{"k":1}}"#, 0), "rule-3-metadata"),
+        (e(r#"{"__metadata__":["k"]}"#, 0), "rule-3-metadata"),
+        (e(r#"[1,2]"#, 0), "rule-2-json"),
+        (e(r#"{"a":"#, 0), "rule-2-json"),
+        (e(&format!(r#"{{"a":{{{t}}}}}"#), 8), "rule-5-tiling"),
+        (
+            e(
+                r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
+                8,
+            ),
+            "rule-5-tiling",
+        ),
+        (e(&format!(r#"{{"a":{{{t}}}}}"#), 2), "rule-5-tiling"),
+    ];
+    for (err, rule) in cases {
+        assert_eq!(err.rule(), Some(rule), "{err}");
+        assert!(!err.to_string().contains('\n'));
+    }
+    let mut bad = file_from(r#"{"a":1}"#, 0);
+    bad[10] = 0xFF;
+    assert_eq!(parse_header(&bad).unwrap_err().rule(), Some("rule-2-utf8"));
+    // Whitespace around the object, an empty header and zero-size tensors are valid.
+    assert!(parse_header(&file_from("  {}  ", 0)).is_ok());
+    assert!(parse_header(&file_from(
+        r#"{"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},"a":{"dtype":"U8","shape":[],"data_offsets":[0,1]}}"#,
+        1
+    ))
+    .is_ok());
+}

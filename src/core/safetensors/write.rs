@@ -1,0 +1,290 @@
+//! The canonical writer: tensors sorted by dtype rank then name bytes, compact JSON with
+//! `__metadata__` first (sorted keys, omitted when empty), raw UTF-8, space padding to a
+//! multiple of 8; data streamed to the output in tensor order.
+//!
+//! Invariants: the bytes equal the reference library's `serialize` for the same tensors
+//! (with at most one metadata key; several are sorted, where the library's order is
+//! random); memory use is the header plus one fixed encoding buffer, never the file.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+
+use super::dtype::{byte_len, numel, Dtype, SizeError};
+use super::float::{encode_f32, encode_f64, EncodeError, EncodeFailure};
+use super::header::{MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
+use super::{SafetensorsError, Tensor, TensorData};
+use crate::core::atomic::AtomicFile;
+
+/// Values encoded per step: bounds the writer's buffer to a few hundred KiB.
+const ENCODE_CHUNK: usize = 64 * 1024;
+
+/// What the canonical header needs to know about one tensor.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorSpec<'a> {
+    /// Name.
+    pub name: &'a str,
+    /// Dtype.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: &'a [u64],
+}
+
+/// The canonical layout of a set of tensors.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Indices into the given specs, in file order.
+    pub order: Vec<usize>,
+    /// Data offsets of each spec (indexed like the specs).
+    pub offsets: Vec<(u64, u64)>,
+    /// The first `8 + N` bytes of the file: the length prefix and the padded header.
+    pub header: Vec<u8>,
+    /// Size of the data buffer.
+    pub data_len: u64,
+}
+
+impl Layout {
+    /// Total file size.
+    pub fn file_size(&self) -> u64 {
+        self.header.len() as u64 + self.data_len
+    }
+}
+
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    // serde_json escapes exactly what the reference library's serde_json does
+    // (quote, backslash, control characters) and keeps non-ASCII as raw UTF-8.
+    // Serialising a &str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// Compute the canonical layout and header of `specs` with `metadata`, checking names
+/// and sizes.
+pub fn canonical_header(
+    specs: &[TensorSpec<'_>],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Layout, SafetensorsError> {
+    let mut seen = HashSet::with_capacity(specs.len());
+    let mut sizes = Vec::with_capacity(specs.len());
+    for s in specs {
+        if s.name == METADATA_KEY {
+            return Err(SafetensorsError::ReservedName);
+        }
+        if !seen.insert(s.name) {
+            return Err(SafetensorsError::DuplicateTensor {
+                tensor: s.name.to_string(),
+            });
+        }
+        let n = byte_len(s.dtype, s.shape).map_err(|e| match e {
+            SizeError::Overflow => SafetensorsError::Overflow {
+                tensor: s.name.to_string(),
+                shape: s.shape.to_vec(),
+            },
+            SizeError::SubByte { numel } => SafetensorsError::SubByte {
+                tensor: s.name.to_string(),
+                dtype: s.dtype,
+                numel,
+            },
+        })?;
+        sizes.push(n);
+    }
+    let mut order: Vec<usize> = (0..specs.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (&specs[a], &specs[b]);
+        x.dtype
+            .rank()
+            .cmp(&y.dtype.rank())
+            .then(x.name.as_bytes().cmp(y.name.as_bytes()))
+    });
+    let mut offsets = vec![(0u64, 0u64); specs.len()];
+    let mut cursor = 0u64;
+    for &i in &order {
+        let end = cursor
+            .checked_add(sizes[i])
+            .ok_or_else(|| SafetensorsError::Overflow {
+                tensor: specs[i].name.to_string(),
+                shape: specs[i].shape.to_vec(),
+            })?;
+        offsets[i] = (cursor, end);
+        cursor = end;
+    }
+
+    let mut json = Vec::with_capacity(64 + specs.len() * 96);
+    json.push(b'{');
+    let mut first = true;
+    if !metadata.is_empty() {
+        json.extend_from_slice(b"\"__metadata__\":{");
+        for (k, (key, value)) in metadata.iter().enumerate() {
+            if k > 0 {
+                json.push(b',');
+            }
+            json_str(&mut json, key);
+            json.push(b':');
+            json_str(&mut json, value);
+        }
+        json.push(b'}');
+        first = false;
+    }
+    for &i in &order {
+        let s = &specs[i];
+        if !first {
+            json.push(b',');
+        }
+        first = false;
+        json_str(&mut json, s.name);
+        json.extend_from_slice(b":{\"dtype\":\"");
+        json.extend_from_slice(s.dtype.name().as_bytes());
+        json.extend_from_slice(b"\",\"shape\":[");
+        for (k, d) in s.shape.iter().enumerate() {
+            if k > 0 {
+                json.push(b',');
+            }
+            json.extend_from_slice(d.to_string().as_bytes());
+        }
+        let (b, e) = offsets[i];
+        json.extend_from_slice(format!("],\"data_offsets\":[{b},{e}]}}").as_bytes());
+    }
+    json.push(b'}');
+    let padded = json.len().next_multiple_of(N_LEN as usize);
+    json.resize(padded, b' ');
+    let n = padded as u64;
+    if n > MAX_HEADER_SIZE {
+        return Err(SafetensorsError::HeaderTooLargeToWrite { n });
+    }
+    let mut header = Vec::with_capacity(padded + N_LEN as usize);
+    header.extend_from_slice(&n.to_le_bytes());
+    header.extend_from_slice(&json);
+    Ok(Layout {
+        order,
+        offsets,
+        header,
+        data_len: cursor,
+    })
+}
+
+fn encode_error(name: &str, dtype: Dtype, start: usize, e: EncodeError) -> SafetensorsError {
+    let tensor = name.to_string();
+    let index = (start + e.index) as u64;
+    match e.failure {
+        EncodeFailure::OutOfRange => SafetensorsError::OutOfRange {
+            tensor,
+            index,
+            value: e.value,
+            dtype,
+        },
+        EncodeFailure::NotExact => SafetensorsError::NotExact {
+            tensor,
+            index,
+            value: e.value,
+            dtype,
+        },
+        EncodeFailure::RawOnly => SafetensorsError::RawOnly { tensor, dtype },
+    }
+}
+
+/// Check that each tensor's data matches its dtype and shape.
+fn check_data(t: &Tensor<'_>) -> Result<(), SafetensorsError> {
+    let length_error = |expected: u64, actual: u64, unit| SafetensorsError::DataLength {
+        tensor: t.name.clone(),
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        expected,
+        actual,
+        unit,
+    };
+    match &t.data {
+        TensorData::Raw(bytes) => {
+            // Size errors are reported by canonical_header with their rule.
+            if let Ok(n) = byte_len(t.dtype, &t.shape) {
+                if n != bytes.len() as u64 {
+                    return Err(length_error(n, bytes.len() as u64, "bytes"));
+                }
+            }
+        }
+        TensorData::F32(_) | TensorData::F64(_) => {
+            if !t.dtype.encodable() {
+                return Err(SafetensorsError::RawOnly {
+                    tensor: t.name.clone(),
+                    dtype: t.dtype,
+                });
+            }
+            let len = match &t.data {
+                TensorData::F32(v) => v.len(),
+                TensorData::F64(v) => v.len(),
+                TensorData::Raw(_) => 0,
+            } as u64;
+            if let Some(n) = numel(&t.shape) {
+                if n != len {
+                    return Err(length_error(n, len, "values"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Write `tensors` and `metadata` canonically to `out`, streaming the data; returns the
+/// number of bytes written. On an error part of the file may have been written: use
+/// [`save`] for an output that appears whole or not at all.
+pub fn write<W: Write>(
+    mut out: W,
+    tensors: &[Tensor<'_>],
+    metadata: &BTreeMap<String, String>,
+) -> Result<u64, SafetensorsError> {
+    for t in tensors {
+        if t.name == METADATA_KEY {
+            return Err(SafetensorsError::ReservedName);
+        }
+    }
+    let specs: Vec<TensorSpec<'_>> = tensors
+        .iter()
+        .map(|t| TensorSpec {
+            name: &t.name,
+            dtype: t.dtype,
+            shape: &t.shape,
+        })
+        .collect();
+    let layout = canonical_header(&specs, metadata)?;
+    for t in tensors {
+        check_data(t)?;
+    }
+    let w = |e| SafetensorsError::Write(e);
+    out.write_all(&layout.header).map_err(w)?;
+    let mut buf = Vec::new();
+    for &i in &layout.order {
+        let t = &tensors[i];
+        match &t.data {
+            TensorData::Raw(bytes) => out.write_all(bytes).map_err(w)?,
+            TensorData::F32(values) => {
+                for (k, chunk) in values.chunks(ENCODE_CHUNK).enumerate() {
+                    buf.clear();
+                    encode_f32(t.dtype, chunk, &mut buf)
+                        .map_err(|e| encode_error(&t.name, t.dtype, k * ENCODE_CHUNK, e))?;
+                    out.write_all(&buf).map_err(w)?;
+                }
+            }
+            TensorData::F64(values) => {
+                for (k, chunk) in values.chunks(ENCODE_CHUNK).enumerate() {
+                    buf.clear();
+                    encode_f64(t.dtype, chunk, &mut buf)
+                        .map_err(|e| encode_error(&t.name, t.dtype, k * ENCODE_CHUNK, e))?;
+                    out.write_all(&buf).map_err(w)?;
+                }
+            }
+        }
+    }
+    out.flush().map_err(w)?;
+    Ok(layout.file_size())
+}
+
+/// Write `tensors` canonically to `path`, atomically: the file appears whole or not at
+/// all.
+pub fn save(
+    path: &Path,
+    tensors: &[Tensor<'_>],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), SafetensorsError> {
+    let mut file = AtomicFile::create(path)?;
+    write(&mut file, tensors, metadata)?;
+    file.commit()?;
+    Ok(())
+}

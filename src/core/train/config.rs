@@ -1,0 +1,410 @@
+//! `DIR/config.json`: what defines a training run's trajectory, in deterministic bytes,
+//! and the field-by-field check a resumed run makes against its checkpoint's copy.
+//!
+//! Invariants: the bytes depend only on the flags that change what the run computes
+//! (method, data, vocabulary, batch, seq-len, seed, optimizer and its hyperparameters),
+//! never on a path, a time or the machine; flags that only steer the run (`--out`,
+//! `--max-steps`, `--ckpt-every`, `--keep`, `--log-every`, `--resume`) are left out, so
+//! a run can be extended or checkpointed differently without changing its identity.
+//! Shards are named by content (sha256 of the whole file and id count), not by path:
+//! the same data under another name or directory is the same run.
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::optim::OptimConfig;
+
+/// The `format` value of a train config.
+pub const CONFIG_FORMAT: &str = "tlio-train-bigram";
+/// The config schema's version.
+pub const CONFIG_VERSION: u32 = 1;
+
+/// One shard of the run's data, by content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataId {
+    /// sha256 of the whole shard file (header and ids), lowercase hex.
+    pub sha256: String,
+    /// Number of ids in the shard.
+    pub tokens: u64,
+}
+
+/// The optimizer and its hyperparameters (the step count is state, not config).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum OptimJson {
+    /// AdamW.
+    Adamw {
+        /// Learning rate.
+        lr: f64,
+        /// (beta1, beta2).
+        betas: [f64; 2],
+        /// Denominator epsilon.
+        eps: f64,
+        /// Decoupled weight decay.
+        weight_decay: f64,
+    },
+    /// SGD.
+    Sgd {
+        /// Learning rate.
+        lr: f64,
+        /// Momentum factor.
+        momentum: f64,
+        /// Dampening.
+        dampening: f64,
+        /// Nesterov momentum.
+        nesterov: bool,
+        /// L2 weight decay.
+        weight_decay: f64,
+    },
+}
+
+impl From<OptimConfig> for OptimJson {
+    fn from(c: OptimConfig) -> Self {
+        match c {
+            OptimConfig::Adamw {
+                lr,
+                betas,
+                eps,
+                weight_decay,
+            } => OptimJson::Adamw {
+                lr,
+                betas: [betas.0, betas.1],
+                eps,
+                weight_decay,
+            },
+            OptimConfig::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay,
+            } => OptimJson::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay,
+            },
+        }
+    }
+}
+
+impl From<OptimJson> for OptimConfig {
+    fn from(j: OptimJson) -> Self {
+        match j {
+            OptimJson::Adamw {
+                lr,
+                betas,
+                eps,
+                weight_decay,
+            } => OptimConfig::Adamw {
+                lr,
+                betas: (betas[0], betas[1]),
+                eps,
+                weight_decay,
+            },
+            OptimJson::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay,
+            } => OptimConfig::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay,
+            },
+        }
+    }
+}
+
+/// The run's identity, as written to `DIR/config.json` and into every checkpoint.
+/// Keys in this order, every key always written (null where a method has no use for
+/// it: the count model has no batch, seq-len, seed or optimizer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// [`CONFIG_FORMAT`].
+    pub format: String,
+    /// [`CONFIG_VERSION`].
+    pub version: u32,
+    /// `"bigram"`.
+    pub model: String,
+    /// `"gradient"` or `"counts"`.
+    pub method: String,
+    /// V.
+    pub vocab_size: u32,
+    /// The shards, in stream order.
+    pub data: Vec<DataId>,
+    /// B.
+    pub batch: Option<u64>,
+    /// T.
+    pub seq_len: Option<u64>,
+    /// `--seed`.
+    pub seed: Option<u64>,
+    /// The optimizer.
+    pub optimizer: Option<OptimJson>,
+}
+
+/// A difference between the checkpoint's config and this run's flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The flag (or config key) that differs.
+    pub field: String,
+    /// The checkpoint's value.
+    pub checkpoint: String,
+    /// This run's value.
+    pub given: String,
+}
+
+fn opt_text<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or("none".to_string(), |x| x.to_string())
+}
+
+impl RunConfig {
+    /// The compact JSON bytes, followed by a newline.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // A struct of strings, integers and finite floats always serializes; a
+        // non-finite float (refused earlier by the optimizer's validation) would
+        // become null and then fail the comparison, never pass silently.
+        let mut bytes = serde_json::to_vec(self).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// Parse config bytes strictly (unknown keys refused).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    }
+
+    /// The first field where `self` (the checkpoint's) and `given` (this run's)
+    /// differ, named by its flag, in the order of the spec's list.
+    pub fn first_mismatch(&self, given: &RunConfig) -> Option<Mismatch> {
+        let m = |field: &str, c: String, g: String| {
+            Some(Mismatch {
+                field: field.to_string(),
+                checkpoint: c,
+                given: g,
+            })
+        };
+        if self.format != given.format || self.version != given.version || self.model != given.model
+        {
+            return m(
+                "config format",
+                format!("{} v{} {}", self.format, self.version, self.model),
+                format!("{} v{} {}", given.format, given.version, given.model),
+            );
+        }
+        if self.data.len() != given.data.len() {
+            return m(
+                "--data",
+                format!("{} shard(s)", self.data.len()),
+                format!("{} shard(s)", given.data.len()),
+            );
+        }
+        for (i, (c, g)) in self.data.iter().zip(&given.data).enumerate() {
+            if c != g {
+                return m(
+                    &format!("--data (shard {i})"),
+                    format!("sha256 {} with {} ids", c.sha256, c.tokens),
+                    format!("sha256 {} with {} ids", g.sha256, g.tokens),
+                );
+            }
+        }
+        if self.vocab_size != given.vocab_size {
+            return m(
+                "--vocab-size",
+                self.vocab_size.to_string(),
+                given.vocab_size.to_string(),
+            );
+        }
+        if self.batch != given.batch {
+            return m("--batch", opt_text(&self.batch), opt_text(&given.batch));
+        }
+        if self.seq_len != given.seq_len {
+            return m(
+                "--seq-len",
+                opt_text(&self.seq_len),
+                opt_text(&given.seq_len),
+            );
+        }
+        if self.seed != given.seed {
+            return m("--seed", opt_text(&self.seed), opt_text(&given.seed));
+        }
+        if self.method != given.method {
+            return m("--method", self.method.clone(), given.method.clone());
+        }
+        optim_mismatch(self.optimizer.as_ref(), given.optimizer.as_ref())
+    }
+}
+
+/// Floats compare by bits: a resumed run must use the identical value.
+fn same(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits()
+}
+
+fn optim_mismatch(c: Option<&OptimJson>, g: Option<&OptimJson>) -> Option<Mismatch> {
+    let m = |field: &str, c: String, g: String| {
+        Some(Mismatch {
+            field: field.to_string(),
+            checkpoint: c,
+            given: g,
+        })
+    };
+    let kind = |o: Option<&OptimJson>| match o {
+        Some(OptimJson::Adamw { .. }) => "adamw".to_string(),
+        Some(OptimJson::Sgd { .. }) => "sgd".to_string(),
+        None => "none".to_string(),
+    };
+    match (c, g) {
+        (None, None) => None,
+        (
+            Some(&OptimJson::Adamw {
+                lr: l1,
+                betas: b1,
+                eps: e1,
+                weight_decay: w1,
+            }),
+            Some(&OptimJson::Adamw {
+                lr: l2,
+                betas: b2,
+                eps: e2,
+                weight_decay: w2,
+            }),
+        ) => {
+            if !same(l1, l2) {
+                m("--lr", l1.to_string(), l2.to_string())
+            } else if !same(w1, w2) {
+                m("--weight-decay", w1.to_string(), w2.to_string())
+            } else if !same(b1[0], b2[0]) || !same(b1[1], b2[1]) {
+                m("betas", format!("{b1:?}"), format!("{b2:?}"))
+            } else if !same(e1, e2) {
+                m("eps", e1.to_string(), e2.to_string())
+            } else {
+                None
+            }
+        }
+        (
+            Some(&OptimJson::Sgd {
+                lr: l1,
+                momentum: m1,
+                dampening: d1,
+                nesterov: n1,
+                weight_decay: w1,
+            }),
+            Some(&OptimJson::Sgd {
+                lr: l2,
+                momentum: m2,
+                dampening: d2,
+                nesterov: n2,
+                weight_decay: w2,
+            }),
+        ) => {
+            if !same(l1, l2) {
+                m("--lr", l1.to_string(), l2.to_string())
+            } else if !same(m1, m2) {
+                m("--momentum", m1.to_string(), m2.to_string())
+            } else if !same(w1, w2) {
+                m("--weight-decay", w1.to_string(), w2.to_string())
+            } else if !same(d1, d2) {
+                m("dampening", d1.to_string(), d2.to_string())
+            } else if n1 != n2 {
+                m("nesterov", n1.to_string(), n2.to_string())
+            } else {
+                None
+            }
+        }
+        (c, g) => m("--optimizer", kind(c), kind(g)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> RunConfig {
+        RunConfig {
+            format: CONFIG_FORMAT.into(),
+            version: CONFIG_VERSION,
+            model: "bigram".into(),
+            method: "gradient".into(),
+            vocab_size: 256,
+            data: vec![DataId {
+                sha256: "ab".repeat(32),
+                tokens: 1000,
+            }],
+            batch: Some(4),
+            seq_len: Some(16),
+            seed: Some(7),
+            optimizer: Some(OptimConfig::adamw(0.01).into()),
+        }
+    }
+
+    #[test]
+    fn bytes_are_fixed_and_round_trip() {
+        let c = config();
+        let text = String::from_utf8(c.to_bytes()).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                "{{\"format\":\"tlio-train-bigram\",\"version\":1,\"model\":\"bigram\",\"method\":\"gradient\",\"vocab_size\":256,\"data\":[{{\"sha256\":\"{}\",\"tokens\":1000}}],\"batch\":4,\"seq_len\":16,\"seed\":7,\"optimizer\":{{\"type\":\"adamw\",\"lr\":0.01,\"betas\":[0.9,0.999],\"eps\":1e-8,\"weight_decay\":0.01}}}}\n",
+                "ab".repeat(32)
+            )
+        );
+        assert_eq!(RunConfig::from_bytes(text.as_bytes()).unwrap(), c);
+        assert!(
+            RunConfig::from_bytes(text.replace("\"seed\"", "\"x\":1,\"seed\"").as_bytes()).is_err()
+        );
+    }
+
+    #[test]
+    fn mismatches_name_the_flag() {
+        let c = config();
+        assert_eq!(c.first_mismatch(&c), None);
+        type Change = Box<dyn Fn(&mut RunConfig)>;
+        let cases: Vec<(&str, Change)> = vec![
+            ("--batch", Box::new(|g| g.batch = Some(5))),
+            ("--seq-len", Box::new(|g| g.seq_len = Some(5))),
+            ("--seed", Box::new(|g| g.seed = Some(8))),
+            ("--method", Box::new(|g| g.method = "counts".into())),
+            ("--data", Box::new(|g| g.data.push(g.data[0].clone()))),
+            ("--data (shard 0)", Box::new(|g| g.data[0].tokens = 999)),
+            (
+                "--lr",
+                Box::new(|g| g.optimizer = Some(OptimConfig::adamw(0.02).into())),
+            ),
+            (
+                "--optimizer",
+                Box::new(|g| g.optimizer = Some(OptimConfig::sgd(0.01, 0.9).into())),
+            ),
+            (
+                "--weight-decay",
+                Box::new(|g| {
+                    g.optimizer = Some(OptimJson::Adamw {
+                        lr: 0.01,
+                        betas: [0.9, 0.999],
+                        eps: 1e-8,
+                        weight_decay: 0.0,
+                    })
+                }),
+            ),
+        ];
+        for (field, change) in cases {
+            let mut g = config();
+            change(&mut g);
+            let m = c.first_mismatch(&g).unwrap();
+            assert_eq!(m.field, field);
+        }
+        let sgd = |mom| {
+            let mut g = config();
+            g.optimizer = Some(OptimConfig::sgd(0.1, mom).into());
+            g
+        };
+        assert_eq!(
+            sgd(0.9).first_mismatch(&sgd(0.5)).unwrap().field,
+            "--momentum"
+        );
+    }
+}

@@ -1,0 +1,112 @@
+//! Training: the bigram model, its exact gradient, the count model, and the memory
+//! limit that refuses a vocabulary too large for this machine before allocating.
+//!
+//! Invariant: a run is a pure function of its flags and data: every reduction runs in a
+//! fixed order on one thread, so the same inputs give the same bits on the same machine.
+
+pub mod bigram;
+pub mod config;
+pub mod counts;
+
+use crate::core::optim::OptimError;
+use crate::error::{Classify, ExitClass};
+
+/// The most memory the model state may take: the [V, V] F32 weights plus two
+/// [V, V] F32 AdamW moments (`V * V * 3 * 4` bytes); the count model needs the same
+/// (u64 counts plus F32 weights). 4 GiB admits V up to 18 918; GPT-2's 50 257 would
+/// need 30.3 GB and is refused up front.
+pub const MAX_STATE_BYTES: u64 = 4 << 30;
+
+/// Bytes per vocabulary entry squared that the limit counts: three F32 arrays.
+pub const STATE_BYTES_PER_ENTRY: u64 = 3 * 4;
+
+/// Errors of training.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The vocabulary's [V, V] state would exceed [`MAX_STATE_BYTES`].
+    #[error(
+        "vocabulary size {vocab} needs {bytes} bytes of model state (V*V*3*4: weights and two optimizer moments), beyond the limit of {limit} bytes"
+    )]
+    VocabTooLarge {
+        /// V.
+        vocab: u64,
+        /// The bytes it would need (saturated at u64::MAX).
+        bytes: u64,
+        /// [`MAX_STATE_BYTES`].
+        limit: u64,
+    },
+    /// The vocabulary is empty.
+    #[error("vocabulary size 0: the model needs at least one token")]
+    EmptyVocab,
+    /// A token id is negative or not below the vocabulary size.
+    #[error("token id {id} is out of range for vocabulary size {vocab}")]
+    TokenOutOfRange {
+        /// The id.
+        id: i64,
+        /// V.
+        vocab: u64,
+    },
+    /// Arrays whose sizes do not fit together.
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+    /// The optimizer refused.
+    #[error(transparent)]
+    Optim(#[from] OptimError),
+}
+
+impl Classify for TrainError {
+    fn exit_class(&self) -> ExitClass {
+        match self {
+            TrainError::Optim(e) => e.exit_class(),
+            _ => ExitClass::Invalid,
+        }
+    }
+}
+
+/// The bytes of model state vocabulary `vocab` needs (`V * V * 3 * 4`), saturating.
+pub fn state_bytes(vocab: u32) -> u64 {
+    let v = vocab as u64;
+    v.checked_mul(v)
+        .and_then(|vv| vv.checked_mul(STATE_BYTES_PER_ENTRY))
+        .unwrap_or(u64::MAX)
+}
+
+/// Refuse an empty vocabulary or one whose state exceeds [`MAX_STATE_BYTES`].
+pub fn check_vocab(vocab: u32) -> Result<(), TrainError> {
+    if vocab == 0 {
+        return Err(TrainError::EmptyVocab);
+    }
+    let bytes = state_bytes(vocab);
+    if bytes > MAX_STATE_BYTES {
+        return Err(TrainError::VocabTooLarge {
+            vocab: vocab as u64,
+            bytes,
+            limit: MAX_STATE_BYTES,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vocabulary_limit_is_checked_before_allocating() {
+        assert!(check_vocab(256).is_ok());
+        assert!(check_vocab(18_918).is_ok());
+        let err = check_vocab(50_257).unwrap_err();
+        assert!(matches!(
+            err,
+            TrainError::VocabTooLarge {
+                vocab: 50_257,
+                bytes: 30_309_192_588,
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("30309192588 bytes"), "{err}");
+        assert!(bigram::Bigram::zeros(u32::MAX).is_err());
+        assert!(counts::CountsBuilder::new(100_000).is_err());
+        assert!(matches!(check_vocab(0), Err(TrainError::EmptyVocab)));
+    }
+}

@@ -1,0 +1,95 @@
+//! The output layer seen from outside: progress bars appear when standard error is a
+//! terminal and never when it is piped, and `-q` silences them.
+
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+
+/// What a command printed when its standard error was a terminal.
+pub struct TtyRun {
+    /// The exit code.
+    pub code: Option<i32>,
+    /// Standard output (a pipe).
+    pub stdout: Vec<u8>,
+    /// Everything the terminal received on standard error.
+    pub terminal: Vec<u8>,
+}
+
+/// Run `tlio ARGS` in `dir` with standard error on a fresh pseudo-terminal (80x24) and
+/// standard output on a pipe, the way a user at a shell redirects results to a file.
+pub fn run_with_tty_stderr(dir: &std::path::Path, args: &[&str]) -> TtyRun {
+    let mut master: libc::c_int = -1;
+    let mut slave: libc::c_int = -1;
+    let size = libc::winsize {
+        ws_row: 24,
+        ws_col: 80,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty writes two new descriptors into the two out-pointers, which point
+    // at live locals; the name and termios pointers may be null.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &size,
+        )
+    };
+    assert_eq!(rc, 0, "openpty failed");
+    // SAFETY: both descriptors were just opened by openpty and are owned by nobody else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("tlio"));
+    cmd.args(args)
+        .current_dir(dir)
+        .env_remove("FAILPOINTS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(slave));
+    let mut child = cmd.spawn().expect("tlio starts");
+    // The parent's copy of the slave end must be closed, or reading the master would
+    // never see the end of the child's output.
+    drop(cmd);
+    let mut master = std::fs::File::from(master);
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Linux reports EIO on the master once every slave descriptor is closed.
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+        }
+        seen
+    });
+    let mut stdout = Vec::new();
+    child
+        .stdout
+        .take()
+        .expect("piped stdout")
+        .read_to_end(&mut stdout)
+        .unwrap();
+    let status = child.wait().unwrap();
+    let terminal = reader.join().unwrap();
+    TtyRun {
+        code: status.code(),
+        stdout,
+        terminal,
+    }
+}
+
+#[test]
+fn a_pseudo_terminal_is_a_terminal_for_tlio() {
+    // `generate man` says what it wrote on stderr (chatter): on a terminal it arrives
+    // there, and `-q` silences it. This checks the harness itself before the bars.
+    let dir = super::tmp();
+    let run = run_with_tty_stderr(dir.path(), &["generate", "man", "pages"]);
+    assert_eq!(run.code, Some(0));
+    assert!(String::from_utf8_lossy(&run.terminal).contains("man pages"));
+    assert!(run.stdout.is_empty(), "chatter never goes to stdout");
+    let run = run_with_tty_stderr(dir.path(), &["-q", "generate", "man", "pages"]);
+    assert_eq!(run.code, Some(0));
+    assert!(run.terminal.is_empty());
+}
