@@ -10,6 +10,7 @@ use crate::output::Printer;
 
 pub mod demo;
 pub mod generate;
+pub mod st;
 pub mod tokens;
 
 /// Strict, fast tools for safetensors files, atomic checkpoints, token shards and a
@@ -36,6 +37,9 @@ pub enum Command {
     /// Write man pages and shell completions.
     #[command(subcommand)]
     Generate(generate::GenerateCommand),
+    /// Inspect, verify, convert and diff safetensors files.
+    #[command(subcommand)]
+    St(st::StCommand),
     /// Token shards: header, pack, windows.
     #[command(subcommand)]
     Tokens(tokens::TokensCommand),
@@ -82,6 +86,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Demo(args) => demo::run(args, &printer),
         Command::Generate(cmd) => generate::run(cmd, &printer),
+        Command::St(cmd) => st::run(cmd, &printer),
         Command::Tokens(cmd) => tokens::run(cmd, &printer),
     }
 }

@@ -6,6 +6,7 @@ use assert_cmd::Command;
 mod errors;
 mod generate;
 mod output;
+mod st;
 mod tokens;
 
 /// The `tlio` binary under test, with failpoints cleared so the caller's environment

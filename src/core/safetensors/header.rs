@@ -81,6 +81,37 @@ impl Header {
     }
 }
 
+/// Tensor count, parameters and bytes of one dtype (or of everything).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Totals {
+    /// The dtype (None for the grand total).
+    pub dtype: Option<Dtype>,
+    /// Number of tensors.
+    pub tensors: u64,
+    /// Number of elements.
+    pub params: u64,
+    /// Number of bytes.
+    pub bytes: u64,
+}
+
+/// Totals by dtype in rank order, then the grand total.
+pub fn totals<'a>(tensors: impl IntoIterator<Item = &'a TensorInfo>) -> (Vec<Totals>, Totals) {
+    let mut by: BTreeMap<Dtype, Totals> = BTreeMap::new();
+    let mut all = Totals::default();
+    for t in tensors {
+        let e = by.entry(t.dtype).or_insert_with(|| Totals {
+            dtype: Some(t.dtype),
+            ..Totals::default()
+        });
+        for acc in [&mut *e, &mut all] {
+            acc.tensors += 1;
+            acc.params = acc.params.saturating_add(t.numel());
+            acc.bytes = acc.bytes.saturating_add(t.byte_len());
+        }
+    }
+    (by.into_values().collect(), all)
+}
+
 /// Read and validate the header of the file at `path`, reading only `8 + N` bytes.
 pub fn read_header(path: &Path) -> Result<Header, SafetensorsError> {
     let io = |source| SafetensorsError::Io {

@@ -14,10 +14,15 @@ use std::path::PathBuf;
 use crate::core::atomic::AtomicError;
 use crate::error::{Classify, ExitClass};
 
+pub mod convert;
+pub mod diff;
 pub mod dtype;
 pub mod float;
 pub mod header;
+pub mod index;
 pub mod mmap;
+pub mod stats;
+pub mod verify;
 pub mod write;
 
 pub use dtype::Dtype;
@@ -312,6 +317,28 @@ pub enum SafetensorsError {
         /// The dtype.
         dtype: Dtype,
     },
+    /// `convert` was asked for a dtype it cannot write.
+    #[error(
+        "cannot convert to {dtype}: the target must be F64, F32, BF16, F16, F8_E4M3 or F8_E5M2"
+    )]
+    BadTarget {
+        /// The dtype asked for.
+        dtype: Dtype,
+    },
+    /// The output would overwrite the input.
+    #[error("refusing to write over the input {}", .path.display())]
+    SameFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A sharded index is malformed or disagrees with its shards.
+    #[error("index {}: {detail}", .path.display())]
+    Index {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// The file changed size between reading its header and mapping it.
     #[error("{} changed size while being read ({expected} then {actual} bytes)", .path.display())]
     Changed {
@@ -330,7 +357,13 @@ impl SafetensorsError {
     pub fn rule(&self) -> Option<&'static str> {
         use SafetensorsError as E;
         Some(match self {
-            E::Io { .. } | E::Write(_) | E::Atomic(_) | E::Changed { .. } => return None,
+            E::Io { .. }
+            | E::Write(_)
+            | E::Atomic(_)
+            | E::Changed { .. }
+            | E::BadTarget { .. }
+            | E::SameFile { .. } => return None,
+            E::Index { .. } => "index",
             E::TooShort { .. } | E::HeaderTooLarge { .. } | E::HeaderPastEnd { .. } => {
                 "rule-1-header-length"
             }
@@ -392,7 +425,9 @@ impl Classify for SafetensorsError {
             SafetensorsError::Io { .. }
             | SafetensorsError::Write(_)
             | SafetensorsError::Atomic(_)
-            | SafetensorsError::Changed { .. } => ExitClass::Operational,
+            | SafetensorsError::Changed { .. }
+            | SafetensorsError::BadTarget { .. }
+            | SafetensorsError::SameFile { .. } => ExitClass::Operational,
             _ => ExitClass::Invalid,
         }
     }

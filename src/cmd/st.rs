@@ -1,0 +1,510 @@
+//! `tlio st`: inspect, verify, convert and diff safetensors files. Each command is one
+//! call into `core::safetensors` plus printing (tables, JSON, progress).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use super::Outcome;
+use crate::core::safetensors::convert::{convert, is_convert_target};
+use crate::core::safetensors::diff::{diff, DiffReport, ValueDiff};
+use crate::core::safetensors::header::{totals, Totals};
+use crate::core::safetensors::index::read_index;
+use crate::core::safetensors::stats::{tensor_stats, TensorStats};
+use crate::core::safetensors::verify::{verify, Finding, VerifyOptions};
+use crate::core::safetensors::{read_header, Dtype, Header, MappedFile};
+use crate::output::{escape, Printer};
+
+/// The `st` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum StCommand {
+    /// Show tensors (name, dtype, shape, parameters, bytes, offsets), metadata and
+    /// totals by dtype, from the header alone. Accepts sharded `*.index.json` files.
+    Inspect(InspectArgs),
+    /// Check every reader rule; print one line per failure naming the file, the rule
+    /// and the tensor; exit 1 when any file fails.
+    Verify(VerifyArgs),
+    /// Convert every float tensor to another float dtype, copying the rest, into a
+    /// canonical file written atomically.
+    Convert(ConvertArgs),
+    /// Compare two files: tensors only in one, dtype and shape changes, value
+    /// differences, metadata; exit 0 when identical, 1 when they differ.
+    Diff(DiffArgs),
+}
+
+/// Arguments of `st inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// Safetensors files or sharded `*.index.json` indexes.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Also read the data: min, max, mean, std, NaN and inf counts per tensor.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+/// Arguments of `st verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Files to check.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Also require the exact bytes of the canonical writer (order, compact JSON,
+    /// padding).
+    #[arg(long)]
+    pub canonical: bool,
+    /// Also require no NaN or infinity in float tensors.
+    #[arg(long)]
+    pub finite: bool,
+}
+
+/// Arguments of `st convert`.
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// Input file.
+    pub input: PathBuf,
+    /// Output file (never the input).
+    pub output: PathBuf,
+    /// Target dtype: F64, F32, BF16, F16, F8_E4M3 or F8_E5M2 (exact, case-sensitive).
+    #[arg(long, value_parser = parse_target)]
+    pub dtype: Dtype,
+    /// Convert only tensors whose name matches this regular expression.
+    #[arg(long, value_name = "REGEX")]
+    pub only: Option<String>,
+    /// Do not convert tensors whose name matches this regular expression.
+    #[arg(long, value_name = "REGEX")]
+    pub exclude: Option<String>,
+}
+
+/// Arguments of `st diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// First file.
+    pub a: PathBuf,
+    /// Second file.
+    pub b: PathBuf,
+}
+
+fn parse_target(s: &str) -> Result<Dtype, String> {
+    match Dtype::from_name(s) {
+        Some(d) if is_convert_target(d) => Ok(d),
+        Some(d) => Err(format!(
+            "{d} is not a float dtype tlio can encode (F64, F32, BF16, F16, F8_E4M3, F8_E5M2)"
+        )),
+        None => Err(format!(
+            "unknown dtype {s:?} (names are exact and case-sensitive: F64, F32, BF16, F16, F8_E4M3, F8_E5M2)"
+        )),
+    }
+}
+
+/// Run `tlio st`.
+pub fn run(cmd: StCommand, printer: &Printer) -> anyhow::Result<Outcome> {
+    match cmd {
+        StCommand::Inspect(args) => inspect(&args, printer),
+        StCommand::Verify(args) => run_verify(&args, printer),
+        StCommand::Convert(args) => run_convert(&args, printer),
+        StCommand::Diff(args) => run_diff(&args, printer),
+    }
+}
+
+#[derive(Serialize)]
+struct TensorRow {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<u64>,
+    params: u64,
+    bytes: u64,
+    data_offsets: [u64; 2],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stats: Option<TensorStats>,
+}
+
+#[derive(Serialize)]
+struct FileReport {
+    path: String,
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    header_len: Option<u64>,
+    file_size: u64,
+    metadata: BTreeMap<String, serde_json::Value>,
+    tensors: Vec<TensorRow>,
+    totals: Vec<Totals>,
+    total: Totals,
+}
+
+fn is_index(path: &Path) -> bool {
+    path.to_string_lossy().ends_with(".json")
+}
+
+fn rows(header: &Header, shard: Option<&str>, mapped: Option<&MappedFile>) -> Vec<TensorRow> {
+    header
+        .tensors
+        .iter()
+        .map(|t| TensorRow {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            params: t.numel(),
+            bytes: t.byte_len(),
+            data_offsets: [t.data_offsets.0, t.data_offsets.1],
+            shard: shard.map(str::to_string),
+            stats: mapped
+                .and_then(|m| m.info_bytes(t))
+                .and_then(|bytes| tensor_stats(t, bytes)),
+        })
+        .collect()
+}
+
+fn inspect_one(path: &Path, stats: bool) -> anyhow::Result<FileReport> {
+    let context = || format!("cannot inspect {}", path.display());
+    if is_index(path) {
+        let index = read_index(path).with_context(context)?;
+        let dir = path.parent().unwrap_or(Path::new(""));
+        let mut tensors = Vec::new();
+        let mut file_size = 0u64;
+        for (shard, header) in &index.shards {
+            let mapped = if stats {
+                Some(MappedFile::open(&dir.join(shard)).with_context(context)?)
+            } else {
+                None
+            };
+            file_size = file_size.saturating_add(header.file_size);
+            tensors.extend(rows(header, Some(shard), mapped.as_ref()));
+        }
+        tensors.sort_by(|a, b| a.name.cmp(&b.name));
+        let infos: Vec<_> = index.shards.iter().flat_map(|(_, h)| &h.tensors).collect();
+        let (by, total) = totals(infos);
+        return Ok(FileReport {
+            path: path.display().to_string(),
+            kind: "index",
+            header_len: None,
+            file_size,
+            metadata: index.metadata,
+            tensors,
+            totals: by,
+            total,
+        });
+    }
+    let (header, mapped) = if stats {
+        let m = MappedFile::open(path).with_context(context)?;
+        (m.header().clone(), Some(m))
+    } else {
+        (read_header(path).with_context(context)?, None)
+    };
+    let (by, total) = totals(&header.tensors);
+    Ok(FileReport {
+        path: path.display().to_string(),
+        kind: "file",
+        header_len: Some(header.header_len),
+        file_size: header.file_size,
+        metadata: header
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect(),
+        tensors: rows(&header, None, mapped.as_ref()),
+        totals: by,
+        total,
+    })
+}
+
+fn shape_text(shape: &[u64]) -> String {
+    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+    format!("[{}]", dims.join(", "))
+}
+
+fn num(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |x| format!("{x:.6}"))
+}
+
+fn meta_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => escape(s),
+        other => escape(&other.to_string()),
+    }
+}
+
+fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    if printer.json {
+        let mut files = Vec::new();
+        for path in &args.files {
+            files.push(inspect_one(path, args.stats)?);
+        }
+        printer.json_line(&serde_json::json!({ "files": files }))?;
+        return Ok(Outcome::Success);
+    }
+    let mut out = printer.out();
+    for (i, path) in args.files.iter().enumerate() {
+        let report = inspect_one(path, args.stats)?;
+        if i > 0 {
+            writeln!(out)?;
+        }
+        let header = match report.header_len {
+            Some(n) => format!("header {n} bytes"),
+            None => "sharded index".to_string(),
+        };
+        writeln!(
+            out,
+            "{}: {} tensors, {} parameters, {} bytes ({header})",
+            escape(&report.path),
+            report.total.tensors,
+            report.total.params,
+            report.file_size
+        )?;
+        let sharded = report.kind == "index";
+        let mut table = printer.table();
+        let mut head = vec!["name", "dtype", "shape", "params", "bytes", "offsets"];
+        if sharded {
+            head.push("shard");
+        }
+        if args.stats {
+            head.extend(["min", "max", "mean", "std", "nan", "inf"]);
+        }
+        table.set_header(head);
+        for r in &report.tensors {
+            let mut row = vec![
+                escape(&r.name),
+                r.dtype.to_string(),
+                shape_text(&r.shape),
+                r.params.to_string(),
+                r.bytes.to_string(),
+                format!("[{}, {})", r.data_offsets[0], r.data_offsets[1]),
+            ];
+            if let Some(shard) = &r.shard {
+                row.push(escape(shard));
+            }
+            if args.stats {
+                match &r.stats {
+                    Some(s) => row.extend([
+                        num(s.min),
+                        num(s.max),
+                        num(s.mean),
+                        num(s.std),
+                        s.nan.to_string(),
+                        s.inf.to_string(),
+                    ]),
+                    None => row.extend(std::iter::repeat_n("raw".to_string(), 6)),
+                }
+            }
+            table.add_row(row);
+        }
+        if !report.tensors.is_empty() {
+            writeln!(out, "{table}")?;
+        }
+        if !report.metadata.is_empty() {
+            writeln!(out, "metadata:")?;
+            for (k, v) in &report.metadata {
+                writeln!(out, "  {} = {}", escape(k), meta_text(v))?;
+            }
+        }
+        let mut totals_table = printer.table();
+        totals_table.set_header(vec!["dtype", "tensors", "params", "bytes"]);
+        for t in report.totals.iter().chain(std::iter::once(&report.total)) {
+            totals_table.add_row(vec![
+                t.dtype.map_or("total".to_string(), |d| d.to_string()),
+                t.tensors.to_string(),
+                t.params.to_string(),
+                t.bytes.to_string(),
+            ]);
+        }
+        writeln!(out, "totals:")?;
+        writeln!(out, "{totals_table}")?;
+    }
+    out.flush()?;
+    Ok(Outcome::Success)
+}
+
+#[derive(Serialize)]
+struct VerifyReport {
+    path: String,
+    ok: bool,
+    failures: Vec<Finding>,
+}
+
+fn run_verify(args: &VerifyArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let opts = VerifyOptions {
+        canonical: args.canonical,
+        finite: args.finite,
+    };
+    let mut reports = Vec::new();
+    for path in &args.files {
+        let failures =
+            verify(path, opts).with_context(|| format!("cannot verify {}", path.display()))?;
+        reports.push(VerifyReport {
+            path: path.display().to_string(),
+            ok: failures.is_empty(),
+            failures,
+        });
+    }
+    let ok = reports.iter().all(|r| r.ok);
+    if printer.json {
+        printer.json_line(&serde_json::json!({ "ok": ok, "files": reports }))?;
+    } else {
+        let mut out = printer.out();
+        for r in &reports {
+            if r.ok {
+                writeln!(out, "{}: ok", escape(&r.path))?;
+            }
+            for f in &r.failures {
+                writeln!(out, "{}: {}", escape(&r.path), escape(&f.message))?;
+            }
+        }
+        out.flush()?;
+    }
+    Ok(Outcome::from_ok(ok))
+}
+
+fn compile(re: &Option<String>, flag: &str) -> anyhow::Result<Option<regex::Regex>> {
+    re.as_deref()
+        .map(|r| {
+            regex::Regex::new(r)
+                .map_err(|e| crate::error::operational(format!("bad --{flag} regex: {e}")))
+        })
+        .transpose()
+}
+
+fn run_convert(args: &ConvertArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let only = compile(&args.only, "only")?;
+    let exclude = compile(&args.exclude, "exclude")?;
+    let select = |name: &str| {
+        only.as_ref().is_none_or(|r| r.is_match(name))
+            && !exclude.as_ref().is_some_and(|r| r.is_match(name))
+    };
+    let bar = printer.bytes_bar(0, "convert");
+    let mut progress = |done: u64, total: u64| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let report = convert(
+        &args.input,
+        &args.output,
+        args.dtype,
+        &select,
+        &mut progress,
+    )
+    .with_context(|| {
+        format!(
+            "cannot convert {} to {}",
+            args.input.display(),
+            args.output.display()
+        )
+    })?;
+    bar.finish_and_clear();
+    if printer.json {
+        printer.json_line(&report)?;
+    } else {
+        printer.info(format!(
+            "converted {} tensors to {}, copied {}: {} -> {} bytes",
+            report.converted, args.dtype, report.copied, report.bytes_in, report.bytes_out
+        ));
+    }
+    Ok(Outcome::Success)
+}
+
+fn value_text(v: &Option<ValueDiff>) -> String {
+    match v {
+        None => "values not comparable".to_string(),
+        Some(v) if v.differing == 0 => "values equal".to_string(),
+        Some(v) => {
+            let mut s = format!("{} of {} values differ", v.differing, v.count);
+            if let Some(m) = v.max_abs_diff {
+                s.push_str(&format!(", max abs diff {m:e}"));
+            }
+            if v.nan_mismatch > 0 {
+                s.push_str(&format!(", {} NaN mismatches", v.nan_mismatch));
+            }
+            s
+        }
+    }
+}
+
+fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let open =
+        |p: &PathBuf| MappedFile::open(p).with_context(|| format!("cannot diff {}", p.display()));
+    let (a, b) = (open(&args.a)?, open(&args.b)?);
+    let report: DiffReport = diff(&a, &b);
+    let identical = report.identical();
+    if printer.json {
+        printer.json_line(&serde_json::json!({
+            "identical": identical,
+            "only_in_a": report.only_in_a,
+            "only_in_b": report.only_in_b,
+            "changed": report.changed,
+            "different": report.different,
+            "equal": report.equal,
+            "metadata": report.metadata,
+        }))?;
+        return Ok(Outcome::from_ok(identical));
+    }
+    let mut out = printer.out();
+    for n in &report.only_in_a {
+        writeln!(out, "only in A: {}", escape(n))?;
+    }
+    for n in &report.only_in_b {
+        writeln!(out, "only in B: {}", escape(n))?;
+    }
+    for c in &report.changed {
+        let mut what = Vec::new();
+        if c.dtype_a != c.dtype_b {
+            what.push(format!("dtype {} -> {}", c.dtype_a, c.dtype_b));
+        }
+        if c.shape_a != c.shape_b {
+            what.push(format!(
+                "shape {} -> {}",
+                shape_text(&c.shape_a),
+                shape_text(&c.shape_b)
+            ));
+        }
+        if c.values.is_some() {
+            what.push(value_text(&c.values));
+        }
+        writeln!(out, "changed: {}: {}", escape(&c.name), what.join(", "))?;
+    }
+    for d in &report.different {
+        writeln!(
+            out,
+            "differs: {}: {}",
+            escape(&d.name),
+            value_text(&d.values)
+        )?;
+    }
+    for m in &report.metadata {
+        let show = |v: &Option<String>| {
+            v.as_deref()
+                .map_or("(absent)".to_string(), |s| format!("{:?}", escape(s)))
+        };
+        writeln!(
+            out,
+            "metadata: {}: {} -> {}",
+            escape(&m.key),
+            show(&m.a),
+            show(&m.b)
+        )?;
+    }
+    if identical {
+        writeln!(
+            out,
+            "identical: {} tensors bitwise equal",
+            report.equal.len()
+        )?;
+    } else {
+        writeln!(
+            out,
+            "different: {} only in A, {} only in B, {} changed, {} differ, {} equal, {} metadata",
+            report.only_in_a.len(),
+            report.only_in_b.len(),
+            report.changed.len(),
+            report.different.len(),
+            report.equal.len(),
+            report.metadata.len()
+        )?;
+    }
+    out.flush()?;
+    Ok(Outcome::from_ok(identical))
+}

@@ -1,0 +1,166 @@
+//! `convert`: re-encode the float tensors of a file to another float dtype, copying the
+//! rest, into a canonical file written atomically, streaming through fixed buffers.
+//!
+//! Invariants: memory use is a few MiB whatever the file size (the input is read with
+//! plain reads, not mapped, so its pages are never charged to this process); each value
+//! is rounded once, from its source value (F64 sources are encoded from f64, every other
+//! float dtype decodes exactly to f32); the output never replaces the input.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use super::dtype::Dtype;
+use super::float::{decode_f32, decode_f64, encode_f32, encode_f64, EncodeFailure};
+use super::header::{read_header_from, ReadFailure};
+use super::write::{canonical_header, TensorSpec};
+use super::SafetensorsError;
+use crate::core::atomic::{same_file, AtomicFile};
+
+/// Bytes of source data handled per step (a multiple of every element size).
+pub const CONVERT_CHUNK: usize = 4 << 20;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct ConvertReport {
+    /// Tensors re-encoded to the target dtype.
+    pub converted: u64,
+    /// Tensors copied unchanged (not float, not selected, or already the target).
+    pub copied: u64,
+    /// Size of the input file.
+    pub bytes_in: u64,
+    /// Size of the output file.
+    pub bytes_out: u64,
+}
+
+/// The float dtypes `convert` can write.
+pub fn is_convert_target(d: Dtype) -> bool {
+    matches!(
+        d,
+        Dtype::F64 | Dtype::F32 | Dtype::BF16 | Dtype::F16 | Dtype::F8_E4M3 | Dtype::F8_E5M2
+    )
+}
+
+/// Convert `input` to `output`: every float tensor for which `select(name)` holds is
+/// encoded to `target`; `progress(done, total)` receives the source data bytes done
+/// after each step.
+pub fn convert(
+    input: &Path,
+    output: &Path,
+    target: Dtype,
+    select: &dyn Fn(&str) -> bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ConvertReport, SafetensorsError> {
+    if !is_convert_target(target) {
+        return Err(SafetensorsError::BadTarget { dtype: target });
+    }
+    if same_file(input, output) {
+        return Err(SafetensorsError::SameFile {
+            path: output.to_path_buf(),
+        });
+    }
+    let io = |source| SafetensorsError::Io {
+        path: input.to_path_buf(),
+        source,
+    };
+    let mut src = File::open(input).map_err(io)?;
+    let size = src.metadata().map_err(io)?.len();
+    let header = read_header_from(&mut src, size).map_err(|e| match e {
+        ReadFailure::Io(source) => io(source),
+        ReadFailure::Invalid(e) => e,
+    })?;
+    let mut out_dtypes = Vec::with_capacity(header.tensors.len());
+    for t in &header.tensors {
+        let convert = t.dtype.is_float() && t.dtype != target && select(&t.name);
+        if convert && !t.dtype.decodable() {
+            return Err(SafetensorsError::CannotDecode {
+                tensor: t.name.clone(),
+                dtype: t.dtype,
+            });
+        }
+        out_dtypes.push(if convert { target } else { t.dtype });
+    }
+    let specs: Vec<TensorSpec<'_>> = header
+        .tensors
+        .iter()
+        .zip(&out_dtypes)
+        .map(|(t, &dtype)| TensorSpec {
+            name: &t.name,
+            dtype,
+            shape: &t.shape,
+        })
+        .collect();
+    let layout = canonical_header(&specs, &header.metadata)?;
+
+    let mut out = AtomicFile::create(output)?;
+    let w = SafetensorsError::Write;
+    out.write_all(&layout.header).map_err(w)?;
+    let mut report = ConvertReport {
+        bytes_in: size,
+        bytes_out: layout.file_size(),
+        ..ConvertReport::default()
+    };
+    let mut raw = vec![0u8; CONVERT_CHUNK];
+    let mut encoded = Vec::new();
+    let (mut v32, mut v64) = (Vec::new(), Vec::new());
+    let mut done = 0u64;
+    for &i in &layout.order {
+        let (Some(t), Some(&to)) = (header.tensors.get(i), out_dtypes.get(i)) else {
+            continue;
+        };
+        let start = header.data_start() + t.data_offsets.0;
+        src.seek(SeekFrom::Start(start)).map_err(io)?;
+        let mut left = t.byte_len();
+        let mut index = 0u64;
+        if to == t.dtype {
+            report.copied += 1;
+        } else {
+            report.converted += 1;
+        }
+        while left > 0 {
+            let n = left.min(CONVERT_CHUNK as u64) as usize;
+            let chunk = raw.get_mut(..n).unwrap_or_default();
+            src.read_exact(chunk).map_err(io)?;
+            if to == t.dtype {
+                out.write_all(chunk).map_err(w)?;
+            } else {
+                encoded.clear();
+                let result = if t.dtype == Dtype::F64 {
+                    v64.clear();
+                    decode_f64(t.dtype, chunk, &mut v64);
+                    encode_f64(to, &v64, &mut encoded).map(|()| v64.len())
+                } else {
+                    v32.clear();
+                    decode_f32(t.dtype, chunk, &mut v32);
+                    encode_f32(to, &v32, &mut encoded).map(|()| v32.len())
+                };
+                let count = result.map_err(|e| {
+                    let tensor = t.name.clone();
+                    let at = index + e.index as u64;
+                    match e.failure {
+                        EncodeFailure::OutOfRange => SafetensorsError::OutOfRange {
+                            tensor,
+                            index: at,
+                            value: e.value,
+                            dtype: to,
+                        },
+                        EncodeFailure::NotExact => SafetensorsError::NotExact {
+                            tensor,
+                            index: at,
+                            value: e.value,
+                            dtype: to,
+                        },
+                        EncodeFailure::RawOnly => SafetensorsError::RawOnly { tensor, dtype: to },
+                    }
+                })?;
+                index += count as u64;
+                out.write_all(&encoded).map_err(w)?;
+            }
+            left -= n as u64;
+            done += n as u64;
+            progress(done, header.data_len());
+        }
+    }
+    out.commit()?;
+    Ok(report)
+}
