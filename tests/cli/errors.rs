@@ -36,11 +36,6 @@ pub fn assert_one_error_line(out: &std::process::Output, code: i32, what: &str) 
         Some(code),
         "{what}: exit code; stderr: {stderr}"
     );
-    assert!(
-        out.stdout.is_empty(),
-        "{what}: stdout must be empty, got {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(
         lines.len(),
@@ -59,7 +54,9 @@ fn every_command_reports_a_bad_flag_on_one_line() {
     assert!(commands.len() >= 3, "found only {commands:?}");
     for path in commands {
         let out = tlio().args(&path).arg("--no-such-flag").output().unwrap();
-        assert_one_error_line(&out, 2, &format!("tlio {} --no-such-flag", path.join(" ")));
+        let what = format!("tlio {} --no-such-flag", path.join(" "));
+        assert_one_error_line(&out, 2, &what);
+        assert!(out.stdout.is_empty(), "{what}: nothing on stdout");
         let line = String::from_utf8_lossy(&out.stderr);
         assert!(line.contains("--no-such-flag"), "names the flag: {line}");
     }
@@ -138,4 +135,95 @@ fn generate_man_into_a_file_is_one_line() {
         .output()
         .unwrap();
     assert_one_error_line(&out, 2, "generate man into a file");
+}
+
+/// What a failing command must show.
+enum Expect {
+    /// One `tlio: error:` line on stderr and this exit code.
+    Error(i32),
+    /// A "no" answer: a report on stdout naming the file, nothing on stderr, exit 1.
+    Report(&'static str),
+}
+
+/// Run `tlio ARGS` in `dir` and check the contract of cli.md for a failure.
+fn check(dir: &std::path::Path, args: &[&str], expect: Expect) {
+    let out = tlio().current_dir(dir).args(args).output().unwrap();
+    let what = format!("tlio {}", args.join(" "));
+    match expect {
+        Expect::Error(code) => assert_one_error_line(&out, code, &what),
+        Expect::Report(file) => {
+            assert_eq!(out.status.code(), Some(1), "{what}: exit 1");
+            assert!(
+                out.stderr.is_empty(),
+                "{what}: a no is not an error: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                String::from_utf8_lossy(&out.stdout).contains(file),
+                "{what}: the report names {file}"
+            );
+        }
+    }
+}
+
+/// A directory with a corrupt safetensors file, a corrupt shard, a checkpoint directory
+/// whose only step has a corrupt manifest, and a text file.
+fn corrupt_inputs() -> tempfile::TempDir {
+    let dir = tmp();
+    let p = dir.path();
+    // The header length claims far more than the file holds.
+    std::fs::write(p.join("bad.safetensors"), b"garbage!garbage").unwrap();
+    std::fs::write(p.join("bad.bin"), b"xx").unwrap();
+    std::fs::create_dir_all(p.join("badckpt/step-000001")).unwrap();
+    std::fs::write(p.join("badckpt/step-000001/MANIFEST.json"), b"junk").unwrap();
+    std::fs::write(p.join("badckpt/LATEST"), b"step-000001\n").unwrap();
+    std::fs::write(p.join("ids.txt"), b"1 2 x 3").unwrap();
+    dir
+}
+
+#[test]
+fn st_missing_and_corrupt_inputs_are_one_line() {
+    let dir = corrupt_inputs();
+    let d = dir.path();
+    for cmd in ["inspect", "verify"] {
+        check(d, &["st", cmd, "missing.safetensors"], Expect::Error(2));
+    }
+    check(
+        d,
+        &["st", "diff", "missing.safetensors", "bad.safetensors"],
+        Expect::Error(2),
+    );
+    let convert = [
+        "st",
+        "convert",
+        "missing.safetensors",
+        "o.safetensors",
+        "--dtype",
+        "BF16",
+    ];
+    check(d, &convert, Expect::Error(2));
+    check(d, &["st", "inspect", "bad.safetensors"], Expect::Error(1));
+    check(
+        d,
+        &["st", "verify", "bad.safetensors"],
+        Expect::Report("bad.safetensors"),
+    );
+    check(
+        d,
+        &["st", "diff", "bad.safetensors", "bad.safetensors"],
+        Expect::Error(1),
+    );
+    let convert = [
+        "st",
+        "convert",
+        "bad.safetensors",
+        "o.safetensors",
+        "--dtype",
+        "BF16",
+    ];
+    check(d, &convert, Expect::Error(1));
+    assert!(
+        !d.join("o.safetensors").exists(),
+        "no output after an error"
+    );
 }

@@ -6,6 +6,7 @@ use assert_cmd::Command;
 mod errors;
 mod generate;
 mod output;
+mod snapshots;
 mod st;
 mod tokens;
 

@@ -93,3 +93,65 @@ fn a_pseudo_terminal_is_a_terminal_for_tlio() {
     assert_eq!(run.code, Some(0));
     assert!(run.terminal.is_empty());
 }
+
+/// True when the bytes contain what an indicatif bar draws: a carriage return or an
+/// ANSI control sequence.
+fn looks_like_a_bar(bytes: &[u8]) -> bool {
+    bytes.contains(&b'\r') || bytes.windows(2).any(|w| w == b"\x1b[")
+}
+
+/// A 4 MiB single-tensor F32 safetensors file, so `st convert` runs long enough to
+/// draw its bar.
+fn big_safetensors(dir: &std::path::Path) -> &'static str {
+    const N: usize = 1 << 20;
+    let mut header = format!(
+        "{{\"w\":{{\"dtype\":\"F32\",\"shape\":[{N}],\"data_offsets\":[0,{}]}}}}",
+        4 * N
+    );
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    for i in 0..N {
+        bytes.extend_from_slice(&(i as f32 * 0.25).to_le_bytes());
+    }
+    std::fs::write(dir.join("big.safetensors"), bytes).unwrap();
+    "big.safetensors"
+}
+
+#[test]
+fn progress_bar_on_a_terminal_not_when_piped() {
+    let dir = super::tmp();
+    let input = big_safetensors(dir.path());
+    let convert = |out: &'static str| ["st", "convert", input, out, "--dtype", "BF16"];
+    let run = run_with_tty_stderr(dir.path(), &convert("a.safetensors"));
+    assert_eq!(run.code, Some(0));
+    assert!(
+        looks_like_a_bar(&run.terminal),
+        "no bar drawn on a terminal: {:?}",
+        String::from_utf8_lossy(&run.terminal)
+    );
+    assert!(
+        !looks_like_a_bar(&run.stdout),
+        "the bar never goes to stdout"
+    );
+    let piped = super::tlio()
+        .current_dir(dir.path())
+        .args(convert("b.safetensors"))
+        .output()
+        .unwrap();
+    assert!(piped.status.success());
+    assert!(
+        !looks_like_a_bar(&piped.stderr),
+        "a bar was drawn into a pipe: {:?}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
+    let mut quiet = vec!["-q"];
+    quiet.extend(convert("c.safetensors"));
+    let quiet = run_with_tty_stderr(dir.path(), &quiet);
+    assert_eq!(quiet.code, Some(0));
+    assert!(quiet.terminal.is_empty(), "-q silences the bar");
+    let a = std::fs::read(dir.path().join("a.safetensors")).unwrap();
+    assert_eq!(a, std::fs::read(dir.path().join("b.safetensors")).unwrap());
+}

@@ -1,0 +1,47 @@
+//! Snapshots (insta) of every command's `--help`, and of the human and JSON output of
+//! the reporting commands on committed fixtures.
+//!
+//! Every command runs with the repository root as its working directory and fixture
+//! paths relative to it, so no output depends on where the checkout lives. A snapshot
+//! holds the exit code, stdout and stderr. To accept a deliberate change, run
+//! `INSTA_UPDATE=always cargo test --test cli snapshots` and review the `.snap` diff
+//! (no extra tool needed; `cargo insta review` works too).
+
+use super::tlio;
+
+/// Run `tlio ARGS` from the repository root; the exit code, stdout and stderr as text.
+fn run(args: &[&str]) -> String {
+    let out = tlio()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .output()
+        .unwrap();
+    format!(
+        "exit: {}\n--- stdout\n{}--- stderr\n{}",
+        out.status
+            .code()
+            .map_or("signal".to_string(), |c| c.to_string()),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+const MIXED: &str = "fixtures/safetensors/golden/mixed_f32_i32_u8.safetensors";
+const ESCAPES: &str = "fixtures/safetensors/golden/escapes.safetensors";
+const BAD_ST: &str = "fixtures/safetensors/malformed/r2_duplicate_tensor.safetensors";
+
+#[test]
+fn st_inspect_human_and_json() {
+    insta::assert_snapshot!("st_inspect", run(&["st", "inspect", MIXED]));
+    insta::assert_snapshot!("st_inspect_json", run(&["--json", "st", "inspect", MIXED]));
+    insta::assert_snapshot!("st_inspect_escapes", run(&["st", "inspect", ESCAPES]));
+}
+
+#[test]
+fn st_verify_human_and_json() {
+    insta::assert_snapshot!("st_verify", run(&["st", "verify", MIXED, BAD_ST]));
+    insta::assert_snapshot!(
+        "st_verify_json",
+        run(&["--json", "st", "verify", MIXED, BAD_ST])
+    );
+}
