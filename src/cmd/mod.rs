@@ -12,6 +12,7 @@ pub mod ckpt;
 pub mod demo;
 pub mod generate;
 pub mod st;
+pub mod tokens;
 
 /// Strict, fast tools for safetensors files, atomic checkpoints, token shards and a
 /// bigram trainer that resumes bit for bit.
@@ -43,6 +44,9 @@ pub enum Command {
     /// Inspect, verify, convert and diff safetensors files.
     #[command(subcommand)]
     St(st::StCommand),
+    /// Token shards: header, pack, windows.
+    #[command(subcommand)]
+    Tokens(tokens::TokensCommand),
 }
 
 /// How a command that did not fail ended.
@@ -88,5 +92,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Demo(args) => demo::run(args, &printer),
         Command::Generate(cmd) => generate::run(cmd, &printer),
         Command::St(cmd) => st::run(cmd, &printer),
+        Command::Tokens(cmd) => tokens::run(cmd, &printer),
     }
 }

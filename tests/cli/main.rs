@@ -9,6 +9,7 @@ mod generate;
 mod output;
 mod snapshots;
 mod st;
+mod tokens;
 
 /// The `tlio` binary under test, with failpoints cleared so the caller's environment
 /// cannot leak in.

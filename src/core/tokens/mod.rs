@@ -24,12 +24,13 @@ pub use stream::{Batch, Cursor, RngState, TokenStream};
 #[derive(Debug, thiserror::Error)]
 pub enum TokensError {
     /// A file could not be opened, read, mapped or written.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// The underlying error.
-        source: io::Error,
+        /// The underlying error (in the message, not the cause chain, so that it is
+        /// printed once).
+        error: io::Error,
     },
     /// The file is shorter than the 1024-byte header.
     #[error("{}: short file: {size} bytes, the header alone is {HEADER_BYTES}", path.display())]
@@ -170,12 +171,12 @@ pub enum TokensError {
     #[error("{0}")]
     BadOptions(String),
     /// Reading a `pack` input failed.
-    #[error("cannot read {input}: {source}")]
+    #[error("cannot read {input}: {error}")]
     Read {
         /// The input's name.
         input: String,
-        /// The underlying error.
-        source: io::Error,
+        /// The underlying error (in the message only, printed once).
+        error: io::Error,
     },
     /// Writing an output shard failed.
     #[error(transparent)]

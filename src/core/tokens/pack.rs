@@ -140,10 +140,10 @@ fn fill(reader: &mut dyn Read, buf: &mut [u8], name: &str) -> Result<usize, Toke
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => {
+            Err(error) => {
                 return Err(TokensError::Read {
                     input: name.to_string(),
-                    source,
+                    error,
                 })
             }
         }

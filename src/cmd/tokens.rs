@@ -1,0 +1,405 @@
+//! `tlio tokens`: `header` (show and validate shard headers), `pack` (build shards from
+//! bytes, id text or raw arrays), `windows` (print what the token stream yields, from a
+//! seed or a saved cursor). Each command is one core call plus printing.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+
+use super::Outcome;
+use crate::core::atomic;
+use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
+use crate::core::tokens::{
+    self, Cursor, HeaderReport, InputFormat, PackInput, PackOptions, Shard, TokenStream,
+    TokensError, BYTES_VOCAB,
+};
+use crate::error::{operational, Classify, ExitClass};
+use crate::output::{escape, Printer};
+
+/// The `tokens` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Show and validate shard headers: magic, version, dtype, n, V, size (reads only the
+    /// 1024-byte header unless --check-ids). Exit 1 if any file is invalid.
+    Header(HeaderArgs),
+    /// Build shards from standard input or files, in bounded memory.
+    Pack(PackArgs),
+    /// Print the batches the token stream yields, one JSON line per batch.
+    Windows(WindowsArgs),
+}
+
+/// Arguments of `tokens header`.
+#[derive(Debug, Args)]
+pub struct HeaderArgs {
+    /// The shard files.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Also check every id against the recorded vocabulary (reads the whole file).
+    #[arg(long)]
+    pub check_ids: bool,
+}
+
+/// Input formats of `tokens pack`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FromFormat {
+    /// Each byte is an id (vocabulary 256 unless --vocab-size).
+    Bytes,
+    /// Decimal ids separated by whitespace.
+    Ids,
+    /// Raw little-endian uint16 ids.
+    U16le,
+    /// Raw little-endian uint32 ids.
+    U32le,
+}
+
+/// Arguments of `tokens pack`.
+#[derive(Debug, Args)]
+pub struct PackArgs {
+    /// Input files, read in order; `-` (the default) is standard input.
+    #[arg(value_name = "INPUT")]
+    pub inputs: Vec<PathBuf>,
+    /// The output shard, or the prefix of OUT_000000.bin, ... with --shard-tokens.
+    #[arg(short, long, value_name = "OUT")]
+    pub output: PathBuf,
+    /// How to read the inputs.
+    #[arg(long, value_enum, default_value_t = FromFormat::Bytes)]
+    pub from: FromFormat,
+    /// The vocabulary size V (every id must be below it); required unless --from bytes.
+    #[arg(long, value_name = "V")]
+    pub vocab_size: Option<u64>,
+    /// Split into shards of N ids: OUT_000000.bin, OUT_000001.bin, ...
+    #[arg(long, value_name = "N")]
+    pub shard_tokens: Option<u64>,
+}
+
+/// Arguments of `tokens windows`.
+#[derive(Debug, Args)]
+pub struct WindowsArgs {
+    /// The shards, in stream order.
+    #[arg(required = true, value_name = "SHARD")]
+    pub shards: Vec<PathBuf>,
+    /// T: inputs per window.
+    #[arg(long, value_name = "T")]
+    pub seq_len: usize,
+    /// B: windows per batch.
+    #[arg(long, value_name = "B")]
+    pub batch: usize,
+    /// The generator seed S: PCG32 seed(S, 54).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// How many batches to print.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub batches: u64,
+    /// Start from this saved cursor instead of the seed's position.
+    #[arg(long, value_name = "FILE")]
+    pub cursor: Option<PathBuf>,
+    /// Write the final cursor to FILE (atomically).
+    #[arg(long, value_name = "FILE")]
+    pub save_cursor: Option<PathBuf>,
+}
+
+/// Run `tlio tokens`.
+pub fn run(cmd: TokensCommand, printer: &Printer) -> anyhow::Result<Outcome> {
+    match cmd {
+        TokensCommand::Header(args) => header(args, printer),
+        TokensCommand::Pack(args) => pack(args, printer),
+        TokensCommand::Windows(args) => windows(args, printer),
+    }
+}
+
+/// One row of `tokens header`.
+#[derive(Debug, Serialize)]
+struct HeaderRow {
+    file: String,
+    magic: Option<i32>,
+    version: Option<i32>,
+    dtype: Option<&'static str>,
+    n: Option<i32>,
+    vocab_size: Option<i32>,
+    size: Option<u64>,
+    valid: bool,
+    error: Option<String>,
+}
+
+fn header_row(path: &Path, check_ids: bool) -> (HeaderRow, Option<TokensError>) {
+    let file = path.display().to_string();
+    let report = match tokens::inspect_header(path) {
+        Ok(report) => report,
+        Err(e) => {
+            let row = HeaderRow {
+                file,
+                magic: None,
+                version: None,
+                dtype: None,
+                n: None,
+                vocab_size: None,
+                size: None,
+                valid: false,
+                error: Some(e.to_string()),
+            };
+            return (row, Some(e));
+        }
+    };
+    let HeaderReport {
+        size,
+        words,
+        header,
+    } = report;
+    let dtype = header.as_ref().ok().map(|h| h.dtype.name());
+    let verdict = match header {
+        Ok(_) if check_ids => Shard::open(path, None).map(|_| ()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e),
+    };
+    let row = HeaderRow {
+        file,
+        magic: words.map(|w| w[0]),
+        version: words.map(|w| w[1]),
+        dtype,
+        n: words.map(|w| w[2]),
+        vocab_size: words.map(|w| w[3]),
+        size: Some(size),
+        valid: verdict.is_ok(),
+        error: verdict.as_ref().err().map(ToString::to_string),
+    };
+    (row, verdict.err())
+}
+
+fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let mut rows = Vec::new();
+    let mut first_failure: Option<TokensError> = None;
+    for path in &args.files {
+        let (row, err) = header_row(path, args.check_ids);
+        rows.push(row);
+        if let Some(e) = err {
+            // An unreadable file (exit 2) outranks an invalid one (exit 1).
+            let worse = match &first_failure {
+                None => true,
+                Some(prev) => {
+                    prev.exit_class() == ExitClass::Invalid
+                        && e.exit_class() == ExitClass::Operational
+                }
+            };
+            if worse {
+                first_failure = Some(e);
+            }
+        }
+    }
+    if printer.json {
+        for row in &rows {
+            printer.json_line(row)?;
+        }
+    } else {
+        let mut table = printer.table();
+        table.set_header([
+            "file", "magic", "version", "dtype", "n", "V", "size", "valid",
+        ]);
+        let show = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
+        for row in &rows {
+            let valid = match &row.error {
+                None => "yes".to_string(),
+                Some(e) => format!("no: {}", escape(e)),
+            };
+            table.add_row([
+                escape(&row.file),
+                show(row.magic.map(i64::from)),
+                show(row.version.map(i64::from)),
+                row.dtype.unwrap_or("-").to_string(),
+                show(row.n.map(i64::from)),
+                show(row.vocab_size.map(i64::from)),
+                row.size.map_or("-".to_string(), |s| s.to_string()),
+                valid,
+            ]);
+        }
+        let mut out = printer.out();
+        writeln!(out, "{table}")?;
+        out.flush()?;
+    }
+    match first_failure {
+        Some(e) if e.exit_class() == ExitClass::Operational => Err(e.into()),
+        Some(_) => Ok(Outcome::No),
+        None => Ok(Outcome::Success),
+    }
+}
+
+#[derive(Serialize)]
+struct PackedShard {
+    file: String,
+    n: u64,
+    version: i32,
+    vocab_size: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct PackReport {
+    shards: Vec<PackedShard>,
+    tokens: u64,
+}
+
+fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let format = match args.from {
+        FromFormat::Bytes => InputFormat::Bytes,
+        FromFormat::Ids => InputFormat::Ids,
+        FromFormat::U16le => InputFormat::U16le,
+        FromFormat::U32le => InputFormat::U32le,
+    };
+    let vocab = match (args.vocab_size, format) {
+        (Some(v), _) => u32::try_from(v)
+            .ok()
+            .filter(|&v| v >= 1 && u64::from(v) <= tokens::MAX_COUNT)
+            .ok_or_else(|| {
+                operational(format!(
+                    "--vocab-size must be 1 to {}, got {v}",
+                    tokens::MAX_COUNT
+                ))
+            })?,
+        (None, InputFormat::Bytes) => BYTES_VOCAB,
+        (None, _) => {
+            return Err(operational(
+                "--vocab-size is required with --from ids, u16le or u32le",
+            ))
+        }
+    };
+    let paths = if args.inputs.is_empty() {
+        vec![PathBuf::from("-")]
+    } else {
+        args.inputs.clone()
+    };
+    // Open every input before writing anything, so a missing file fails first; never
+    // write over an input.
+    let mut inputs = Vec::new();
+    let mut total = Some(0u64);
+    for path in &paths {
+        if path.as_os_str() == "-" {
+            total = None;
+            inputs.push(PackInput {
+                name: "-".to_string(),
+                reader: Box::new(io::stdin()),
+            });
+            continue;
+        }
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let size = file
+            .metadata()
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .len();
+        total = total.map(|t| t.saturating_add(size));
+        if clobbers_output(path, &args.output, args.shard_tokens.is_some()) {
+            return Err(operational(format!(
+                "refusing to write over the input {}",
+                path.display()
+            )));
+        }
+        inputs.push(PackInput {
+            name: path.display().to_string(),
+            reader: Box::new(file),
+        });
+    }
+    let bar = match total {
+        Some(t) => printer.bytes_bar(t, "packing"),
+        None => printer.bar(0, "packing", "{msg} {bytes} {bytes_per_sec}"),
+    };
+    let opts = PackOptions {
+        format,
+        vocab,
+        shard_tokens: args.shard_tokens,
+    };
+    let summary = tokens::pack(inputs, &args.output, &opts, &mut |n| bar.inc(n));
+    bar.finish_and_clear();
+    let summary = summary?;
+    let report = PackReport {
+        shards: summary
+            .shards
+            .iter()
+            .map(|(path, h)| PackedShard {
+                file: path.display().to_string(),
+                n: h.count,
+                version: h.version,
+                vocab_size: h.vocab,
+            })
+            .collect(),
+        tokens: summary.tokens,
+    };
+    if printer.json {
+        printer.json_pretty(&report)?;
+    } else {
+        let mut table = printer.table();
+        table.set_header(["file", "n", "version", "V"]);
+        for s in &report.shards {
+            table.add_row([
+                escape(&s.file),
+                s.n.to_string(),
+                s.version.to_string(),
+                s.vocab_size.map_or("-".to_string(), |v| v.to_string()),
+            ]);
+        }
+        let mut out = printer.out();
+        writeln!(out, "{table}")?;
+        out.flush()?;
+    }
+    Ok(Outcome::Success)
+}
+
+/// True when writing `out` (or its numbered shards) would replace the input `input`.
+fn clobbers_output(input: &Path, out: &Path, numbered: bool) -> bool {
+    if atomic::same_file(input, out) {
+        return true;
+    }
+    numbered
+        && (0..)
+            .map(|i| tokens::output_name(out, i))
+            .take_while(|p| p.exists())
+            .any(|p| atomic::same_file(input, &p))
+}
+
+/// One line of `tokens windows`.
+#[derive(Serialize)]
+struct WindowLine<'a> {
+    inputs: Vec<&'a [i64]>,
+    targets: Vec<&'a [i64]>,
+    cursor: Cursor,
+}
+
+fn windows(args: WindowsArgs, _printer: &Printer) -> anyhow::Result<Outcome> {
+    let shards = args
+        .shards
+        .iter()
+        .map(|p| Shard::open(p, None))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
+    let mut stream = TokenStream::new(shards, args.seq_len, args.batch, rng, None)?;
+    if let Some(path) = &args.cursor {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read cursor {}", path.display()))?;
+        let cursor = Cursor::from_json(&text).with_context(|| path.display().to_string())?;
+        stream
+            .restore(&cursor)
+            .with_context(|| path.display().to_string())?;
+    }
+    let mut out = BufWriter::new(io::stdout().lock());
+    for _ in 0..args.batches {
+        let batch = stream.next_batch();
+        let line = WindowLine {
+            inputs: (0..batch.batch)
+                .filter_map(|b| batch.input_row(b))
+                .collect(),
+            targets: (0..batch.batch)
+                .filter_map(|b| batch.target_row(b))
+                .collect(),
+            cursor: stream.cursor(),
+        };
+        serde_json::to_writer(&mut out, &line).map_err(io::Error::other)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    if let Some(path) = &args.save_cursor {
+        let text = format!("{}\n", stream.cursor().to_json());
+        atomic::write_file(path, text.as_bytes())
+            .with_context(|| format!("cannot save cursor {}", path.display()))?;
+    }
+    Ok(Outcome::Success)
+}

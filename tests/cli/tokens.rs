@@ -1,0 +1,581 @@
+//! `tlio tokens`: header, pack and windows from the shell, including resuming a stream
+//! across processes and one-line errors for bad shards and cursors.
+
+use std::path::{Path, PathBuf};
+
+use super::{tlio, tmp};
+
+const MAGIC: i32 = 20240520;
+
+/// A shard file with the given first header words and payload.
+fn raw_shard(dir: &Path, name: &str, words: &[i32], payload: &[u8]) -> PathBuf {
+    let mut bytes = vec![0u8; 1024];
+    for (i, w) in words.iter().enumerate() {
+        bytes[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    bytes.extend_from_slice(payload);
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn stdout_of(cmd: &mut assert_cmd::Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Run and expect failure with `code`; returns stderr, which must be one line.
+fn fails(cmd: &mut assert_cmd::Command, code: i32) -> String {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(code), "stderr: {err}");
+    assert!(err.starts_with("tlio: error: "), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    err
+}
+
+#[test]
+fn pack_ids_gives_the_worked_example_header() {
+    let dir = tmp();
+    let out = dir.path().join("ex.bin");
+    tlio()
+        .args([
+            "tokens",
+            "pack",
+            "--from",
+            "ids",
+            "--vocab-size",
+            "256",
+            "-o",
+        ])
+        .arg(&out)
+        .write_stdin("1 2 3\n")
+        .assert()
+        .success();
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(bytes.len(), 1030);
+    assert_eq!(
+        &bytes[..16],
+        &[0x88, 0xd8, 0x34, 0x01, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1, 0, 0]
+    );
+    assert_eq!(&bytes[1024..], &[1, 0, 2, 0, 3, 0]);
+    let json = stdout_of(tlio().args(["--json", "tokens", "header"]).arg(&out));
+    let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(v["magic"], 20240520);
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["dtype"], "uint16");
+    assert_eq!(v["n"], 3);
+    assert_eq!(v["vocab_size"], 256);
+    assert_eq!(v["size"], 1030);
+    assert_eq!(v["valid"], true);
+    // Human output is a table naming the same facts.
+    let table = stdout_of(tlio().args(["tokens", "header"]).arg(&out));
+    assert!(table.contains("20240520") && table.contains("uint16") && table.contains("1030"));
+}
+
+#[test]
+fn header_rejects_bad_shards() {
+    let dir = tmp();
+    let d = dir.path();
+    let ok: Vec<u8> = [1u16, 2, 3].iter().flat_map(|i| i.to_le_bytes()).collect();
+    let cases = [
+        (
+            raw_shard(d, "magic.bin", &[12345, 1, 3, 256], &ok),
+            "bad magic 12345",
+        ),
+        (
+            raw_shard(d, "version.bin", &[MAGIC, 9, 3, 256], &ok),
+            "unsupported version 9",
+        ),
+        (
+            raw_shard(
+                d,
+                "long.bin",
+                &[MAGIC, 1, 3, 256],
+                &[&ok[..], &[0, 0]].concat(),
+            ),
+            "size mismatch",
+        ),
+        (
+            raw_shard(d, "cut.bin", &[MAGIC, 1, 3, 256], &ok[..5]),
+            "size mismatch",
+        ),
+        (
+            raw_shard(d, "neg.bin", &[MAGIC, 1, -1, 256], &ok),
+            "negative id count -1",
+        ),
+        (
+            raw_shard(d, "huge.bin", &[MAGIC, 2, i32::MAX, 256], &ok),
+            "size mismatch",
+        ),
+        (
+            raw_shard(d, "reserved.bin", &[MAGIC, 1, 3, 256, 1], &ok),
+            "reserved header word 4",
+        ),
+    ];
+    let short = d.join("short.bin");
+    std::fs::write(&short, [0x88, 0xd8, 0x34, 0x01]).unwrap();
+    for (path, want) in cases
+        .iter()
+        .chain([&(short.clone(), "short file: 4 bytes")])
+    {
+        let out = tlio()
+            .args(["--json", "tokens", "header"])
+            .arg(path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", path.display());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["valid"], false);
+        let err = v["error"].as_str().unwrap();
+        assert!(
+            err.contains(want) && err.contains(&*path.display().to_string()),
+            "{err}"
+        );
+        // Opening it for windows fails the same way, as one line naming the file.
+        let e = fails(
+            tlio()
+                .args(["tokens", "windows", "--seq-len", "1", "--batch", "1"])
+                .arg(path),
+            1,
+        );
+        assert!(
+            e.contains(want) && e.contains(&*path.display().to_string()),
+            "{e}"
+        );
+    }
+    // One bad file among good ones: every file is reported, exit 1.
+    let good = raw_shard(d, "good.bin", &[MAGIC, 1, 3, 256], &ok);
+    let out = tlio()
+        .args(["tokens", "header"])
+        .arg(&good)
+        .arg(&cases[0].0)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 3);
+    // An id at or above V: the header is fine, --check-ids and windows are not.
+    let oov = raw_shard(d, "oov.bin", &[MAGIC, 1, 3, 3], &ok);
+    tlio()
+        .args(["tokens", "header"])
+        .arg(&oov)
+        .assert()
+        .success();
+    let out = tlio()
+        .args(["--json", "tokens", "header", "--check-ids"])
+        .arg(&oov)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("id 3 at index 2 is not below the vocabulary size 3"));
+    let e = fails(
+        tlio()
+            .args(["tokens", "windows", "--seq-len", "1", "--batch", "1"])
+            .arg(&oov),
+        1,
+    );
+    assert!(
+        e.contains("oov.bin") && e.contains("id 3 at index 2"),
+        "{e}"
+    );
+    // A missing file is operational: exit 2.
+    let e = fails(
+        tlio().args(["tokens", "header"]).arg(d.join("missing.bin")),
+        2,
+    );
+    assert!(e.contains("missing.bin"), "{e}");
+    fails(
+        tlio()
+            .args(["tokens", "windows", "--seq-len", "1", "--batch", "1"])
+            .arg(d.join("missing.bin")),
+        2,
+    );
+}
+
+#[test]
+fn header_reads_only_the_header_of_a_huge_sparse_shard() {
+    let dir = tmp();
+    // The largest count a header records, as uint32: an 8.6 GB file, sparse on disk.
+    let path = raw_shard(dir.path(), "huge.bin", &[MAGIC, 2, i32::MAX, 100_000], &[]);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(1024 + 4 * i32::MAX as u64).unwrap();
+    let json = stdout_of(tlio().args(["--json", "tokens", "header"]).arg(&path));
+    let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["n"], i32::MAX);
+    assert_eq!(v["dtype"], "uint32");
+}
+
+fn pack_bytes(dir: &Path, text: &[u8], shard_tokens: Option<u64>) -> Vec<PathBuf> {
+    let out = dir.join("data");
+    let mut cmd = tlio();
+    cmd.args(["--json", "tokens", "pack", "-o"])
+        .arg(&out)
+        .arg("-");
+    if let Some(n) = shard_tokens {
+        cmd.args(["--shard-tokens", &n.to_string()]);
+    }
+    let json = stdout_of(cmd.write_stdin(text.to_vec()));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["tokens"], text.len());
+    v["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| PathBuf::from(s["file"].as_str().unwrap()))
+        .collect()
+}
+
+#[test]
+fn pack_from_stdin_into_numbered_shards() {
+    let dir = tmp();
+    let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog. ".repeat(10);
+    let shards = pack_bytes(dir.path(), &text, Some(128));
+    let names: Vec<_> = shards
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "data_000000.bin",
+            "data_000001.bin",
+            "data_000002.bin",
+            "data_000003.bin"
+        ]
+    );
+    let mut ids = Vec::new();
+    for s in &shards {
+        let bytes = std::fs::read(s).unwrap();
+        assert_eq!(i32::from_le_bytes(bytes[12..16].try_into().unwrap()), 256);
+        ids.extend(bytes[1024..].chunks(2).map(|c| c[0]));
+        assert!(bytes[1024..].chunks(2).all(|c| c[1] == 0));
+    }
+    assert_eq!(ids, text);
+}
+
+#[test]
+fn pack_raw_inputs_from_files() {
+    let dir = tmp();
+    let d = dir.path();
+    let ids: Vec<u32> = vec![5, 70_000, 0, 99_999];
+    let raw = d.join("ids.u32");
+    std::fs::write(
+        &raw,
+        ids.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let out = d.join("big.bin");
+    tlio()
+        .args([
+            "tokens",
+            "pack",
+            "--from",
+            "u32le",
+            "--vocab-size",
+            "100000",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(&raw)
+        .arg(&raw)
+        .assert()
+        .success();
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(&bytes[4..8], &2i32.to_le_bytes(), "V > 65536 is version 2");
+    assert_eq!(bytes.len(), 1024 + 8 * 4);
+    let odd = d.join("odd.u16");
+    std::fs::write(&odd, [1, 0, 2]).unwrap();
+    let e = fails(
+        tlio()
+            .args([
+                "tokens",
+                "pack",
+                "--from",
+                "u16le",
+                "--vocab-size",
+                "10",
+                "-o",
+            ])
+            .arg(d.join("o.bin"))
+            .arg(&odd),
+        1,
+    );
+    assert!(e.contains("odd.u16") && e.contains("trailing"), "{e}");
+    assert!(!d.join("o.bin").exists());
+}
+
+#[test]
+fn pack_out_of_vocab_leaves_no_output() {
+    let dir = tmp();
+    let d = dir.path();
+    let out = d.join("o.bin");
+    let e = fails(
+        tlio()
+            .args([
+                "tokens",
+                "pack",
+                "--from",
+                "ids",
+                "--vocab-size",
+                "50",
+                "-o",
+            ])
+            .arg(&out)
+            .write_stdin("1 2 3 49 50 4"),
+        1,
+    );
+    assert!(
+        e.contains("id 50 at position 4 is not below the vocabulary size 50"),
+        "{e}"
+    );
+    // Several shards already complete when the bad id comes: none is left.
+    let ids = "7 ".repeat(100) + "60";
+    fails(
+        tlio()
+            .args([
+                "tokens",
+                "pack",
+                "--from",
+                "ids",
+                "--vocab-size",
+                "50",
+                "--shard-tokens",
+                "10",
+                "-o",
+            ])
+            .arg(&out)
+            .write_stdin(ids),
+        1,
+    );
+    assert_eq!(
+        std::fs::read_dir(d).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
+    // Usage errors: no vocabulary for ids, a zero shard size, a missing input.
+    fails(
+        tlio()
+            .args(["tokens", "pack", "--from", "ids", "-o"])
+            .arg(&out)
+            .write_stdin("1"),
+        2,
+    );
+    fails(
+        tlio()
+            .args(["tokens", "pack", "--shard-tokens", "0", "-o"])
+            .arg(&out)
+            .write_stdin("a"),
+        2,
+    );
+    let e = fails(
+        tlio()
+            .args(["tokens", "pack", "-o"])
+            .arg(&out)
+            .arg(d.join("nope.txt")),
+        2,
+    );
+    assert!(e.contains("nope.txt"), "{e}");
+    assert_eq!(std::fs::read_dir(d).unwrap().count(), 0);
+}
+
+fn windows(shards: &[PathBuf], seed: &str, extra: &[&str]) -> Vec<String> {
+    let mut cmd = tlio();
+    cmd.args([
+        "tokens",
+        "windows",
+        "--seq-len",
+        "5",
+        "--batch",
+        "3",
+        "--seed",
+        seed,
+    ])
+    .args(shards)
+    .args(extra);
+    stdout_of(&mut cmd).lines().map(str::to_string).collect()
+}
+
+#[test]
+fn windows_resume_across_processes_is_bitwise() {
+    let dir = tmp();
+    let text: Vec<u8> = (0..400u32).map(|i| (i * 7 % 251) as u8).collect();
+    let shards = pack_bytes(dir.path(), &text, Some(90));
+    let cursor = dir.path().join("c.json");
+    let (n, m) = (6, 7);
+    let all = windows(&shards, "42", &["--batches", &(n + m).to_string()]);
+    assert_eq!(all.len(), n + m);
+    let first = windows(
+        &shards,
+        "42",
+        &[
+            "--batches",
+            &n.to_string(),
+            "--save-cursor",
+            cursor.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(first, all[..n]);
+    let saved = std::fs::read_to_string(&cursor).unwrap();
+    // The saved cursor is exactly the one printed with the last batch.
+    assert!(
+        first[n - 1].ends_with(&format!("\"cursor\":{}}}", saved.trim())),
+        "{saved}"
+    );
+    // A different seed on resume: the cursor replaces the whole position.
+    let rest = windows(
+        &shards,
+        "7",
+        &[
+            "--batches",
+            &m.to_string(),
+            "--cursor",
+            cursor.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(rest, all[n..]);
+    // Each line: [B, T] inputs and targets shifted by one, and the cursor.
+    let v: serde_json::Value = serde_json::from_str(&all[0]).unwrap();
+    let inputs = v["inputs"].as_array().unwrap();
+    assert_eq!(inputs.len(), 3);
+    for (x, y) in inputs.iter().zip(v["targets"].as_array().unwrap()) {
+        let (x, y) = (x.as_array().unwrap(), y.as_array().unwrap());
+        assert_eq!(x.len(), 5);
+        assert_eq!(x[1..], y[..4]);
+    }
+    assert!(v["cursor"]["rng"]["inc"].as_str().unwrap().len() == 16);
+}
+
+#[test]
+fn windows_rejects_bad_cursors() {
+    let dir = tmp();
+    let d = dir.path();
+    let shards = pack_bytes(d, &[1u8; 50], None);
+    let rng = r#"{"state":"185706b82c2e03f8","inc":"000000000000006d"}"#;
+    let cases = [
+        (
+            format!(r#"{{"shard":1,"offset":0,"rng":{rng}}}"#),
+            "\"shard\"",
+        ),
+        (
+            format!(r#"{{"shard":0,"offset":51,"rng":{rng}}}"#),
+            "\"offset\"",
+        ),
+        (
+            format!(r#"{{"shard":0,"offset":-3,"rng":{rng}}}"#),
+            "\"offset\"",
+        ),
+        (
+            format!(r#"{{"shard":0,"offset":3,"rng":{rng},"extra":1}}"#),
+            "\"extra\"",
+        ),
+        (
+            r#"{"shard":0,"offset":3,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006e"}}"#
+                .to_string(),
+            "\"rng.inc\"",
+        ),
+        (
+            r#"{"shard":0,"offset":3,"rng":{"state":"185706b82c2e03F8","inc":"000000000000006d"}}"#
+                .to_string(),
+            "\"rng.state\"",
+        ),
+        ("not json".to_string(), "not a JSON document"),
+    ];
+    for (i, (text, field)) in cases.iter().enumerate() {
+        let c = d.join(format!("c{i}.json"));
+        std::fs::write(&c, text).unwrap();
+        let e = fails(
+            tlio()
+                .args([
+                    "tokens",
+                    "windows",
+                    "--seq-len",
+                    "4",
+                    "--batch",
+                    "1",
+                    "--cursor",
+                ])
+                .arg(&c)
+                .args(&shards),
+            1,
+        );
+        assert!(
+            e.contains(field) && e.contains(&format!("c{i}.json")),
+            "{e}"
+        );
+    }
+    // The offset at the end of the shard is valid: the next read starts a new pass.
+    let c = d.join("end.json");
+    std::fs::write(&c, format!(r#"{{"shard":0,"offset":50,"rng":{rng}}}"#)).unwrap();
+    tlio()
+        .args([
+            "tokens",
+            "windows",
+            "--seq-len",
+            "4",
+            "--batch",
+            "1",
+            "--cursor",
+        ])
+        .arg(&c)
+        .args(&shards)
+        .assert()
+        .success();
+    let e = fails(
+        tlio()
+            .args([
+                "tokens",
+                "windows",
+                "--seq-len",
+                "4",
+                "--batch",
+                "1",
+                "--cursor",
+            ])
+            .arg(d.join("none.json"))
+            .args(&shards),
+        2,
+    );
+    assert!(e.contains("none.json"), "{e}");
+}
+
+#[test]
+fn windows_refuses_a_shard_too_short_for_one_window() {
+    let dir = tmp();
+    let d = dir.path();
+    let long = pack_bytes(d, &[3u8; 40], None);
+    let short = raw_shard(d, "short5.bin", &[MAGIC, 1, 5, 256], &[0u8; 10]);
+    let e = fails(
+        tlio()
+            .args(["tokens", "windows", "--seq-len", "5", "--batch", "1"])
+            .args(&long)
+            .arg(&short),
+        1,
+    );
+    assert!(e.contains("short5.bin") && e.contains("too short"), "{e}");
+    // Exactly one window (T + 1 ids) is fine.
+    tlio()
+        .args(["tokens", "windows", "--seq-len", "4", "--batch", "2"])
+        .arg(&short)
+        .assert()
+        .success();
+    // T and B below 1 are usage errors.
+    fails(
+        tlio()
+            .args(["tokens", "windows", "--seq-len", "0", "--batch", "1"])
+            .arg(&short),
+        2,
+    );
+    fails(
+        tlio()
+            .args(["tokens", "windows", "--seq-len", "1", "--batch", "0"])
+            .arg(&short),
+        2,
+    );
+}
