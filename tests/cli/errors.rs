@@ -227,3 +227,40 @@ fn st_missing_and_corrupt_inputs_are_one_line() {
         "no output after an error"
     );
 }
+
+#[test]
+fn tokens_missing_and_corrupt_inputs_are_one_line() {
+    let dir = corrupt_inputs();
+    let d = dir.path();
+    check(d, &["tokens", "header", "missing.bin"], Expect::Error(2));
+    check(
+        d,
+        &["tokens", "header", "bad.bin"],
+        Expect::Report("bad.bin"),
+    );
+    check(
+        d,
+        &["tokens", "pack", "missing.txt", "-o", "o.bin"],
+        Expect::Error(2),
+    );
+    let ids = [
+        "tokens",
+        "pack",
+        "ids.txt",
+        "-o",
+        "o.bin",
+        "--from",
+        "ids",
+        "--vocab-size",
+        "9",
+    ];
+    check(d, &ids, Expect::Error(1));
+    assert!(!d.join("o.bin").exists(), "no output after an error");
+    let windows = ["--seq-len", "2", "--batch", "1"];
+    let mut args = vec!["tokens", "windows", "missing.bin"];
+    args.extend(windows);
+    check(d, &args, Expect::Error(2));
+    let mut args = vec!["tokens", "windows", "bad.bin"];
+    args.extend(windows);
+    check(d, &args, Expect::Error(1));
+}

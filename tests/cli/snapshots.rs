@@ -28,6 +28,8 @@ fn run(args: &[&str]) -> String {
 
 const MIXED: &str = "fixtures/safetensors/golden/mixed_f32_i32_u8.safetensors";
 const ESCAPES: &str = "fixtures/safetensors/golden/escapes.safetensors";
+const SHARD: &str = "fixtures/cli/tiny.bin";
+const TRUNCATED: &str = "fixtures/cli/truncated.bin";
 const BAD_ST: &str = "fixtures/safetensors/malformed/r2_duplicate_tensor.safetensors";
 
 #[test]
@@ -44,4 +46,34 @@ fn st_verify_human_and_json() {
         "st_verify_json",
         run(&["--json", "st", "verify", MIXED, BAD_ST])
     );
+}
+
+#[test]
+fn tokens_header_human_and_json() {
+    insta::assert_snapshot!(
+        "tokens_header",
+        run(&["tokens", "header", SHARD, TRUNCATED])
+    );
+    insta::assert_snapshot!(
+        "tokens_header_json",
+        run(&["--json", "tokens", "header", SHARD, TRUNCATED])
+    );
+}
+
+#[test]
+fn tokens_windows_json_lines() {
+    let args = [
+        "tokens",
+        "windows",
+        SHARD,
+        "--seq-len",
+        "4",
+        "--batch",
+        "2",
+        "--batches",
+        "3",
+        "--seed",
+        "1",
+    ];
+    insta::assert_snapshot!("tokens_windows", run(&args));
 }
