@@ -352,7 +352,8 @@ fn encoders_agree_with_ml_dtypes_vectors() {
 
 #[test]
 fn decoders_agree_with_ml_dtypes_tables() {
-    let tables: [(&str, fn(u8) -> f32); 5] = [
+    type Decoder = fn(u8) -> f32;
+    let tables: [(&str, Decoder); 5] = [
         ("decode_f8_e4m3.bin", e4m3_to_f32),
         ("decode_f8_e5m2.bin", e5m2_to_f32),
         ("decode_f8_e4m3fnuz.bin", e4m3fnuz_to_f32),
