@@ -120,30 +120,19 @@ struct HeaderRow {
     dtype: Option<&'static str>,
     n: Option<i32>,
     vocab_size: Option<i32>,
-    size: Option<u64>,
+    size: u64,
     valid: bool,
     error: Option<String>,
 }
 
-fn header_row(path: &Path, check_ids: bool) -> (HeaderRow, Option<TokensError>) {
+/// The report row of one file and, when it does not validate, why. `Err` when the file
+/// cannot be read at all.
+fn header_row(
+    path: &Path,
+    check_ids: bool,
+) -> Result<(HeaderRow, Option<TokensError>), TokensError> {
     let file = path.display().to_string();
-    let report = match tokens::inspect_header(path) {
-        Ok(report) => report,
-        Err(e) => {
-            let row = HeaderRow {
-                file,
-                magic: None,
-                version: None,
-                dtype: None,
-                n: None,
-                vocab_size: None,
-                size: None,
-                valid: false,
-                error: Some(e.to_string()),
-            };
-            return (row, Some(e));
-        }
-    };
+    let report = tokens::inspect_header(path)?;
     let HeaderReport {
         size,
         words,
@@ -162,32 +151,27 @@ fn header_row(path: &Path, check_ids: bool) -> (HeaderRow, Option<TokensError>) 
         dtype,
         n: words.map(|w| w[2]),
         vocab_size: words.map(|w| w[3]),
-        size: Some(size),
+        size,
         valid: verdict.is_ok(),
         error: verdict.as_ref().err().map(ToString::to_string),
     };
-    (row, verdict.err())
+    Ok((row, verdict.err()))
 }
 
 fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let mut rows = Vec::new();
-    let mut first_failure: Option<TokensError> = None;
+    let mut any_invalid = false;
     for path in &args.files {
-        let (row, err) = header_row(path, args.check_ids);
-        rows.push(row);
+        // A file that cannot be read is an error (exit 2) before any report, so stdout
+        // stays clean; an invalid file is a "no" answer in the report.
+        let (row, err) = header_row(path, args.check_ids)?;
         if let Some(e) = err {
-            // An unreadable file (exit 2) outranks an invalid one (exit 1).
-            let worse = match &first_failure {
-                None => true,
-                Some(prev) => {
-                    prev.exit_class() == ExitClass::Invalid
-                        && e.exit_class() == ExitClass::Operational
-                }
-            };
-            if worse {
-                first_failure = Some(e);
+            if e.exit_class() == ExitClass::Operational {
+                return Err(e.into());
             }
+            any_invalid = true;
         }
+        rows.push(row);
     }
     if printer.json {
         for row in &rows {
@@ -211,7 +195,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
                 row.dtype.unwrap_or("-").to_string(),
                 show(row.n.map(i64::from)),
                 show(row.vocab_size.map(i64::from)),
-                row.size.map_or("-".to_string(), |s| s.to_string()),
+                row.size.to_string(),
                 valid,
             ]);
         }
@@ -219,11 +203,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         writeln!(out, "{table}")?;
         out.flush()?;
     }
-    match first_failure {
-        Some(e) if e.exit_class() == ExitClass::Operational => Err(e.into()),
-        Some(_) => Ok(Outcome::No),
-        None => Ok(Outcome::Success),
-    }
+    Ok(Outcome::from_ok(!any_invalid))
 }
 
 #[derive(Serialize)]
@@ -363,7 +343,7 @@ struct WindowLine<'a> {
     cursor: Cursor,
 }
 
-fn windows(args: WindowsArgs, _printer: &Printer) -> anyhow::Result<Outcome> {
+fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let shards = args
         .shards
         .iter()
@@ -379,7 +359,8 @@ fn windows(args: WindowsArgs, _printer: &Printer) -> anyhow::Result<Outcome> {
             .restore(&cursor)
             .with_context(|| path.display().to_string())?;
     }
-    let mut out = BufWriter::new(io::stdout().lock());
+    let mut out = BufWriter::new(printer.out());
+    let mut line_buf = Vec::new();
     for _ in 0..args.batches {
         let batch = stream.next_batch();
         let line = WindowLine {
@@ -391,8 +372,12 @@ fn windows(args: WindowsArgs, _printer: &Printer) -> anyhow::Result<Outcome> {
                 .collect(),
             cursor: stream.cursor(),
         };
-        serde_json::to_writer(&mut out, &line).map_err(io::Error::other)?;
-        out.write_all(b"\n")?;
+        // Serialize into memory first, so that a closed stdout surfaces as the plain
+        // BrokenPipe error main treats as a quiet exit.
+        line_buf.clear();
+        serde_json::to_writer(&mut line_buf, &line).map_err(io::Error::other)?;
+        line_buf.push(b'\n');
+        out.write_all(&line_buf)?;
     }
     out.flush()?;
     if let Some(path) = &args.save_cursor {

@@ -36,6 +36,7 @@ fn fails(cmd: &mut assert_cmd::Command, code: i32) -> String {
     assert_eq!(out.status.code(), Some(code), "stderr: {err}");
     assert!(err.starts_with("tlio: error: "), "{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(out.stdout.is_empty(), "nothing on stdout: {err}");
     err
 }
 
@@ -577,5 +578,76 @@ fn windows_refuses_a_shard_too_short_for_one_window() {
             .args(["tokens", "windows", "--seq-len", "1", "--batch", "0"])
             .arg(&short),
         2,
+    );
+}
+
+#[test]
+fn pack_draws_progress_on_a_terminal_only() {
+    let dir = tmp();
+    let input: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(dir.path().join("in.txt"), &input).unwrap();
+    let bar = |bytes: &[u8]| bytes.contains(&b'\r') || bytes.windows(2).any(|w| w == b"\x1b[");
+    let run = super::output::run_with_tty_stderr(
+        dir.path(),
+        &["tokens", "pack", "in.txt", "-o", "a.bin"],
+    );
+    assert_eq!(run.code, Some(0));
+    assert!(
+        bar(&run.terminal),
+        "no bar on a terminal: {:?}",
+        String::from_utf8_lossy(&run.terminal)
+    );
+    assert!(!bar(&run.stdout));
+    let quiet = super::output::run_with_tty_stderr(
+        dir.path(),
+        &["-q", "tokens", "pack", "in.txt", "-o", "b.bin"],
+    );
+    assert_eq!(quiet.code, Some(0));
+    assert!(quiet.terminal.is_empty(), "-q silences the bar");
+    let piped = tlio()
+        .current_dir(dir.path())
+        .args(["tokens", "pack", "in.txt", "-o", "c.bin"])
+        .output()
+        .unwrap();
+    assert!(piped.status.success());
+    assert!(!bar(&piped.stderr));
+    let a = std::fs::read(dir.path().join("a.bin")).unwrap();
+    assert_eq!(a, std::fs::read(dir.path().join("c.bin")).unwrap());
+    assert_eq!(a.len(), 1024 + 2 * input.len());
+}
+
+#[test]
+fn windows_into_a_closed_pipe_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    let dir = tmp();
+    let shards = pack_bytes(dir.path(), &[9u8; 300], None);
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("tlio"))
+        .args([
+            "tokens",
+            "windows",
+            "--seq-len",
+            "8",
+            "--batch",
+            "4",
+            "--batches",
+            "10000000",
+        ])
+        .args(&shards)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("{\"inputs\":"));
+    // The reader is gone (like `| head -1`): tlio stops with 0 and says nothing.
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
