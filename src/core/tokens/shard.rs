@@ -824,6 +824,41 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Any bytes at all: open either refuses them with an error or yields a shard
+        /// whose every id can be read and is below its vocabulary. Never a panic.
+        #[test]
+        fn arbitrary_files_never_panic(
+            words in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::prelude::Just(MAGIC),
+                    proptest::prelude::Just(LLAMA3_MAGIC),
+                    0i32..8,
+                    proptest::prelude::any::<i32>(),
+                ],
+                0..6,
+            ),
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            cut in proptest::option::of(0usize..1100),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = raw_shard(dir.path(), "f.bin", &words, &payload);
+            if let Some(cut) = cut {
+                let bytes = std::fs::read(&path).unwrap();
+                std::fs::write(&path, &bytes[..cut.min(bytes.len())]).unwrap();
+            }
+            let _ = inspect_header(&path).unwrap();
+            if let Ok(shard) = Shard::open(&path, None) {
+                let ids = shard.ids(0..shard.len()).unwrap();
+                proptest::prop_assert_eq!(ids.len() as u64, shard.header().count);
+                if let Some(v) = shard.vocab() {
+                    proptest::prop_assert!(ids.iter().all(|&id| id < v));
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
         #[test]
         fn write_then_open_roundtrips(

@@ -868,6 +868,17 @@ mod tests {
         }
 
         #[test]
+        fn cursor_json_roundtrips(shard: u64, offset: u64, state: u64, inc in any::<u64>().prop_map(|i| i | 1)) {
+            let c = Cursor { shard, offset, rng: RngState { state, inc } };
+            let text = c.to_json();
+            prop_assert_eq!(Cursor::from_json(&text).unwrap(), c);
+            prop_assert_eq!(serde_json::to_string(&c).unwrap(), text.clone());
+            prop_assert_eq!(serde_json::from_str::<Cursor>(&text).unwrap(), c);
+            let even = Cursor { rng: RngState { state, inc: inc ^ 1 }, ..c };
+            prop_assert!(Cursor::from_json(&even.to_json()).is_err());
+        }
+
+        #[test]
         fn test_targets_are_inputs_shifted((lens, t, b, seed) in config(), batches in 1usize..10) {
             let dir = tempfile::tempdir().unwrap();
             let paths = tagged_shards(dir.path(), &lens);
