@@ -297,6 +297,32 @@ pub fn decode_f64(dtype: Dtype, bytes: &[u8], out: &mut Vec<f64>) -> bool {
     true
 }
 
+/// Decode integer and BOOL dtypes exactly (every I64/U64 value fits an i128). Returns
+/// false for other dtypes.
+pub fn decode_ints(dtype: Dtype, bytes: &[u8], out: &mut Vec<i128>) -> bool {
+    macro_rules! each {
+        ($n:expr, $t:ty) => {
+            out.extend(bytes.chunks_exact($n).map(|c| {
+                let mut a = [0u8; $n];
+                a.copy_from_slice(c);
+                i128::from(<$t>::from_le_bytes(a))
+            }))
+        };
+    }
+    match dtype {
+        Dtype::U64 => each!(8, u64),
+        Dtype::I64 => each!(8, i64),
+        Dtype::U32 => each!(4, u32),
+        Dtype::I32 => each!(4, i32),
+        Dtype::U16 => each!(2, u16),
+        Dtype::I16 => each!(2, i16),
+        Dtype::I8 => each!(1, i8),
+        Dtype::U8 | Dtype::BOOL => each!(1, u8),
+        _ => return false,
+    }
+    true
+}
+
 fn exact_int(v: f64, min: f64, max_exclusive: f64) -> bool {
     v.is_finite() && v.fract() == 0.0 && v >= min && v < max_exclusive
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-use super::float::{decode_f32, decode_f64};
+use super::float::{decode_f32, decode_f64, decode_ints};
 use super::header::{read_header_from, Header, ReadFailure, TensorInfo};
 use super::SafetensorsError;
 
@@ -119,6 +119,19 @@ impl MappedFile {
         let (info, bytes) = self.lookup(name)?;
         let mut out = Vec::new();
         if !decode_f64(info.dtype, bytes, &mut out) {
+            return Err(SafetensorsError::CannotDecode {
+                tensor: name.to_string(),
+                dtype: info.dtype,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Decode an integer or BOOL tensor exactly.
+    pub fn decode_ints(&self, name: &str) -> Result<Vec<i128>, SafetensorsError> {
+        let (info, bytes) = self.lookup(name)?;
+        let mut out = Vec::new();
+        if !decode_ints(info.dtype, bytes, &mut out) {
             return Err(SafetensorsError::CannotDecode {
                 tensor: name.to_string(),
                 dtype: info.dtype,

@@ -310,7 +310,7 @@ pub enum SafetensorsError {
         tensor: String,
     },
     /// The dtype has no defined decoding (packed sub-byte).
-    #[error("tensor {}: {dtype} values cannot be decoded (packed sub-byte dtypes are raw bytes only)", quote(.tensor))]
+    #[error("tensor {}: {dtype} values cannot be decoded to the requested type (packed sub-byte dtypes are raw bytes only)", quote(.tensor))]
     CannotDecode {
         /// Tensor name.
         tensor: String,
@@ -435,3 +435,6 @@ impl Classify for SafetensorsError {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod golden_tests;
