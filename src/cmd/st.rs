@@ -15,7 +15,7 @@ use crate::core::safetensors::diff::{diff, DiffReport, ValueDiff};
 use crate::core::safetensors::header::{totals, Totals};
 use crate::core::safetensors::index::read_index;
 use crate::core::safetensors::stats::{tensor_stats, TensorStats};
-use crate::core::safetensors::verify::{verify, Finding, VerifyOptions};
+use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
 use crate::core::safetensors::{read_header, Dtype, Header, MappedFile};
 use crate::output::{escape, Printer};
 
@@ -142,11 +142,25 @@ fn is_index(path: &Path) -> bool {
     path.to_string_lossy().ends_with(".json")
 }
 
-fn rows(header: &Header, shard: Option<&str>, mapped: Option<&MappedFile>) -> Vec<TensorRow> {
+fn rows(
+    header: &Header,
+    shard: Option<&str>,
+    mapped: Option<&MappedFile>,
+    bar: &indicatif::ProgressBar,
+) -> Vec<TensorRow> {
     header
         .tensors
         .iter()
-        .map(|t| TensorRow {
+        .map(|t| {
+            let stats = mapped
+                .and_then(|m| m.info_bytes(t))
+                .and_then(|bytes| tensor_stats(t, bytes));
+            if mapped.is_some() {
+                bar.inc(t.byte_len());
+            }
+            (t, stats)
+        })
+        .map(|(t, stats)| TensorRow {
             name: t.name.clone(),
             dtype: t.dtype,
             shape: t.shape.clone(),
@@ -154,14 +168,16 @@ fn rows(header: &Header, shard: Option<&str>, mapped: Option<&MappedFile>) -> Ve
             bytes: t.byte_len(),
             data_offsets: [t.data_offsets.0, t.data_offsets.1],
             shard: shard.map(str::to_string),
-            stats: mapped
-                .and_then(|m| m.info_bytes(t))
-                .and_then(|bytes| tensor_stats(t, bytes)),
+            stats,
         })
         .collect()
 }
 
-fn inspect_one(path: &Path, stats: bool) -> anyhow::Result<FileReport> {
+fn inspect_one(
+    path: &Path,
+    stats: bool,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<FileReport> {
     let context = || format!("cannot inspect {}", path.display());
     if is_index(path) {
         let index = read_index(path).with_context(context)?;
@@ -175,7 +191,10 @@ fn inspect_one(path: &Path, stats: bool) -> anyhow::Result<FileReport> {
                 None
             };
             file_size = file_size.saturating_add(header.file_size);
-            tensors.extend(rows(header, Some(shard), mapped.as_ref()));
+            if stats {
+                bar.inc_length(header.data_len());
+            }
+            tensors.extend(rows(header, Some(shard), mapped.as_ref(), bar));
         }
         tensors.sort_by(|a, b| a.name.cmp(&b.name));
         let infos: Vec<_> = index.shards.iter().flat_map(|(_, h)| &h.tensors).collect();
@@ -197,6 +216,9 @@ fn inspect_one(path: &Path, stats: bool) -> anyhow::Result<FileReport> {
     } else {
         (read_header(path).with_context(context)?, None)
     };
+    if stats {
+        bar.inc_length(header.data_len());
+    }
     let (by, total) = totals(&header.tensors);
     Ok(FileReport {
         path: path.display().to_string(),
@@ -208,7 +230,7 @@ fn inspect_one(path: &Path, stats: bool) -> anyhow::Result<FileReport> {
             .iter()
             .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
             .collect(),
-        tensors: rows(&header, None, mapped.as_ref()),
+        tensors: rows(&header, None, mapped.as_ref(), bar),
         totals: by,
         total,
     })
@@ -231,17 +253,29 @@ fn meta_text(v: &serde_json::Value) -> String {
 }
 
 fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    // Only --stats reads data; the header alone is instant.
+    let new_bar = || {
+        if args.stats {
+            printer.bytes_bar(0, "stats")
+        } else {
+            indicatif::ProgressBar::hidden()
+        }
+    };
     if printer.json {
+        let bar = new_bar();
         let mut files = Vec::new();
         for path in &args.files {
-            files.push(inspect_one(path, args.stats)?);
+            files.push(inspect_one(path, args.stats, &bar)?);
         }
+        bar.finish_and_clear();
         printer.json_line(&serde_json::json!({ "files": files }))?;
         return Ok(Outcome::Success);
     }
     let mut out = printer.out();
     for (i, path) in args.files.iter().enumerate() {
-        let report = inspect_one(path, args.stats)?;
+        let bar = new_bar();
+        let report = inspect_one(path, args.stats, &bar)?;
+        bar.finish_and_clear();
         if i > 0 {
             writeln!(out)?;
         }
@@ -334,8 +368,14 @@ fn run_verify(args: &VerifyArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     };
     let mut reports = Vec::new();
     for path in &args.files {
-        let failures =
-            verify(path, opts).with_context(|| format!("cannot verify {}", path.display()))?;
+        let bar = printer.bytes_bar(0, "verify");
+        let mut progress = |done: u64, total: u64| {
+            bar.set_length(total);
+            bar.set_position(done);
+        };
+        let failures = verify_with_progress(path, opts, &mut progress)
+            .with_context(|| format!("cannot verify {}", path.display()))?;
+        bar.finish_and_clear();
         reports.push(VerifyReport {
             path: path.display().to_string(),
             ok: failures.is_empty(),

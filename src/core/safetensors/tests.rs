@@ -791,3 +791,43 @@ fn strict_rules_name_the_rule() {
     ))
     .is_ok());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Arbitrary bytes never panic the reader.
+    #[test]
+    fn reader_never_panics_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = parse_header(&bytes);
+    }
+
+    /// A valid file with one byte changed, or cut short, is read or rejected, never a
+    /// panic; whatever is accepted stays inside the file.
+    #[test]
+    fn reader_survives_mutations(
+        tensors in prop::collection::vec(arb_tensor(), 1..5),
+        at in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+        cut in any::<bool>(),
+    ) {
+        let mut seen = std::collections::HashSet::new();
+        let ours: Vec<Tensor<'_>> = tensors
+            .iter()
+            .filter(|t| t.name != "__metadata__" && seen.insert(t.name.clone()))
+            .map(|t| raw(&t.name, t.dtype, &t.shape, &t.bytes))
+            .collect();
+        let mut file = to_vec(&ours, &meta(&[("format", "tinyllm")]));
+        let i = at.index(file.len());
+        if cut {
+            file.truncate(i);
+        } else {
+            file[i] = byte;
+        }
+        if let Ok(h) = parse_header(&file) {
+            prop_assert_eq!(h.file_size, file.len() as u64);
+            for t in &h.tensors {
+                prop_assert!(h.data_start() + t.data_offsets.1 <= h.file_size);
+            }
+        }
+    }
+}

@@ -45,6 +45,15 @@ impl Finding {
 
 /// Check `path`; an empty list means it passed everything asked for.
 pub fn verify(path: &Path, opts: VerifyOptions) -> Result<Vec<Finding>, SafetensorsError> {
+    verify_with_progress(path, opts, &mut |_, _| {})
+}
+
+/// [`verify`], reporting `progress(done, total)` in data bytes while `--finite` scans.
+pub fn verify_with_progress(
+    path: &Path,
+    opts: VerifyOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<Finding>, SafetensorsError> {
     let header = match read_header(path) {
         Ok(h) => h,
         Err(e) => return Finding::from_error(&e).map(|f| vec![f]).ok_or(e),
@@ -66,11 +75,13 @@ pub fn verify(path: &Path, opts: VerifyOptions) -> Result<Vec<Finding>, Safetens
     }
     if opts.finite {
         let file = MappedFile::open(path)?;
+        let total = file.header().data_len();
         for info in &file.header().tensors {
             let Some(bytes) = file.info_bytes(info) else {
                 continue;
             };
             let (nan, inf, first) = non_finite(info, bytes);
+            progress(info.data_offsets.1, total);
             if let Some(first) = first {
                 findings.push(Finding {
                     rule: "finite".to_string(),
