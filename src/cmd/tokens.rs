@@ -304,22 +304,21 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             .collect(),
         tokens: summary.tokens,
     };
+    // Like every command that writes files, pack says what it wrote as chatter on
+    // stderr (silenced by -q), or as one JSON document on stdout with --json.
     if printer.json {
         printer.json_pretty(&report)?;
     } else {
-        let mut table = printer.table();
-        table.set_header(["file", "n", "version", "V"]);
         for s in &report.shards {
-            table.add_row([
+            printer.info(format!(
+                "wrote {}: {} ids, version {}, V {}",
                 escape(&s.file),
-                s.n.to_string(),
-                s.version.to_string(),
-                s.vocab_size.map_or("-".to_string(), |v| v.to_string()),
-            ]);
+                s.n,
+                s.version,
+                s.vocab_size
+                    .map_or("not recorded".to_string(), |v| v.to_string())
+            ));
         }
-        let mut out = printer.out();
-        writeln!(out, "{table}")?;
-        out.flush()?;
     }
     Ok(Outcome::Success)
 }

@@ -112,6 +112,27 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// `below` is pcg_basic's rejection sampling over the same output stream as
+        /// rand_pcg: always in range, and exactly the reference's draws.
+        #[test]
+        fn below_matches_the_reference(seed: u64, bound in 1u32..=u32::MAX, n in 1usize..20) {
+            use rand_core::RngCore;
+            let mut ours = Pcg32::seed(seed, DEFAULT_SEQ);
+            let mut theirs = rand_pcg::Pcg32::new(seed, DEFAULT_SEQ);
+            let threshold = bound.wrapping_neg() % bound;
+            for _ in 0..n {
+                let want = loop {
+                    let r = theirs.next_u32();
+                    if r >= threshold {
+                        break r % bound;
+                    }
+                };
+                let got = ours.below(bound);
+                proptest::prop_assert!(got < bound);
+                proptest::prop_assert_eq!(got, want);
+            }
+        }
+
         #[test]
         fn restore_continues_bit_for_bit(seed: u64, seq: u64, skip in 0usize..100, n in 1usize..100) {
             let mut a = Pcg32::seed(seed, seq);
