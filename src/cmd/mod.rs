@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::output::Printer;
 
+pub mod ckpt;
 pub mod demo;
 pub mod generate;
 pub mod st;
@@ -31,6 +32,9 @@ pub struct Cli {
 /// The command groups.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Atomic, verified training checkpoints: save, verify, latest, gc.
+    #[command(subcommand)]
+    Ckpt(ckpt::CkptCommand),
     /// Run the whole mission end to end on built-in data: pack, train, crash, resume,
     /// and prove the resumed run bitwise equal to an uninterrupted one.
     Demo(demo::DemoArgs),
@@ -84,6 +88,7 @@ pub fn parse() -> Result<Cli, clap::Error> {
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let printer = Printer::new(cli.json, cli.quiet);
     match cli.command {
+        Command::Ckpt(cmd) => ckpt::run(cmd, &printer),
         Command::Demo(args) => demo::run(args, &printer),
         Command::Generate(cmd) => generate::run(cmd, &printer),
         Command::St(cmd) => st::run(cmd, &printer),

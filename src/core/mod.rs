@@ -7,6 +7,7 @@
 use crate::error::ExitClass;
 
 pub mod atomic;
+pub mod checkpoint;
 pub mod optim;
 pub mod pcg;
 pub mod safetensors;
@@ -17,6 +18,12 @@ pub mod train;
 pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitClass> {
     use crate::error::Classify;
     if let Some(e) = err.downcast_ref::<atomic::AtomicError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<checkpoint::CheckpointError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<checkpoint::optimizer::OptimizerError>() {
         return Some(e.exit_class());
     }
     if let Some(e) = err.downcast_ref::<optim::OptimError>() {

@@ -3,6 +3,7 @@
 
 use assert_cmd::Command;
 
+mod ckpt;
 mod errors;
 mod generate;
 mod output;

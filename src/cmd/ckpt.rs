@@ -1,0 +1,383 @@
+//! `tlio ckpt`: commit existing files as an atomic checkpoint (`save`), check a
+//! checkpoint directory (`verify`), print the directory `load` would pick (`latest`),
+//! and clean up (`gc`). Each command is one call of `core::checkpoint` plus printing.
+
+use std::borrow::Cow;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use super::Outcome;
+use crate::core::checkpoint::{
+    self, load::Survey, parse_step_name, step_name, verify::inspect, Latest, Payload, Problem,
+    SaveRequest, TrainerState, MANIFEST_NAME,
+};
+use crate::output::{escape, Printer};
+
+/// The `ckpt` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CkptCommand {
+    /// Commit existing files as checkpoint step N of DIR, atomically (inputs are copied).
+    Save(SaveArgs),
+    /// Verify every step directory of DIR (or one step directory) against its manifest.
+    Verify {
+        /// A checkpoint directory, or one step directory in it.
+        path: PathBuf,
+    },
+    /// Print the path of the step directory `load` would pick; exit 1 when none.
+    Latest {
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
+    /// Remove stale temporaries, steps newer than LATEST and steps beyond the newest K.
+    Gc {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// How many valid steps to keep (at least 1).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        keep: u64,
+        /// List what would be removed without removing it.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Arguments of `ckpt save`.
+#[derive(Debug, Args)]
+pub struct SaveArgs {
+    /// The checkpoint directory (created if missing).
+    pub dir: PathBuf,
+    /// The optimizer step; the directory becomes step-NNNNNN.
+    #[arg(long)]
+    pub step: u64,
+    /// The model's safetensors file.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The optimizer's safetensors file (`<parameter>.<key>` arrays, state metadata).
+    #[arg(long)]
+    pub optimizer: Option<PathBuf>,
+    /// A trainer_state.json to store (its step must equal --step; missing keys take
+    /// their defaults).
+    #[arg(long, conflicts_with_all = ["tokens_seen", "lr", "git_sha"])]
+    pub state: Option<PathBuf>,
+    /// Tokens seen so far (when no --state is given).
+    #[arg(long)]
+    pub tokens_seen: Option<u64>,
+    /// The learning rate (when no --state is given).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// The git commit of the training code, 40 or 64 hex digits (when no --state).
+    #[arg(long)]
+    pub git_sha: Option<String>,
+    /// The run's config.json (stored and hashed into the state).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Keep only the newest K valid steps after saving.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep: Option<u64>,
+    /// Replace step N when it already exists as a complete checkpoint.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+/// Run `tlio ckpt`.
+pub fn run(cmd: CkptCommand, printer: &Printer) -> anyhow::Result<Outcome> {
+    match cmd {
+        CkptCommand::Save(args) => save(args, printer),
+        CkptCommand::Verify { path } => verify(&path, printer),
+        CkptCommand::Latest { dir } => latest(&dir, printer),
+        CkptCommand::Gc { dir, keep, dry_run } => gc(&dir, keep, dry_run, printer),
+    }
+}
+
+fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
+    fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+fn save(args: SaveArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let state = match &args.state {
+        Some(path) => TrainerState::from_json_with_defaults(&read(path)?)
+            .map_err(checkpoint::CheckpointError::from)
+            .with_context(|| format!("invalid {}", path.display()))?,
+        None => TrainerState {
+            tokens_seen: args.tokens_seen.unwrap_or(0),
+            lr: args.lr,
+            git_sha: args.git_sha.clone(),
+            ..TrainerState::new(args.step)
+        },
+    };
+    let config = match &args.config {
+        Some(path) => Some(Cow::Owned(read(path)?)),
+        None => None,
+    };
+    let keep = match args.keep {
+        Some(k) => Some(usize::try_from(k).context("--keep is too large")?),
+        None => None,
+    };
+    let req = SaveRequest {
+        step: args.step,
+        model: Payload::Copy(args.model.clone()),
+        optimizer: args.optimizer.clone().map(Payload::Copy),
+        state,
+        config,
+        keep,
+        overwrite: args.overwrite,
+    };
+    let report = checkpoint::save(&args.dir, req)
+        .with_context(|| format!("cannot save step {} in {}", args.step, args.dir.display()))?;
+    for path in &report.removed {
+        printer.info(format!("removed {}", path.display()));
+    }
+    if printer.json {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            step: u64,
+            name: String,
+            files: &'a [checkpoint::ManifestEntry],
+        }
+        printer.json_line(&Out {
+            step: report.step,
+            name: step_name(report.step),
+            files: &report.files,
+        })?;
+    } else {
+        let mut out = printer.out();
+        writeln!(out, "{}", report.path.display())?;
+    }
+    Ok(Outcome::Success)
+}
+
+#[derive(Serialize)]
+struct StepJson {
+    step: u64,
+    name: String,
+    status: String,
+    problems: Vec<String>,
+    size: u64,
+    latest: bool,
+    newer_than_latest: bool,
+    load: bool,
+}
+
+fn status(problems: &[Problem]) -> String {
+    problems
+        .first()
+        .map(|p| escape(&p.to_string()))
+        .unwrap_or_else(|| "ok".to_string())
+}
+
+/// A path is one step directory when its name is a step name or it holds a manifest.
+fn is_step_dir(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(parse_step_name)
+        .is_some()
+        || fs::symlink_metadata(path.join(MANIFEST_NAME)).is_ok()
+}
+
+fn verify(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
+    let meta = fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_dir() {
+        return Err(crate::error::operational(format!(
+            "{} is not a directory",
+            path.display()
+        )));
+    }
+    if is_step_dir(path) {
+        return verify_step_dir(path, printer);
+    }
+    let survey =
+        checkpoint::survey(path).with_context(|| format!("cannot verify {}", path.display()))?;
+    let ok = survey.pick.is_some() && survey.latest_is_valid();
+    print_survey(&survey, ok, printer)?;
+    Ok(Outcome::from_ok(ok))
+}
+
+fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
+    let ins = inspect(path);
+    let ok = ins.problems.is_empty();
+    let problems: Vec<String> = ins
+        .problems
+        .iter()
+        .map(|p| escape(&p.to_string()))
+        .collect();
+    if printer.json {
+        #[derive(Serialize)]
+        struct Out {
+            ok: bool,
+            step: Option<u64>,
+            size: u64,
+            problems: Vec<String>,
+        }
+        printer.json_line(&Out {
+            ok,
+            step: ins.manifest.as_ref().map(|m| m.step),
+            size: ins.size,
+            problems,
+        })?;
+    } else {
+        let mut out = printer.out();
+        if ok {
+            writeln!(out, "ok ({} bytes verified)", ins.size)?;
+        } else {
+            for p in &problems {
+                writeln!(out, "{p}")?;
+            }
+        }
+    }
+    Ok(Outcome::from_ok(ok))
+}
+
+fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<()> {
+    let steps: Vec<StepJson> = survey
+        .rows
+        .iter()
+        .map(|r| StepJson {
+            step: r.step,
+            name: step_name(r.step),
+            status: status(&r.problems),
+            problems: r.problems.iter().map(|p| escape(&p.to_string())).collect(),
+            size: r.size,
+            latest: r.latest,
+            newer_than_latest: r.newer_than_latest,
+            load: r.picked,
+        })
+        .collect();
+    let (latest, latest_problem) = match &survey.latest {
+        Latest::Missing => (None, Some("no LATEST".to_string())),
+        Latest::Malformed(why) => (None, Some(escape(why))),
+        Latest::Names(n) if !survey.rows.iter().any(|r| r.step == *n) => (
+            Some(step_name(*n)),
+            Some(format!(
+                "LATEST names {}, which does not exist",
+                step_name(*n)
+            )),
+        ),
+        Latest::Names(n) => (Some(step_name(*n)), None),
+    };
+    let mut stale = survey.tmps.clone();
+    if survey.latest_tmp {
+        stale.push(checkpoint::LATEST_TMP_NAME.to_string());
+    }
+    if printer.json {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            ok: bool,
+            latest: Option<String>,
+            latest_problem: Option<String>,
+            load: Option<String>,
+            steps: &'a [StepJson],
+            stale: &'a [String],
+        }
+        printer.json_pretty(&Out {
+            ok,
+            latest,
+            latest_problem,
+            load: survey.pick.map(step_name),
+            steps: &steps,
+            stale: &stale,
+        })?;
+        return Ok(());
+    }
+    let mut table = printer.table();
+    table.set_header(["step", "status", "size", "LATEST", "load"]);
+    for s in &steps {
+        table.add_row([
+            s.name.clone(),
+            if s.newer_than_latest && s.problems.is_empty() {
+                "ok (newer than LATEST: ignored)".to_string()
+            } else {
+                s.status.clone()
+            },
+            s.size.to_string(),
+            if s.latest { "LATEST" } else { "" }.to_string(),
+            if s.load { "load" } else { "" }.to_string(),
+        ]);
+    }
+    let mut out = printer.out();
+    writeln!(out, "{table}")?;
+    if let Some(p) = &latest_problem {
+        writeln!(out, "{p}")?;
+    }
+    for s in &stale {
+        writeln!(out, "stale: {} (removed by the next save or gc)", escape(s))?;
+    }
+    match survey.pick {
+        Some(n) => writeln!(out, "load picks {}", step_name(n))?,
+        None => writeln!(out, "no loadable checkpoint")?,
+    }
+    Ok(())
+}
+
+fn latest(dir: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
+    let loaded = checkpoint::load(dir, None)
+        .with_context(|| format!("cannot load a checkpoint from {}", dir.display()))?;
+    if printer.json {
+        #[derive(Serialize)]
+        struct Out {
+            step: u64,
+            name: String,
+            path: String,
+        }
+        printer.json_line(&Out {
+            step: loaded.step,
+            name: step_name(loaded.step),
+            path: loaded.path.display().to_string(),
+        })?;
+    } else {
+        let mut out = printer.out();
+        writeln!(out, "{}", loaded.path.display())?;
+    }
+    Ok(Outcome::Success)
+}
+
+fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result<Outcome> {
+    let keep = usize::try_from(keep).context("--keep is too large")?;
+    let report = checkpoint::gc(dir, keep, dry_run)
+        .with_context(|| format!("cannot collect garbage in {}", dir.display()))?;
+    let rows: Vec<(String, &str)> = report
+        .removed
+        .iter()
+        .map(|r| {
+            let name = r
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (escape(&name), r.reason.describe())
+        })
+        .collect();
+    if printer.json {
+        #[derive(Serialize)]
+        struct Entry<'a> {
+            name: &'a str,
+            reason: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Out<'a> {
+            dry_run: bool,
+            removed: Vec<Entry<'a>>,
+        }
+        printer.json_line(&Out {
+            dry_run,
+            removed: rows
+                .iter()
+                .map(|(name, reason)| Entry { name, reason })
+                .collect(),
+        })?;
+    } else {
+        let mut out = printer.out();
+        let verb = if dry_run { "would remove" } else { "removed" };
+        for (name, reason) in &rows {
+            writeln!(out, "{verb} {name} ({reason})")?;
+        }
+        if rows.is_empty() {
+            writeln!(out, "nothing to remove")?;
+        }
+    }
+    Ok(Outcome::Success)
+}

@@ -1,0 +1,199 @@
+//! Loading with the rules of checkpoint.md: `LATEST` first, then the newest older
+//! directory that verifies; directories newer than `LATEST` were never declared done
+//! and are ignored. `survey` applies the same rules to every directory for
+//! `ckpt verify` and `gc`.
+//!
+//! Invariant: a loaded checkpoint verified completely, and its state and config are
+//! the very bytes that were hashed.
+
+use std::path::{Path, PathBuf};
+
+use super::manifest::Manifest;
+use super::optimizer::{model_params, OptimizerError, OptimizerFile};
+use super::state::TrainerState;
+use super::verify::{inspect, Inspection, Problem};
+use super::{list, step_name, CheckpointError, Latest, Listing};
+use super::{MODEL_NAME, OPTIMIZER_NAME};
+use crate::core::safetensors::{MappedFile, SafetensorsError};
+
+/// A checkpoint that verified.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The step directory.
+    pub path: PathBuf,
+    /// Its step.
+    pub step: u64,
+    /// `trainer_state.json`.
+    pub state: TrainerState,
+    /// `config.json`, when the checkpoint has one.
+    pub config: Option<Vec<u8>>,
+    /// The manifest (which files exist, their sizes and digests).
+    pub manifest: Manifest,
+}
+
+impl Loaded {
+    /// The path of a file of the checkpoint.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// The model file, mapped (its bytes verified by `load` a moment ago).
+    pub fn model(&self) -> Result<MappedFile, SafetensorsError> {
+        MappedFile::open(&self.file(MODEL_NAME))
+    }
+
+    /// The optimizer file, validated against the model's parameters; `None` when the
+    /// checkpoint has no optimizer state.
+    pub fn optimizer(&self) -> Result<Option<OptimizerFile>, OptimizerError> {
+        if self.manifest.get(OPTIMIZER_NAME).is_none() {
+            return Ok(None);
+        }
+        let params = model_params(&self.file(MODEL_NAME))?;
+        OptimizerFile::read(&self.file(OPTIMIZER_NAME), Some(&params)).map(Some)
+    }
+}
+
+/// The checkpoint when the inspection found no problem, else the first problem.
+fn loaded(path: PathBuf, step: u64, ins: Inspection) -> Result<Loaded, String> {
+    let first = ins.problems.first().map(Problem::to_string);
+    match (first, ins.state, ins.manifest) {
+        (None, Some(state), Some(manifest)) => Ok(Loaded {
+            path,
+            step,
+            state,
+            config: ins.config,
+            manifest,
+        }),
+        (first, _, _) => Err(first.unwrap_or_else(|| "incomplete".to_string())),
+    }
+}
+
+/// The steps `load` tries, newest first (those not newer than `LATEST`), and the ones
+/// it ignores for being newer.
+fn candidates(listing: &Listing) -> (Vec<u64>, Vec<u64>) {
+    let bound = listing.latest().step();
+    let mut tried = Vec::new();
+    let mut newer = Vec::new();
+    for &n in listing.steps.iter().rev() {
+        match bound {
+            Some(b) if n > b => newer.push(n),
+            _ => tried.push(n),
+        }
+    }
+    (tried, newer)
+}
+
+/// Load the checkpoint `load` rules pick from `dir`, or exactly `step` when given.
+pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {
+    if let Some(n) = step {
+        let path = dir.join(step_name(n));
+        return loaded(path.clone(), n, inspect(&path)).map_err(|why| CheckpointError::NotFound {
+            dir: dir.to_path_buf(),
+            reasons: vec![(step_name(n), why)],
+        });
+    }
+    let listing = list(dir)?;
+    let (tried, newer) = candidates(&listing);
+    let mut reasons = Vec::new();
+    match listing.latest() {
+        Latest::Names(n) if !listing.steps.contains(&n) => reasons.push((
+            "LATEST".to_string(),
+            format!("names {}, which does not exist", step_name(n)),
+        )),
+        Latest::Malformed(why) => reasons.push(("LATEST".to_string(), why)),
+        _ => {}
+    }
+    for n in tried {
+        let path = dir.join(step_name(n));
+        match loaded(path, n, inspect(&dir.join(step_name(n)))) {
+            Ok(l) => return Ok(l),
+            Err(why) => reasons.push((step_name(n), why)),
+        }
+    }
+    for n in newer.into_iter().rev() {
+        reasons.push((
+            step_name(n),
+            "newer than LATEST (never declared complete)".to_string(),
+        ));
+    }
+    Err(CheckpointError::NotFound {
+        dir: dir.to_path_buf(),
+        reasons,
+    })
+}
+
+/// One step directory as `ckpt verify` shows it.
+#[derive(Debug, Clone)]
+pub struct SurveyRow {
+    /// The step.
+    pub step: u64,
+    /// Every problem (empty when it verifies).
+    pub problems: Vec<Problem>,
+    /// Bytes of its verified files.
+    pub size: u64,
+    /// Whether `LATEST` names it.
+    pub latest: bool,
+    /// Whether it is newer than `LATEST` (ignored by `load`).
+    pub newer_than_latest: bool,
+    /// Whether `load` would pick it.
+    pub picked: bool,
+}
+
+/// Every step directory of a checkpoint directory, verified, with `load`'s choice.
+#[derive(Debug, Clone)]
+pub struct Survey {
+    /// What `LATEST` says.
+    pub latest: Latest,
+    /// One row per step directory, ascending by step.
+    pub rows: Vec<SurveyRow>,
+    /// The step `load` would pick.
+    pub pick: Option<u64>,
+    /// Leftover `step-N.tmp` entries.
+    pub tmps: Vec<String>,
+    /// Whether a leftover `LATEST.tmp` exists.
+    pub latest_tmp: bool,
+}
+
+impl Survey {
+    /// True when `LATEST` names a directory that verifies (and so `load` picks it).
+    pub fn latest_is_valid(&self) -> bool {
+        self.rows.iter().any(|r| r.latest && r.problems.is_empty())
+    }
+}
+
+/// Verify every step directory of `dir` and apply `load`'s rules.
+pub fn survey(dir: &Path) -> Result<Survey, CheckpointError> {
+    let listing = list(dir)?;
+    let latest = listing.latest();
+    let bound = latest.step();
+    let mut rows: Vec<SurveyRow> = listing
+        .steps
+        .iter()
+        .map(|&n| {
+            let ins = inspect(&dir.join(step_name(n)));
+            SurveyRow {
+                step: n,
+                problems: ins.problems,
+                size: ins.size,
+                latest: bound == Some(n),
+                newer_than_latest: bound.is_some_and(|b| n > b),
+                picked: false,
+            }
+        })
+        .collect();
+    let pick = rows
+        .iter()
+        .rev()
+        .find(|r| !r.newer_than_latest && r.problems.is_empty())
+        .map(|r| r.step);
+    for r in &mut rows {
+        r.picked = Some(r.step) == pick;
+    }
+    Ok(Survey {
+        latest,
+        rows,
+        pick,
+        tmps: listing.tmps,
+        latest_tmp: listing.latest_tmp,
+    })
+}

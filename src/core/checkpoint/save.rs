@@ -1,0 +1,358 @@
+//! Saving with the five-step protocol of checkpoint.md:
+//! 1. create `step-N.tmp/` (removing a stale one), write every file, fsync each;
+//! 2. write MANIFEST.json last, fsync it, fsync the `.tmp` directory;
+//! 3. rename `step-N.tmp` to `step-N`, fsync the parent;
+//! 4. write `LATEST.tmp`, fsync, rename to `LATEST`, fsync the parent;
+//! 5. only then remove stale `.tmp` directories and, with `keep`, old steps.
+//!
+//! Invariants: everything that can be checked is checked before the first write (a
+//! bad field leaves the disk untouched); a crash at any instant leaves every `step-N`
+//! complete and `LATEST` naming one of them; the whole save holds the directory lock.
+
+use std::borrow::Cow;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::fsops::{open_no_follow, FsOps, RealFs};
+use super::gc::{plan_keep, remove_entry};
+use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
+use super::optimizer::{check_header, model_params};
+use super::state::TrainerState;
+use super::verify::{hex, inspect, safetensors_problem};
+use super::{
+    io_at, list, step_name, CheckpointError, DirLock, CONFIG_NAME, LATEST_NAME, LATEST_TMP_NAME,
+    MODEL_NAME, OPTIMIZER_NAME, STATE_NAME, TMP_SUFFIX,
+};
+use crate::core::safetensors::read_header;
+
+/// Copy buffer for `Payload::Copy`.
+const COPY_BUFFER_BYTES: usize = 4 << 20;
+
+/// A callback that writes one file's content.
+pub type WriteFn<'a> = Box<dyn FnOnce(&mut dyn Write) -> io::Result<()> + 'a>;
+
+/// The content of one file to save.
+pub enum Payload<'a> {
+    /// These bytes.
+    Bytes(Cow<'a, [u8]>),
+    /// A copy of this file (never moved, never modified).
+    Copy(PathBuf),
+    /// Whatever this callback writes (the trainer streams safetensors straight into
+    /// the step directory through it).
+    Writer(WriteFn<'a>),
+}
+
+impl std::fmt::Debug for Payload<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Payload::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            Payload::Copy(p) => write!(f, "Copy({})", p.display()),
+            Payload::Writer(_) => write!(f, "Writer(..)"),
+        }
+    }
+}
+
+/// What to save.
+#[derive(Debug)]
+pub struct SaveRequest<'a> {
+    /// The optimizer step; names the directory.
+    pub step: u64,
+    /// `model.safetensors`.
+    pub model: Payload<'a>,
+    /// `optimizer.safetensors`, when the run has an optimizer state.
+    pub optimizer: Option<Payload<'a>>,
+    /// `trainer_state.json`; its `step` must equal `step`.
+    pub state: TrainerState,
+    /// `config.json` bytes, when the run has a config (must be JSON).
+    pub config: Option<Cow<'a, [u8]>>,
+    /// Keep only the newest `keep` valid steps (at least 1).
+    pub keep: Option<usize>,
+    /// Replace a complete step of the same number instead of refusing.
+    pub overwrite: bool,
+}
+
+impl<'a> SaveRequest<'a> {
+    /// A request with no optimizer, no config, no keep, no overwrite.
+    pub fn new(step: u64, model: Payload<'a>, state: TrainerState) -> Self {
+        SaveRequest {
+            step,
+            model,
+            optimizer: None,
+            state,
+            config: None,
+            keep: None,
+            overwrite: false,
+        }
+    }
+}
+
+/// What a save did.
+#[derive(Debug, Clone)]
+pub struct SaveReport {
+    /// The committed step directory.
+    pub path: PathBuf,
+    /// Its step.
+    pub step: u64,
+    /// Its manifest entries.
+    pub files: Vec<ManifestEntry>,
+    /// Entries removed in step 5 (stale `.tmp` directories, steps beyond `keep`).
+    pub removed: Vec<PathBuf>,
+}
+
+/// Save with the real file system (failpoints included).
+pub fn save(dir: &Path, req: SaveRequest<'_>) -> Result<SaveReport, CheckpointError> {
+    save_with(&mut RealFs, dir, req)
+}
+
+/// A writer that hashes and counts what passes through.
+struct Hashing<'w> {
+    inner: &'w mut dyn Write,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl Write for Hashing<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(buf.get(..n).unwrap_or_default());
+        self.size = self.size.saturating_add(n as u64);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn copy_from(path: &Path, out: &mut dyn Write) -> io::Result<()> {
+    let mut src = open_no_follow(path)?;
+    let mut buf = vec![0u8; COPY_BUFFER_BYTES];
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        out.write_all(buf.get(..n).unwrap_or_default())?;
+    }
+}
+
+/// Write one payload into the tmp directory, fsync it, return its manifest entry.
+fn put(
+    fs: &mut dyn FsOps,
+    tmp: &Path,
+    name: &str,
+    payload: Payload<'_>,
+) -> Result<ManifestEntry, CheckpointError> {
+    let path = tmp.join(name);
+    let mut payload = Some(payload);
+    let mut digest = None;
+    let mut fill = |w: &mut dyn Write| -> io::Result<()> {
+        let mut h = Hashing {
+            inner: w,
+            hasher: Sha256::new(),
+            size: 0,
+        };
+        match payload.take() {
+            Some(Payload::Bytes(b)) => h.write_all(&b)?,
+            Some(Payload::Copy(src)) => copy_from(&src, &mut h)?,
+            Some(Payload::Writer(f)) => f(&mut h)?,
+            None => return Err(io::Error::other("payload written twice")),
+        }
+        digest = Some((h.size, h.hasher.finalize()));
+        Ok(())
+    };
+    fs.write_file(&path, &mut fill).map_err(io_at(&path))?;
+    let (size, sha) = digest.ok_or_else(|| io_at(&path)(io::Error::other("nothing written")))?;
+    if name.ends_with(".safetensors") {
+        if let Some(reason) = safetensors_problem(&path) {
+            return Err(CheckpointError::Payload {
+                name: name.to_string(),
+                reason,
+            });
+        }
+    }
+    fs.fsync_file(&path).map_err(io_at(&path))?;
+    Ok(ManifestEntry {
+        name: name.to_string(),
+        size,
+        sha256: hex(&sha),
+    })
+}
+
+/// Remove whatever sits at `path` (directory tree, file or symlink), if anything.
+fn clear(fs: &mut dyn FsOps, path: &Path) -> Result<(), CheckpointError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => remove_entry(fs, path).map_err(io_at(path)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_at(path)(e)),
+    }
+}
+
+/// Check everything that can be checked before touching the disk; returns the state
+/// bytes to write.
+fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
+    if req.state.step != req.step {
+        return Err(CheckpointError::Request(format!(
+            "the trainer state's step {} is not the step being saved ({})",
+            req.state.step, req.step
+        )));
+    }
+    if req.keep == Some(0) {
+        return Err(CheckpointError::Request(
+            "keep must be at least 1 (the checkpoint just saved)".into(),
+        ));
+    }
+    let config_sha = match &req.config {
+        Some(bytes) => {
+            serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+                .map_err(|e| CheckpointError::Config(e.to_string()))?;
+            Some(hex(&Sha256::digest(bytes)))
+        }
+        None => None,
+    };
+    req.state.bind_config(config_sha.as_deref())?;
+    for (name, payload) in [
+        (MODEL_NAME, Some(&req.model)),
+        (OPTIMIZER_NAME, req.optimizer.as_ref()),
+    ] {
+        if let Some(Payload::Copy(src)) = payload {
+            // An unreadable source is an operational error, reported as such; only a
+            // readable file that breaks the rules is invalid input.
+            fs::symlink_metadata(src).map_err(io_at(src))?;
+            if let Some(reason) = safetensors_problem(src) {
+                return Err(CheckpointError::Payload {
+                    name: name.to_string(),
+                    reason: format!("{}: {reason}", src.display()),
+                });
+            }
+        }
+    }
+    Ok(req.state.to_json()?)
+}
+
+/// Save through `fs` (the seam); see the module documentation for the protocol.
+pub fn save_with(
+    fs: &mut dyn FsOps,
+    dir: &Path,
+    mut req: SaveRequest<'_>,
+) -> Result<SaveReport, CheckpointError> {
+    let state_bytes = validate(&mut req)?;
+    fs.create_dir_all(dir).map_err(io_at(dir))?;
+    let _lock = DirLock::acquire(dir)?;
+
+    let name = step_name(req.step);
+    let final_path = dir.join(&name);
+    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
+    let listing = list(dir)?;
+    let exists = fs::symlink_metadata(&final_path).is_ok();
+    if exists && !req.overwrite {
+        // Only a checkpoint `load` could pick is protected: a directory newer than
+        // LATEST was never declared done, and a broken one holds nothing to keep.
+        let declared = listing.latest().step().is_none_or(|b| req.step <= b);
+        if declared && inspect(&final_path).problems.is_empty() {
+            return Err(CheckpointError::Exists { path: final_path });
+        }
+    }
+
+    // Step 1: a fresh tmp directory with every file, each fsynced.
+    clear(fs, &tmp)?;
+    fs.create_dir(&tmp).map_err(io_at(&tmp))?;
+    let written = write_files(
+        fs,
+        &tmp,
+        req.step,
+        req.model,
+        req.optimizer,
+        state_bytes,
+        req.config,
+    );
+    let files = match written {
+        Ok(files) => files,
+        Err(e) => {
+            // Best effort: the error that stopped the save matters more.
+            let _ = clear(fs, &tmp);
+            return Err(e);
+        }
+    };
+
+    // Step 3: the directory appears whole under its name.
+    if exists {
+        fs.exchange(&tmp, &final_path).map_err(io_at(&final_path))?;
+    } else {
+        fs.rename(&tmp, &final_path).map_err(io_at(&final_path))?;
+    }
+    fs.fsync_dir(dir).map_err(io_at(dir))?;
+
+    // Step 4: LATEST by rename.
+    let latest_tmp = dir.join(LATEST_TMP_NAME);
+    clear(fs, &latest_tmp)?;
+    let line = format!("{name}\n");
+    fs.write_file(&latest_tmp, &mut |w: &mut dyn Write| {
+        w.write_all(line.as_bytes())
+    })
+    .map_err(io_at(&latest_tmp))?;
+    fs.fsync_file(&latest_tmp).map_err(io_at(&latest_tmp))?;
+    let latest = dir.join(LATEST_NAME);
+    fs.rename(&latest_tmp, &latest).map_err(io_at(&latest))?;
+    fs.fsync_dir(dir).map_err(io_at(dir))?;
+
+    // Step 5: cleanup, only now that the new step is declared.
+    let mut removed = Vec::new();
+    let listing = list(dir)?;
+    for t in &listing.tmps {
+        let path = dir.join(t);
+        remove_entry(fs, &path).map_err(io_at(&path))?;
+        removed.push(path);
+    }
+    if let Some(keep) = req.keep {
+        for n in plan_keep(dir, &listing, keep, Some(req.step)) {
+            let path = dir.join(step_name(n));
+            remove_entry(fs, &path).map_err(io_at(&path))?;
+            removed.push(path);
+        }
+    }
+    Ok(SaveReport {
+        path: final_path,
+        step: req.step,
+        files,
+        removed,
+    })
+}
+
+/// Steps 1 and 2 inside the tmp directory.
+fn write_files(
+    fs: &mut dyn FsOps,
+    tmp: &Path,
+    step: u64,
+    model: Payload<'_>,
+    optimizer: Option<Payload<'_>>,
+    state: Vec<u8>,
+    config: Option<Cow<'_, [u8]>>,
+) -> Result<Vec<ManifestEntry>, CheckpointError> {
+    let mut files = vec![put(fs, tmp, MODEL_NAME, model)?];
+    if let Some(opt) = optimizer {
+        files.push(put(fs, tmp, OPTIMIZER_NAME, opt)?);
+        // Names and shapes against the model, from the two headers as written.
+        let invalid = |e: &dyn std::fmt::Display| CheckpointError::Optimizer(e.to_string());
+        let params = model_params(&tmp.join(MODEL_NAME)).map_err(|e| invalid(&e))?;
+        let header = read_header(&tmp.join(OPTIMIZER_NAME)).map_err(|e| invalid(&e))?;
+        check_header(&header, Some(&params)).map_err(|e| invalid(&e))?;
+    }
+    files.push(put(fs, tmp, STATE_NAME, Payload::Bytes(Cow::Owned(state)))?);
+    if let Some(config) = config {
+        files.push(put(fs, tmp, CONFIG_NAME, Payload::Bytes(config))?);
+    }
+    let manifest =
+        Manifest::new(step, files).map_err(|e| CheckpointError::Request(e.to_string()))?;
+    let bytes = manifest.to_json();
+    let path = tmp.join(MANIFEST_NAME);
+    fs.write_file(&path, &mut |w: &mut dyn Write| w.write_all(&bytes))
+        .map_err(io_at(&path))?;
+    fs.fsync_file(&path).map_err(io_at(&path))?;
+    fs.fsync_dir(tmp).map_err(io_at(tmp))?;
+    Ok(manifest.files)
+}

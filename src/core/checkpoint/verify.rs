@@ -1,0 +1,407 @@
+//! Verification of one step directory against its manifest: every listed file present
+//! with its size and sha256, no unlisted file, no symlink, every JSON file well-formed,
+//! every safetensors file within the reader rules.
+//!
+//! Invariants: nothing is read outside the step directory (manifest names are checked
+//! before any is opened, symlinks are never followed, files are opened `O_NOFOLLOW`);
+//! every byte of every listed file is read exactly once, through sha256.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use super::fsops::open_no_follow;
+use super::manifest::{Manifest, MANIFEST_NAME};
+use super::state::TrainerState;
+use super::{parse_step_name, CONFIG_NAME, MODEL_NAME, STATE_NAME};
+
+/// Read buffer for hashing; large so sha256 runs at the speed of its hardware path.
+const HASH_BUFFER_BYTES: usize = 4 << 20;
+/// Largest manifest read (a manifest lists a handful of files).
+const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+/// Largest JSON file of a step directory kept in memory for parsing.
+const MAX_JSON_BYTES: u64 = 64 << 20;
+/// Files a checkpoint cannot be loaded without.
+const REQUIRED: [&str; 2] = [MODEL_NAME, STATE_NAME];
+
+/// One reason a step directory fails verification.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// The step directory itself is a symlink or not a directory.
+    #[error("not a directory (symbolic links are not followed)")]
+    NotADirectory,
+    /// There is no `MANIFEST.json`.
+    #[error("missing MANIFEST.json")]
+    MissingManifest,
+    /// `MANIFEST.json` is not a valid manifest (bad JSON, bad name, unsorted, ...).
+    #[error("invalid MANIFEST.json: {0}")]
+    BadManifest(String),
+    /// The manifest's step is not the directory's.
+    #[error("MANIFEST.json says step {manifest}, the directory is step {dir}")]
+    StepMismatch {
+        /// Step in the manifest.
+        manifest: u64,
+        /// Step from the directory name.
+        dir: u64,
+    },
+    /// A file a checkpoint needs is not listed.
+    #[error("MANIFEST.json does not list {0}")]
+    NotListed(String),
+    /// A listed file is absent.
+    #[error("{0} is missing")]
+    Missing(String),
+    /// A listed file has another size.
+    #[error("{name} has {actual} bytes, MANIFEST.json says {expected}")]
+    Size {
+        /// The file.
+        name: String,
+        /// Size listed.
+        expected: u64,
+        /// Size found.
+        actual: u64,
+    },
+    /// A listed file has another sha256.
+    #[error("{name} sha256 mismatch: MANIFEST.json says {expected}, the file has {actual}")]
+    Sha256 {
+        /// The file.
+        name: String,
+        /// Digest listed.
+        expected: String,
+        /// Digest found.
+        actual: String,
+    },
+    /// A file the manifest does not list.
+    #[error("unlisted file {0}")]
+    Unlisted(String),
+    /// A symbolic link inside the step directory.
+    #[error("{0} is a symbolic link (not followed)")]
+    Symlink(String),
+    /// A directory or special file inside the step directory.
+    #[error("{0} is not a regular file")]
+    NotAFile(String),
+    /// A JSON file that does not parse (or breaks its schema).
+    #[error("{name} is malformed: {reason}")]
+    BadJson {
+        /// The file.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A safetensors file that breaks a reader rule.
+    #[error("{name} breaks a safetensors reader rule: {reason}")]
+    BadSafetensors {
+        /// The file.
+        name: String,
+        /// The rule and tensor.
+        reason: String,
+    },
+    /// A file could not be read.
+    #[error("cannot read {name}: {reason}")]
+    Unreadable {
+        /// The file.
+        name: String,
+        /// The I/O error.
+        reason: String,
+    },
+}
+
+/// What verification found, with the small files it read (so a loader uses exactly
+/// the bytes that were hashed).
+#[derive(Debug, Clone, Default)]
+pub struct Inspection {
+    /// Every problem, in a stable order; empty when the directory verifies.
+    pub problems: Vec<Problem>,
+    /// Bytes of the listed files (plus the manifest) found on disk.
+    pub size: u64,
+    /// The manifest, when it parsed.
+    pub manifest: Option<Manifest>,
+    /// The trainer state, when it verified and parsed.
+    pub state: Option<TrainerState>,
+    /// The config bytes, when present and verified.
+    pub config: Option<Vec<u8>>,
+}
+
+/// The problems of one step directory (empty when it verifies).
+pub fn verify(step_dir: &Path) -> Vec<Problem> {
+    inspect(step_dir).problems
+}
+
+/// sha256 of everything `reader` yields, with the byte count, through a large buffer;
+/// `keep` collects the bytes too when given.
+pub fn sha256_stream(
+    reader: &mut dyn Read,
+    mut keep: Option<&mut Vec<u8>>,
+) -> io::Result<(u64, [u8; 32])> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; HASH_BUFFER_BYTES];
+    let mut total: u64 = 0;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let chunk = buf.get(..n).unwrap_or_default();
+        hasher.update(chunk);
+        if let Some(k) = keep.as_deref_mut() {
+            k.extend_from_slice(chunk);
+        }
+        total = total.saturating_add(n as u64);
+    }
+    Ok((total, hasher.finalize().into()))
+}
+
+/// Lowercase hex of a digest.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Check a safetensors file against the reader rules (header and size only).
+pub fn safetensors_problem(path: &Path) -> Option<String> {
+    crate::core::safetensors::read_header(path)
+        .err()
+        .map(|e| e.to_string())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Symlink,
+    Other,
+}
+
+/// Verify one step directory, keeping what a loader needs.
+pub fn inspect(step_dir: &Path) -> Inspection {
+    let mut out = Inspection::default();
+    match fs::symlink_metadata(step_dir) {
+        Ok(m) if m.file_type().is_dir() => {}
+        Ok(_) => {
+            out.problems.push(Problem::NotADirectory);
+            return out;
+        }
+        Err(e) => {
+            out.problems.push(Problem::Unreadable {
+                name: ".".into(),
+                reason: e.to_string(),
+            });
+            return out;
+        }
+    }
+    let entries = match list_entries(step_dir) {
+        Ok(e) => e,
+        Err(e) => {
+            out.problems.push(Problem::Unreadable {
+                name: ".".into(),
+                reason: e.to_string(),
+            });
+            return out;
+        }
+    };
+    for (name, kind) in &entries {
+        match kind {
+            Kind::File => {}
+            Kind::Symlink => out.problems.push(Problem::Symlink(name.clone())),
+            Kind::Other => out.problems.push(Problem::NotAFile(name.clone())),
+        }
+    }
+    let manifest = match entries.get(MANIFEST_NAME) {
+        None => {
+            out.problems.push(Problem::MissingManifest);
+            return out;
+        }
+        Some(Kind::File) => match read_small(&step_dir.join(MANIFEST_NAME), MAX_MANIFEST_BYTES) {
+            Ok(bytes) => {
+                out.size = out.size.saturating_add(bytes.len() as u64);
+                match Manifest::from_json(&bytes) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        out.problems.push(Problem::BadManifest(e.to_string()));
+                        return out;
+                    }
+                }
+            }
+            Err(e) => {
+                out.problems.push(Problem::BadManifest(e.to_string()));
+                return out;
+            }
+        },
+        Some(_) => return out,
+    };
+    let dir_step = step_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(parse_step_name);
+    if let Some(dir) = dir_step {
+        if dir != manifest.step {
+            out.problems.push(Problem::StepMismatch {
+                manifest: manifest.step,
+                dir,
+            });
+        }
+    }
+    for required in REQUIRED {
+        if manifest.get(required).is_none() {
+            out.problems.push(Problem::NotListed(required.into()));
+        }
+    }
+    let mut config_sha = None;
+    for entry in &manifest.files {
+        let name = &entry.name;
+        match entries.get(name.as_str()) {
+            None => {
+                out.problems.push(Problem::Missing(name.clone()));
+                continue;
+            }
+            Some(Kind::File) => {}
+            Some(_) => continue,
+        }
+        let path = step_dir.join(name);
+        let is_json = name.ends_with(".json");
+        let mut file = match open_no_follow(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                out.problems.push(Problem::Unreadable {
+                    name: name.clone(),
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
+        let actual_size = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+        if actual_size != entry.size {
+            out.problems.push(Problem::Size {
+                name: name.clone(),
+                expected: entry.size,
+                actual: actual_size,
+            });
+            continue;
+        }
+        let mut kept = Vec::new();
+        let keep = (is_json && entry.size <= MAX_JSON_BYTES).then_some(&mut kept);
+        let (n, digest) = match sha256_stream(&mut file, keep) {
+            Ok(r) => r,
+            Err(e) => {
+                out.problems.push(Problem::Unreadable {
+                    name: name.clone(),
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
+        out.size = out.size.saturating_add(n);
+        let actual = hex(&digest);
+        if n != entry.size {
+            out.problems.push(Problem::Size {
+                name: name.clone(),
+                expected: entry.size,
+                actual: n,
+            });
+            continue;
+        }
+        if actual != entry.sha256 {
+            out.problems.push(Problem::Sha256 {
+                name: name.clone(),
+                expected: entry.sha256.clone(),
+                actual,
+            });
+            continue;
+        }
+        if is_json {
+            if entry.size > MAX_JSON_BYTES {
+                out.problems.push(Problem::BadJson {
+                    name: name.clone(),
+                    reason: format!("larger than {MAX_JSON_BYTES} bytes"),
+                });
+            } else if name == STATE_NAME {
+                match TrainerState::from_json(&kept) {
+                    Ok(s) => out.state = Some(s),
+                    Err(e) => out.problems.push(Problem::BadJson {
+                        name: name.clone(),
+                        reason: e.to_string(),
+                    }),
+                }
+            } else if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&kept) {
+                out.problems.push(Problem::BadJson {
+                    name: name.clone(),
+                    reason: e.to_string(),
+                });
+            } else if name == CONFIG_NAME {
+                config_sha = Some(actual);
+                out.config = Some(kept);
+            }
+        } else if name.ends_with(".safetensors") {
+            if let Some(reason) = safetensors_problem(&path) {
+                out.problems.push(Problem::BadSafetensors {
+                    name: name.clone(),
+                    reason,
+                });
+            }
+        }
+    }
+    for name in entries.keys() {
+        if name != MANIFEST_NAME && manifest.get(name).is_none() {
+            out.problems.push(Problem::Unlisted(name.clone()));
+        }
+    }
+    if let Some(state) = &out.state {
+        if state.step != manifest.step {
+            out.problems.push(Problem::BadJson {
+                name: STATE_NAME.into(),
+                reason: format!(
+                    "step {} differs from the manifest's {}",
+                    state.step, manifest.step
+                ),
+            });
+        }
+        if let Some(sha) = &config_sha {
+            if state.config_sha256.as_deref() != Some(sha.as_str()) {
+                out.problems.push(Problem::BadJson {
+                    name: STATE_NAME.into(),
+                    reason: format!("config_sha256 is not the sha256 of config.json ({sha})"),
+                });
+            }
+        }
+    }
+    out.manifest = Some(manifest);
+    if !out.problems.is_empty() {
+        out.state = None;
+        out.config = None;
+    }
+    out
+}
+
+/// Names and kinds of a directory's entries, sorted; a name that is not UTF-8 is kept
+/// lossily (it can never be listed, so it is reported as unlisted).
+fn list_entries(dir: &Path) -> io::Result<BTreeMap<String, Kind>> {
+    let mut out = BTreeMap::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let ft = entry.file_type()?;
+        let kind = if ft.is_symlink() {
+            Kind::Symlink
+        } else if ft.is_file() {
+            Kind::File
+        } else {
+            Kind::Other
+        };
+        out.insert(entry.file_name().to_string_lossy().into_owned(), kind);
+    }
+    Ok(out)
+}
+
+fn read_small(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let file: File = open_no_follow(path)?;
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {limit} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
