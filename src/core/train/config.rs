@@ -180,7 +180,8 @@ impl RunConfig {
     }
 
     /// The first field where `self` (the checkpoint's) and `given` (this run's)
-    /// differ, named by its flag, in the order of the spec's list.
+    /// differ, named by its flag: the method, then the spec's order (data, vocabulary,
+    /// batch, seq-len, seed, optimizer and its hyperparameters).
     pub fn first_mismatch(&self, given: &RunConfig) -> Option<Mismatch> {
         let m = |field: &str, c: String, g: String| {
             Some(Mismatch {
@@ -196,6 +197,10 @@ impl RunConfig {
                 format!("{} v{} {}", self.format, self.version, self.model),
                 format!("{} v{} {}", given.format, given.version, given.model),
             );
+        }
+        // The method first: with another method every later field differs too.
+        if self.method != given.method {
+            return m("--method", self.method.clone(), given.method.clone());
         }
         if self.data.len() != given.data.len() {
             return m(
@@ -232,9 +237,6 @@ impl RunConfig {
         }
         if self.seed != given.seed {
             return m("--seed", opt_text(&self.seed), opt_text(&given.seed));
-        }
-        if self.method != given.method {
-            return m("--method", self.method.clone(), given.method.clone());
         }
         optim_mismatch(self.optimizer.as_ref(), given.optimizer.as_ref())
     }

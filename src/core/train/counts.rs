@@ -203,6 +203,31 @@ mod tests {
         assert_eq!(a.loss.to_bits(), b.loss.to_bits());
     }
 
+    /// The count cases of fixtures/optim: ln((c + 1) / (n + V)) in float64 rounded
+    /// once, the same formula, so every weight is expected bit for bit; the counts and
+    /// row totals are checked through the weights.
+    #[test]
+    fn matches_the_independent_reference_fixtures() {
+        use crate::core::train::fixture::{f32s, ints, load};
+        let fx = load();
+        let cases = fx["counts"].as_array().unwrap();
+        assert_eq!(cases.len(), 2);
+        for case in cases {
+            let v = case["V"].as_u64().unwrap() as u32;
+            let ids: Vec<u32> = ints(&case["ids"]).into_iter().map(|i| i as u32).collect();
+            let mut b = CountsBuilder::new(v).unwrap();
+            b.feed(ids.iter().copied()).unwrap();
+            let total: i64 = ints(&case["row_totals"]).iter().sum();
+            assert_eq!(b.positions() as i64, total);
+            assert_eq!(ints(&case["counts"]).iter().sum::<i64>(), total);
+            let fit = b.finish().unwrap();
+            let want = f32s(&case["weight"]);
+            let got: Vec<u32> = fit.model.weight().iter().map(|w| w.to_bits()).collect();
+            let want: Vec<u32> = want.iter().map(|w| w.to_bits()).collect();
+            assert_eq!(got, want, "{}", case["name"]);
+        }
+    }
+
     #[test]
     fn out_of_range_id_is_refused() {
         let mut b = CountsBuilder::new(4).unwrap();

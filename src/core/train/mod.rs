@@ -7,6 +7,8 @@
 pub mod bigram;
 pub mod config;
 pub mod counts;
+#[cfg(test)]
+pub(crate) mod fixture;
 
 use crate::core::optim::OptimError;
 use crate::error::{Classify, ExitClass};
