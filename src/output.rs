@@ -41,7 +41,9 @@ impl Printer {
     /// Write one JSON document (compact, one line) to stdout.
     pub fn json_line<T: Serialize + ?Sized>(&self, value: &T) -> io::Result<()> {
         let mut out = self.out();
-        serde_json::to_writer(&mut out, value).map_err(io::Error::other)?;
+        // `io::Error::from` keeps the kind of an I/O failure (a broken pipe must stay
+        // a broken pipe to end quietly); other serde errors become InvalidData.
+        serde_json::to_writer(&mut out, value).map_err(io::Error::from)?;
         out.write_all(b"\n")?;
         out.flush()
     }
@@ -49,7 +51,7 @@ impl Printer {
     /// Write one JSON document pretty-printed to stdout.
     pub fn json_pretty<T: Serialize + ?Sized>(&self, value: &T) -> io::Result<()> {
         let mut out = self.out();
-        serde_json::to_writer_pretty(&mut out, value).map_err(io::Error::other)?;
+        serde_json::to_writer_pretty(&mut out, value).map_err(io::Error::from)?;
         out.write_all(b"\n")?;
         out.flush()
     }

@@ -86,6 +86,10 @@ struct Report {
     /// False when a step the later ones depend on failed and the demo stopped there.
     completed: bool,
     final_line: Option<Value>,
+    /// The final line's exact bytes, shown as they are (re-serializing the parsed
+    /// value would reorder its keys).
+    #[serde(skip)]
+    final_line_text: Option<String>,
     kept_in: Option<PathBuf>,
 }
 
@@ -156,6 +160,9 @@ fn describe(status: &ExitStatus) -> String {
     {
         use std::os::unix::process::ExitStatusExt;
         if let Some(sig) = status.signal() {
+            if sig == libc::SIGABRT {
+                return format!("SIGABRT (signal {sig})");
+            }
             return format!("signal {sig}");
         }
     }
@@ -269,6 +276,7 @@ pub fn run(args: DemoArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         checks: Vec::new(),
         completed: false,
         final_line: None,
+        final_line_text: None,
         kept_in: args.out.clone(),
     };
     let mut checks = Checks(Vec::new());
@@ -421,7 +429,7 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
     if !checks.add(
         "failpoint: run aborted mid-way",
         aborted(&out.status) && out.stdout.is_empty() && no_final,
-        format!("FAILPOINTS='{spec}': {}", describe(&out.status)),
+        format!("FAILPOINTS='{spec}': ended by {}", describe(&out.status)),
     ) {
         ch.show_failure(&res_refs, &out);
         return Ok(false);
@@ -477,6 +485,7 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
         format!("{} bytes each", line_a.len()),
     );
     report.final_line = final_a;
+    report.final_line_text = Some(line_a.clone());
 
     // 7. The final models and optimizer states, bitwise.
     let last = step_dir(STEPS);
@@ -547,9 +556,9 @@ fn print_report(report: &Report, printer: &Printer) -> anyhow::Result<()> {
     }
     writeln!(out, "{table}")?;
     writeln!(out)?;
-    if let Some(line) = &report.final_line {
+    if let Some(line) = &report.final_line_text {
         writeln!(out, "final line of both runs:")?;
-        writeln!(out, "{line}")?;
+        writeln!(out, "{}", crate::output::escape(line))?;
     }
     let failed = report.checks.iter().filter(|c| !c.ok).count();
     if report.ok {

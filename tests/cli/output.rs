@@ -155,3 +155,59 @@ fn progress_bar_on_a_terminal_not_when_piped() {
     let a = std::fs::read(dir.path().join("a.safetensors")).unwrap();
     assert_eq!(a, std::fs::read(dir.path().join("b.safetensors")).unwrap());
 }
+
+/// Run `tlio ARGS` from the repository root with stdout a pipe whose reader is already
+/// gone, as in `tlio ... | head` once head has exited.
+fn run_into_closed_pipe(args: &[&str]) -> std::process::Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("tlio"));
+    cmd.args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("FAILPOINTS")
+        .stdout(writer)
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    drop(cmd);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly_with_0() {
+    let st = "fixtures/safetensors/golden/mixed_every_dtype.safetensors";
+    let shard = "fixtures/cli/tiny.bin";
+    let ckpt = "fixtures/cli/ckpt";
+    let cases: &[&[&str]] = &[
+        &["st", "inspect", st],
+        &["--json", "st", "inspect", st],
+        &["--json", "st", "verify", st],
+        &["tokens", "header", shard],
+        &["--json", "tokens", "header", shard],
+        &[
+            "tokens",
+            "windows",
+            shard,
+            "--seq-len",
+            "2",
+            "--batch",
+            "1",
+            "--batches",
+            "5",
+        ],
+        &["ckpt", "verify", ckpt],
+        &["--json", "ckpt", "verify", ckpt],
+        &["ckpt", "latest", ckpt],
+        &["generate", "completions", "bash"],
+    ];
+    for args in cases {
+        let out = run_into_closed_pipe(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "tlio {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stderr.is_empty(), "tlio {}: quiet", args.join(" "));
+    }
+}
