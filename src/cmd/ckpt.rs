@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::Outcome;
 use crate::core::checkpoint::{
-    self, load::Survey, parse_step_name, step_name, verify::inspect, Latest, Payload, Problem,
+    self, load::Survey, parse_step_name, step_name, verify as ckverify, Latest, Payload, Problem,
     SaveRequest, TrainerState, MANIFEST_NAME,
 };
 use crate::output::{escape, Printer};
@@ -198,7 +198,9 @@ fn verify(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
 }
 
 fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
-    let ins = inspect(path);
+    let bar = printer.bytes_bar(ckverify::step_dir_bytes(path), "verify");
+    let ins = ckverify::inspect_with(path, &mut |n| bar.inc(n));
+    bar.finish_and_clear();
     let ok = ins.problems.is_empty();
     let problems: Vec<String> = ins
         .problems

@@ -264,3 +264,46 @@ fn tokens_missing_and_corrupt_inputs_are_one_line() {
     args.extend(windows);
     check(d, &args, Expect::Error(1));
 }
+
+#[test]
+fn ckpt_missing_and_corrupt_inputs_are_one_line() {
+    let dir = corrupt_inputs();
+    let d = dir.path();
+    check(d, &["ckpt", "verify", "missing"], Expect::Error(2));
+    check(d, &["ckpt", "latest", "missing"], Expect::Error(2));
+    check(
+        d,
+        &["ckpt", "gc", "missing", "--keep", "1"],
+        Expect::Error(2),
+    );
+    let save = [
+        "ckpt",
+        "save",
+        "out",
+        "--step",
+        "1",
+        "--model",
+        "missing.safetensors",
+    ];
+    check(d, &save, Expect::Error(2));
+    check(
+        d,
+        &["ckpt", "verify", "badckpt"],
+        Expect::Report("step-000001"),
+    );
+    check(d, &["ckpt", "latest", "badckpt"], Expect::Error(1));
+    let save = [
+        "ckpt",
+        "save",
+        "out",
+        "--step",
+        "1",
+        "--model",
+        "bad.safetensors",
+    ];
+    check(d, &save, Expect::Error(1));
+    assert!(
+        !d.join("out/step-000001").exists(),
+        "nothing saved from a corrupt input"
+    );
+}

@@ -30,6 +30,8 @@ const MIXED: &str = "fixtures/safetensors/golden/mixed_f32_i32_u8.safetensors";
 const ESCAPES: &str = "fixtures/safetensors/golden/escapes.safetensors";
 const SHARD: &str = "fixtures/cli/tiny.bin";
 const TRUNCATED: &str = "fixtures/cli/truncated.bin";
+const CKPT: &str = "fixtures/cli/ckpt";
+const CKPT_CORRUPT: &str = "fixtures/cli/ckpt-corrupt";
 const BAD_ST: &str = "fixtures/safetensors/malformed/r2_duplicate_tensor.safetensors";
 
 #[test]
@@ -76,4 +78,24 @@ fn tokens_windows_json_lines() {
         "1",
     ];
     insta::assert_snapshot!("tokens_windows", run(&args));
+}
+
+#[test]
+fn ckpt_latest_human_and_json() {
+    insta::assert_snapshot!("ckpt_latest", run(&["ckpt", "latest", CKPT]));
+    insta::assert_snapshot!("ckpt_latest_json", run(&["--json", "ckpt", "latest", CKPT]));
+    insta::assert_snapshot!(
+        "ckpt_latest_fallback",
+        run(&["ckpt", "latest", CKPT_CORRUPT])
+    );
+}
+
+#[test]
+fn ckpt_verify_human_and_json() {
+    insta::assert_snapshot!("ckpt_verify", run(&["ckpt", "verify", CKPT]));
+    insta::assert_snapshot!("ckpt_verify_json", run(&["--json", "ckpt", "verify", CKPT]));
+    insta::assert_snapshot!(
+        "ckpt_verify_corrupt",
+        run(&["ckpt", "verify", CKPT_CORRUPT])
+    );
 }

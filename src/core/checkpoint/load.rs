@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use super::manifest::Manifest;
 use super::optimizer::{model_params, OptimizerError, OptimizerFile};
 use super::state::TrainerState;
-use super::verify::{inspect, Inspection, Problem};
+use super::verify::{inspect, inspect_with, step_dir_bytes, Inspection, Problem};
 use super::{list, step_name, CheckpointError, Latest, Listing};
 use super::{MODEL_NAME, OPTIMIZER_NAME};
 use crate::core::safetensors::{MappedFile, SafetensorsError};
@@ -163,14 +163,30 @@ impl Survey {
 
 /// Verify every step directory of `dir` and apply `load`'s rules.
 pub fn survey(dir: &Path) -> Result<Survey, CheckpointError> {
+    survey_with(dir, &mut |_| {}, &mut |_| {})
+}
+
+/// `survey`, telling `total` the bytes it is about to hash and `advance` each chunk.
+pub fn survey_with(
+    dir: &Path,
+    total: &mut dyn FnMut(u64),
+    advance: &mut dyn FnMut(u64),
+) -> Result<Survey, CheckpointError> {
     let listing = list(dir)?;
+    total(
+        listing
+            .steps
+            .iter()
+            .map(|&n| step_dir_bytes(&dir.join(step_name(n))))
+            .fold(0u64, u64::saturating_add),
+    );
     let latest = listing.latest();
     let bound = latest.step();
     let mut rows: Vec<SurveyRow> = listing
         .steps
         .iter()
         .map(|&n| {
-            let ins = inspect(&dir.join(step_name(n)));
+            let ins = inspect_with(&dir.join(step_name(n)), advance);
             SurveyRow {
                 step: n,
                 problems: ins.problems,

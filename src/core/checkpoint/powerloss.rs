@@ -351,8 +351,12 @@ fn power_loss_at_every_instant_loads_old_or_new() {
                 if p > declared {
                     assert_eq!(loaded.step, 7, "after op {p}: a declared save was lost");
                 }
-                // LATEST never names a directory that is missing or incomplete.
+                // LATEST never names a directory that is missing or incomplete, and
+                // once the save is declared it names the new step.
                 let listing = list(&dir).unwrap();
+                if p > declared {
+                    assert_eq!(listing.latest(), Latest::Names(7), "after op {p}");
+                }
                 if let Some(n) = listing.latest().step() {
                     let sd = dir.join(step_name(n));
                     assert!(

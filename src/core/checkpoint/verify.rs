@@ -134,6 +134,7 @@ pub fn verify(step_dir: &Path) -> Vec<Problem> {
 pub fn sha256_stream(
     reader: &mut dyn Read,
     mut keep: Option<&mut Vec<u8>>,
+    progress: &mut dyn FnMut(u64),
 ) -> io::Result<(u64, [u8; 32])> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; HASH_BUFFER_BYTES];
@@ -151,6 +152,7 @@ pub fn sha256_stream(
             k.extend_from_slice(chunk);
         }
         total = total.saturating_add(n as u64);
+        progress(n as u64);
     }
     Ok((total, hasher.finalize().into()))
 }
@@ -174,8 +176,25 @@ enum Kind {
     Other,
 }
 
+/// Bytes of the regular files of a step directory (symlinks not followed): the work
+/// `inspect` will do, for a progress bar.
+pub fn step_dir_bytes(step_dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(step_dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .filter(|m| m.file_type().is_file())
+        .fold(0u64, |acc, m| acc.saturating_add(m.len()))
+}
+
 /// Verify one step directory, keeping what a loader needs.
 pub fn inspect(step_dir: &Path) -> Inspection {
+    inspect_with(step_dir, &mut |_| {})
+}
+
+/// `inspect`, reporting the bytes hashed as it goes.
+pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspection {
     let mut out = Inspection::default();
     match fs::symlink_metadata(step_dir) {
         Ok(m) if m.file_type().is_dir() => {}
@@ -282,7 +301,7 @@ pub fn inspect(step_dir: &Path) -> Inspection {
         }
         let mut kept = Vec::new();
         let keep = (is_json && entry.size <= MAX_JSON_BYTES).then_some(&mut kept);
-        let (n, digest) = match sha256_stream(&mut file, keep) {
+        let (n, digest) = match sha256_stream(&mut file, keep, progress) {
             Ok(r) => r,
             Err(e) => {
                 out.problems.push(Problem::Unreadable {
