@@ -220,7 +220,7 @@ pub fn sha256_file(path: &Path) -> Result<String, TrainError> {
         source,
     };
     let mut file = File::open(path).map_err(io_err)?;
-    let (_, digest) = sha256_stream(&mut file, None).map_err(io_err)?;
+    let (_, digest) = sha256_stream(&mut file, None, &mut |_| {}).map_err(io_err)?;
     Ok(hex(&digest))
 }
 
