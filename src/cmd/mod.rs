@@ -13,6 +13,7 @@ pub mod demo;
 pub mod generate;
 pub mod st;
 pub mod tokens;
+pub mod train;
 
 /// Strict, fast tools for safetensors files, atomic checkpoints, token shards and a
 /// bigram trainer that resumes bit for bit.
@@ -47,6 +48,9 @@ pub enum Command {
     /// Token shards: header, pack, windows.
     #[command(subcommand)]
     Tokens(tokens::TokensCommand),
+    /// Train a model on token shards with atomic checkpoints and exact resume.
+    #[command(subcommand)]
+    Train(train::TrainCommand),
 }
 
 /// How a command that did not fail ended.
@@ -93,5 +97,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Generate(cmd) => generate::run(cmd, &printer),
         Command::St(cmd) => st::run(cmd, &printer),
         Command::Tokens(cmd) => tokens::run(cmd, &printer),
+        Command::Train(cmd) => train::run(cmd, &printer),
     }
 }

@@ -291,6 +291,30 @@ fn save_validates_every_input_first() {
         0,
         "a refused save leaves nothing behind"
     );
+    // A dangling symlink as input is a missing file (exit 2); a symlink to a real
+    // model is followed.
+    let dangling = dir.path().join("dangling.safetensors");
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+    tlio()
+        .args(["ckpt", "save"])
+        .arg(&ck)
+        .args(["--step", "3", "--model"])
+        .arg(&dangling)
+        .assert()
+        .code(2);
+    let link = dir.path().join("link.safetensors");
+    std::os::unix::fs::symlink(&model, &link).unwrap();
+    tlio()
+        .args(["ckpt", "save"])
+        .arg(&ck)
+        .args(["--step", "2", "--model"])
+        .arg(&link)
+        .assert()
+        .success();
+    assert_eq!(
+        fs::read(ck.join("step-000002/model.safetensors")).unwrap(),
+        fs::read(&model).unwrap()
+    );
     // With a config and a state file that leaves keys out, the defaults are written.
     fs::write(&config, br#"{"vocab": 256}"#).unwrap();
     fs::write(&bad_state, br#"{"step": 3, "tokens_seen": 99}"#).unwrap();

@@ -10,6 +10,7 @@ mod output;
 mod snapshots;
 mod st;
 mod tokens;
+mod train;
 
 /// The `tlio` binary under test, with failpoints cleared so the caller's environment
 /// cannot leak in.

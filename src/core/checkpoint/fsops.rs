@@ -39,7 +39,7 @@ pub trait FsOps {
 }
 
 /// Open options that refuse to follow a symlink at the final component.
-fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
+pub(crate) fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;

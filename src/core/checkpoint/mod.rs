@@ -264,13 +264,17 @@ impl DirLock {
     /// Take the lock at once or fail with `Locked`; never waits.
     pub fn acquire(dir: &Path) -> Result<Self, CheckpointError> {
         let path = dir.join(LOCK_NAME);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_at(&path))?;
+        // Never follow a symlink planted at `.lock`: creating its target would write
+        // outside the directory.
+        let file = fsops::no_follow(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        )
+        .open(&path)
+        .map_err(io_at(&path))?;
         match file.try_lock() {
             Ok(()) => Ok(DirLock { _file: file }),
             Err(TryLockError::WouldBlock) => Err(CheckpointError::Locked { path }),

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::fsops::{open_no_follow, FsOps, RealFs};
+use super::fsops::{FsOps, RealFs};
 use super::gc::{plan_keep, remove_entry};
 use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 use super::optimizer::{check_header, model_params};
@@ -127,7 +127,9 @@ impl Write for Hashing<'_> {
 }
 
 fn copy_from(path: &Path, out: &mut dyn Write) -> io::Result<()> {
-    let mut src = open_no_follow(path)?;
+    // An input outside the checkpoint directory may well be a symlink; following it is
+    // what the caller asked for.
+    let mut src = fs::File::open(path)?;
     let mut buf = vec![0u8; COPY_BUFFER_BYTES];
     loop {
         let n = match src.read(&mut buf) {
@@ -222,7 +224,7 @@ fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
         if let Some(Payload::Copy(src)) = payload {
             // An unreadable source is an operational error, reported as such; only a
             // readable file that breaks the rules is invalid input.
-            fs::symlink_metadata(src).map_err(io_at(src))?;
+            fs::metadata(src).map_err(io_at(src))?;
             if let Some(reason) = safetensors_problem(src) {
                 return Err(CheckpointError::Payload {
                     name: name.to_string(),

@@ -9,8 +9,16 @@ pub mod config;
 pub mod counts;
 #[cfg(test)]
 pub(crate) mod fixture;
+pub mod run;
 
+use std::io;
+use std::path::PathBuf;
+
+use crate::core::atomic::AtomicError;
+use crate::core::checkpoint::CheckpointError;
 use crate::core::optim::OptimError;
+use crate::core::safetensors::SafetensorsError;
+use crate::core::tokens::TokensError;
 use crate::error::{Classify, ExitClass};
 
 /// The most memory the model state may take: the [V, V] F32 weights plus two
@@ -54,13 +62,92 @@ pub enum TrainError {
     /// The optimizer refused.
     #[error(transparent)]
     Optim(#[from] OptimError),
+    /// A shard or the token stream refused.
+    #[error(transparent)]
+    Tokens(#[from] TokensError),
+    /// The checkpoint protocol failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A safetensors file could not be read or written.
+    #[error(transparent)]
+    Safetensors(#[from] SafetensorsError),
+    /// An atomic output file could not be written.
+    #[error(transparent)]
+    Atomic(#[from] AtomicError),
+    /// A file-system operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path operated on.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The flags contradict themselves or are out of range.
+    #[error("{0}")]
+    Usage(String),
+    /// No shard records its vocabulary size and none was given.
+    #[error("no shard records its vocabulary size (header word 3 is 0): pass --vocab-size")]
+    NoVocab,
+    /// Another training run holds the run directory.
+    #[error("{} is held by another tlio train run", path.display())]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// Without `--resume`, the run directory already holds checkpoints.
+    #[error("{} already holds checkpoints: pass --resume to continue that run, or choose another --out", dir.display())]
+    ExistingCheckpoints {
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
+    /// `--resume` with flags that disagree with the checkpoint's config.
+    #[error("--resume: {field} disagrees with the checkpoint's run: it used {checkpoint}, this run asks for {given}")]
+    ConfigMismatch {
+        /// The flag or config key.
+        field: String,
+        /// The checkpoint's value.
+        checkpoint: String,
+        /// This run's value.
+        given: String,
+    },
+    /// A checkpoint that verifies but does not fit this run (shapes, missing state).
+    #[error("{}: {why}", path.display())]
+    BadCheckpoint {
+        /// The step directory.
+        path: PathBuf,
+        /// What does not fit.
+        why: String,
+    },
+    /// The checkpoint is at or past `--max-steps` and there is nothing to print.
+    #[error("the run's checkpoint is at step {step}, --max-steps is {max_steps}: pass a larger --max-steps to continue it")]
+    PastMaxSteps {
+        /// The checkpoint's step.
+        step: u64,
+        /// `--max-steps`.
+        max_steps: u64,
+    },
 }
 
 impl Classify for TrainError {
     fn exit_class(&self) -> ExitClass {
         match self {
             TrainError::Optim(e) => e.exit_class(),
-            _ => ExitClass::Invalid,
+            TrainError::Tokens(e) => e.exit_class(),
+            TrainError::Checkpoint(e) => e.exit_class(),
+            TrainError::Safetensors(e) => e.exit_class(),
+            TrainError::Atomic(e) => e.exit_class(),
+            TrainError::Io { .. }
+            | TrainError::Usage(_)
+            | TrainError::NoVocab
+            | TrainError::Locked { .. }
+            | TrainError::ExistingCheckpoints { .. }
+            | TrainError::ConfigMismatch { .. }
+            | TrainError::PastMaxSteps { .. } => ExitClass::Operational,
+            TrainError::VocabTooLarge { .. }
+            | TrainError::EmptyVocab
+            | TrainError::TokenOutOfRange { .. }
+            | TrainError::Shape(_)
+            | TrainError::BadCheckpoint { .. } => ExitClass::Invalid,
         }
     }
 }

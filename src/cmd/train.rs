@@ -1,0 +1,228 @@
+//! `tlio train bigram`: flags to a `RunSpec`, one call of the training core, progress on
+//! stderr (a bar on a terminal, a plain line every `--log-every` steps otherwise) and
+//! exactly one line on stdout: the final line, the same bytes as `DIR/final.json`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+
+use super::Outcome;
+use crate::core::optim::{OptimConfig, ADAMW_WEIGHT_DECAY, SGD_MOMENTUM};
+use crate::core::train::run::{run as run_training, Method, Progress, RunSpec, CKPT_DIR};
+use crate::output::Printer;
+
+/// AdamW's default learning rate (the spec's example).
+pub const ADAMW_LR: f64 = 0.01;
+/// SGD's default learning rate (the spec's example).
+pub const SGD_LR: f64 = 0.1;
+
+/// Training commands.
+#[derive(Debug, Subcommand)]
+pub enum TrainCommand {
+    /// Train the bigram model on token shards with atomic checkpoints; a run killed at
+    /// any instant and resumed with --resume ends bitwise equal to an uninterrupted one.
+    Bigram(BigramArgs),
+}
+
+/// The optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerArg {
+    /// AdamW (torch defaults: betas 0.9, 0.999, eps 1e-8, weight decay 0.01).
+    Adamw,
+    /// SGD (momentum 0.9 unless --momentum; dampening 0, no nesterov, weight decay 0).
+    Sgd,
+}
+
+/// How the model is fitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MethodArg {
+    /// Optimizer steps on the mean cross-entropy of each batch.
+    Gradient,
+    /// One counting pass: W[i][j] = ln((count(i->j) + 1) / (count(i) + V)).
+    Counts,
+}
+
+/// `tlio train bigram`.
+#[derive(Debug, Args)]
+pub struct BigramArgs {
+    /// A token shard; repeat for several (read in the order given).
+    #[arg(long = "data", value_name = "SHARD", required = true)]
+    pub data: Vec<PathBuf>,
+    /// The run directory: config.json, final.json, ckpt/ (and model.safetensors for
+    /// --method counts).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Train until this step (may be raised on --resume to extend a run).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub max_steps: u64,
+    /// Windows per batch (B).
+    #[arg(long, value_name = "B", default_value_t = 8)]
+    pub batch: usize,
+    /// Input tokens per window (T).
+    #[arg(long, value_name = "T", default_value_t = 64)]
+    pub seq_len: usize,
+    /// Save a checkpoint every K steps (and after the last step).
+    #[arg(long, value_name = "K", default_value_t = 100)]
+    pub ckpt_every: u64,
+    /// Keep only the newest K checkpoints (default: keep all).
+    #[arg(long, value_name = "K")]
+    pub keep: Option<usize>,
+    /// The optimizer.
+    #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
+    pub optimizer: OptimizerArg,
+    /// Learning rate [default: 0.01 for adamw, 0.1 for sgd].
+    #[arg(long, value_name = "LR")]
+    pub lr: Option<f64>,
+    /// Weight decay [default: 0.01 for adamw (decoupled), 0 for sgd (L2)].
+    #[arg(long, value_name = "WD")]
+    pub weight_decay: Option<f64>,
+    /// SGD momentum (0 = plain SGD) [default: 0.9].
+    #[arg(long, value_name = "M")]
+    pub momentum: Option<f64>,
+    /// Seed of the token stream's generator (PCG32 seed(S, 54)).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Continue from the newest checkpoint in DIR/ckpt (start at step 0 when there is
+    /// none yet, so a preemptible job can always pass it).
+    #[arg(long)]
+    pub resume: bool,
+    /// How the model is fitted.
+    #[arg(long, value_enum, default_value_t = MethodArg::Gradient)]
+    pub method: MethodArg,
+    /// Without a terminal, print a progress line every N steps (0 = never).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub log_every: u64,
+    /// The vocabulary size, needed only when no shard records one (llm.c's shards
+    /// write 0); must equal every recorded one.
+    #[arg(long, value_name = "V")]
+    pub vocab_size: Option<u32>,
+}
+
+/// Run a train command.
+pub fn run(cmd: TrainCommand, printer: &Printer) -> anyhow::Result<Outcome> {
+    match cmd {
+        TrainCommand::Bigram(args) => bigram(args, printer),
+    }
+}
+
+fn optim_config(args: &BigramArgs) -> anyhow::Result<OptimConfig> {
+    Ok(match args.optimizer {
+        OptimizerArg::Adamw => {
+            if args.momentum.is_some() {
+                return Err(crate::error::operational(
+                    "--momentum applies to --optimizer sgd only",
+                ));
+            }
+            let mut c = OptimConfig::adamw(args.lr.unwrap_or(ADAMW_LR));
+            if let OptimConfig::Adamw { weight_decay, .. } = &mut c {
+                *weight_decay = args.weight_decay.unwrap_or(ADAMW_WEIGHT_DECAY);
+            }
+            c
+        }
+        OptimizerArg::Sgd => {
+            let mut c = OptimConfig::sgd(
+                args.lr.unwrap_or(SGD_LR),
+                args.momentum.unwrap_or(SGD_MOMENTUM),
+            );
+            if let OptimConfig::Sgd { weight_decay, .. } = &mut c {
+                *weight_decay = args.weight_decay.unwrap_or(0.0);
+            }
+            c
+        }
+    })
+}
+
+fn bigram(args: BigramArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let spec = RunSpec {
+        data: args.data.clone(),
+        out: args.out.clone(),
+        max_steps: args.max_steps,
+        batch: args.batch,
+        seq_len: args.seq_len,
+        ckpt_every: args.ckpt_every,
+        keep: args.keep,
+        optim: optim_config(&args)?,
+        seed: args.seed,
+        resume: args.resume,
+        method: match args.method {
+            MethodArg::Gradient => Method::Gradient,
+            MethodArg::Counts => Method::Counts,
+        },
+        vocab_size: args.vocab_size,
+    };
+    let ckpt = args.out.join(CKPT_DIR);
+    let bar = printer.bar(
+        args.max_steps,
+        "train",
+        "{msg} {bar:30} {pos}/{len} steps, eta {eta}",
+    );
+    let plain = printer.wants_plain_progress();
+    let log_every = args.log_every;
+    let mut started = Instant::now();
+    let mut start_tokens = 0u64;
+    let mut on_progress = |p: Progress| match p {
+        Progress::Start {
+            step,
+            max_steps,
+            tokens_seen,
+            resumed_from,
+            nothing_to_resume,
+        } => {
+            if nothing_to_resume {
+                printer.info(format!(
+                    "tlio: --resume: no checkpoint in {} yet, starting from step 0",
+                    ckpt.display()
+                ));
+            }
+            if let Some(path) = resumed_from {
+                printer.info(format!(
+                    "tlio: resuming from {} (step {step})",
+                    path.display()
+                ));
+            }
+            bar.set_length(max_steps);
+            bar.set_position(step);
+            started = Instant::now();
+            start_tokens = tokens_seen;
+        }
+        Progress::Step {
+            step,
+            loss,
+            tokens_seen,
+        } => {
+            // Progress only: the rate never reaches stdout or any file.
+            let secs = started.elapsed().as_secs_f64();
+            let done = tokens_seen.saturating_sub(start_tokens) as f64;
+            let rate = if secs > 0.0 { done / secs } else { 0.0 };
+            bar.set_position(step);
+            bar.set_message(format!("loss {loss:.4}  {rate:.0} tok/s"));
+            if plain && log_every > 0 && step % log_every == 0 {
+                printer.info(format!(
+                    "step {step} loss {loss:.6} tokens {tokens_seen} tok/s {rate:.0}"
+                ));
+            }
+        }
+        Progress::Saved { step, path } => {
+            if plain {
+                printer.info(format!("checkpoint step {step}: {}", path.display()));
+            }
+        }
+        Progress::Counted { shard, positions } => {
+            if plain {
+                printer.info(format!(
+                    "counted shard {shard}: {positions} positions so far"
+                ));
+            }
+        }
+    };
+    let outcome = run_training(&spec, &mut on_progress)
+        .with_context(|| format!("train bigram {}", args.out.display()))?;
+    bar.finish_and_clear();
+    let mut out = printer.out();
+    out.write_all(outcome.line.as_bytes())?;
+    out.flush()?;
+    Ok(Outcome::Success)
+}
