@@ -307,3 +307,27 @@ fn ckpt_missing_and_corrupt_inputs_are_one_line() {
         "nothing saved from a corrupt input"
     );
 }
+
+#[test]
+fn train_missing_and_corrupt_inputs_are_one_line() {
+    let dir = corrupt_inputs();
+    let d = dir.path();
+    let train = |data: &'static str| {
+        [
+            "train",
+            "bigram",
+            "--data",
+            data,
+            "--out",
+            "run",
+            "--max-steps",
+            "1",
+        ]
+    };
+    check(d, &train("missing.bin"), Expect::Error(2));
+    check(d, &train("bad.bin"), Expect::Error(1));
+    assert!(
+        !d.join("run/final.json").exists(),
+        "no final line after an error"
+    );
+}

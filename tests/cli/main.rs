@@ -4,6 +4,7 @@
 use assert_cmd::Command;
 
 mod ckpt;
+mod demo;
 mod errors;
 mod generate;
 mod output;

@@ -7,6 +7,8 @@
 //! `INSTA_UPDATE=always cargo test --test cli snapshots` and review the `.snap` diff
 //! (no extra tool needed; `cargo insta review` works too).
 
+use clap::CommandFactory;
+
 use super::tlio;
 
 /// Run `tlio ARGS` from the repository root; the exit code, stdout and stderr as text.
@@ -24,6 +26,35 @@ fn run(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// Every command and group as its argument path, the root first.
+fn command_paths() -> Vec<Vec<String>> {
+    fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        out.push(path.clone());
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            path.push(sub.get_name().to_string());
+            walk(sub, path, out);
+            path.pop();
+        }
+    }
+    let mut out = Vec::new();
+    walk(&tlio::cmd::Cli::command(), &mut Vec::new(), &mut out);
+    out
+}
+
+#[test]
+fn help_of_every_command() {
+    for path in command_paths() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let mut name = String::from("help_tlio");
+        for part in &path {
+            name.push('_');
+            name.push_str(part);
+        }
+        insta::assert_snapshot!(name, run(&args));
+    }
 }
 
 const MIXED: &str = "fixtures/safetensors/golden/mixed_f32_i32_u8.safetensors";
