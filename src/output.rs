@@ -76,8 +76,9 @@ impl Printer {
     }
 
     /// Whether plain progress lines (for logs) should be written when no bar is drawn.
+    /// Never with `--json`: JSON output promises no progress at all (cli.md).
     pub fn wants_plain_progress(&self) -> bool {
-        !self.stderr_tty && !self.quiet
+        !self.stderr_tty && !self.quiet && !self.json
     }
 
     /// A byte-count progress bar, hidden unless `wants_progress`.

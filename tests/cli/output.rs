@@ -211,3 +211,48 @@ fn a_closed_pipe_ends_quietly_with_0() {
         assert!(out.stderr.is_empty(), "tlio {}: quiet", args.join(" "));
     }
 }
+
+#[test]
+fn plain_progress_lines_only_without_json_and_quiet() {
+    let dir = super::tmp();
+    let shard = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/cli/tiny.bin");
+    let train = |out: &str, flags: &[&str]| {
+        let mut cmd = super::tlio();
+        cmd.current_dir(dir.path())
+            .args(flags)
+            .args(["train", "bigram", "--data"]);
+        cmd.arg(&shard).args([
+            "--out",
+            out,
+            "--seq-len",
+            "4",
+            "--batch",
+            "1",
+            "--max-steps",
+            "10",
+            "--ckpt-every",
+            "10",
+            "--log-every",
+            "5",
+        ]);
+        cmd.output().unwrap()
+    };
+    let plain = train("a", &[]);
+    assert!(plain.status.success());
+    let log = String::from_utf8_lossy(&plain.stderr);
+    assert!(log.contains("step 5 ") && log.contains("step 10 "), "{log}");
+    assert!(
+        !looks_like_a_bar(&plain.stderr),
+        "plain lines, no bar: {log}"
+    );
+    for flags in [&["--json"][..], &["-q"][..]] {
+        let out = train(if flags[0] == "-q" { "q" } else { "j" }, flags);
+        assert!(out.status.success());
+        assert!(
+            out.stderr.is_empty(),
+            "{flags:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, plain.stdout, "{flags:?}: the same final line");
+    }
+}
