@@ -361,6 +361,85 @@ mod tests {
         );
     }
 
+    /// The exact config.json bytes of one AdamW and one SGD run: the optimizer's JSON
+    /// form is part of the run's identity and must never drift.
+    #[test]
+    fn optimizer_bytes_are_fixed() {
+        let head = format!(
+            "{{\"format\":\"tlio-train-bigram\",\"version\":1,\"model\":\"bigram\",\"method\":\"gradient\",\"vocab_size\":256,\"data\":[{{\"sha256\":\"{}\",\"tokens\":1000}}],\"batch\":4,\"seq_len\":16,\"seed\":7,\"optimizer\":",
+            "ab".repeat(32)
+        );
+        let cases = [
+            (
+                OptimConfig::Adamw {
+                    lr: 0.003,
+                    betas: (0.8, 0.95),
+                    eps: 1e-6,
+                    weight_decay: 0.0,
+                },
+                "{\"type\":\"adamw\",\"lr\":0.003,\"betas\":[0.8,0.95],\"eps\":1e-6,\"weight_decay\":0.0}}\n",
+            ),
+            (
+                OptimConfig::Sgd {
+                    lr: 0.1,
+                    momentum: 0.9,
+                    dampening: 0.0,
+                    nesterov: true,
+                    weight_decay: 0.0001,
+                },
+                "{\"type\":\"sgd\",\"lr\":0.1,\"momentum\":0.9,\"dampening\":0.0,\"nesterov\":true,\"weight_decay\":0.0001}}\n",
+            ),
+        ];
+        for (optim, tail) in cases {
+            let mut c = config();
+            c.optimizer = Some(optim.into());
+            let bytes = c.to_bytes();
+            assert_eq!(
+                String::from_utf8(bytes.clone()).unwrap(),
+                format!("{head}{tail}")
+            );
+            assert_eq!(RunConfig::from_bytes(&bytes).unwrap(), c);
+        }
+        let mut counts = config();
+        counts.method = "counts".into();
+        counts.batch = None;
+        counts.seq_len = None;
+        counts.seed = None;
+        counts.optimizer = None;
+        assert!(String::from_utf8(counts.to_bytes())
+            .unwrap()
+            .ends_with("\"batch\":null,\"seq_len\":null,\"seed\":null,\"optimizer\":null}\n"));
+    }
+
+    #[test]
+    fn optimizer_mismatch_texts_are_fixed() {
+        let with = |o: Option<OptimConfig>| {
+            let mut g = config();
+            g.optimizer = o.map(Into::into);
+            g
+        };
+        let betas = OptimConfig::Adamw {
+            lr: 0.01,
+            betas: (0.8, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.01,
+        };
+        let m = config().first_mismatch(&with(Some(betas))).unwrap();
+        assert_eq!(
+            (m.field.as_str(), m.checkpoint.as_str(), m.given.as_str()),
+            ("betas", "[0.9, 0.999]", "[0.8, 0.999]")
+        );
+        let m = config()
+            .first_mismatch(&with(Some(OptimConfig::sgd(0.01, 0.9))))
+            .unwrap();
+        assert_eq!((m.checkpoint.as_str(), m.given.as_str()), ("adamw", "sgd"));
+        let m = config().first_mismatch(&with(None)).unwrap();
+        assert_eq!(
+            (m.field.as_str(), m.checkpoint.as_str(), m.given.as_str()),
+            ("--optimizer", "adamw", "none")
+        );
+    }
+
     #[test]
     fn mismatches_name_the_flag() {
         let c = config();
