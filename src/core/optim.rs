@@ -15,6 +15,8 @@
 //! here (`f32::mul_add`); `mul_`, `addcmul_`, `addcdiv_`, `sqrt` and `/` are separate
 //! roundings in the order torch's kernels write them.
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Classify, ExitClass};
 
 /// PyTorch's AdamW defaults.
@@ -59,8 +61,11 @@ impl Classify for OptimError {
     }
 }
 
-/// The hyperparameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The hyperparameters. Their serde form is the `optimizer` object of a run's
+/// config.json (the pair `betas` as a JSON array), so its field order is part of the
+/// run's identity bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum OptimConfig {
     /// `torch.optim.AdamW`.
     Adamw {

@@ -28,98 +28,6 @@ pub struct DataId {
     pub tokens: u64,
 }
 
-/// The optimizer and its hyperparameters (the step count is state, not config).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
-pub enum OptimJson {
-    /// AdamW.
-    Adamw {
-        /// Learning rate.
-        lr: f64,
-        /// (beta1, beta2).
-        betas: [f64; 2],
-        /// Denominator epsilon.
-        eps: f64,
-        /// Decoupled weight decay.
-        weight_decay: f64,
-    },
-    /// SGD.
-    Sgd {
-        /// Learning rate.
-        lr: f64,
-        /// Momentum factor.
-        momentum: f64,
-        /// Dampening.
-        dampening: f64,
-        /// Nesterov momentum.
-        nesterov: bool,
-        /// L2 weight decay.
-        weight_decay: f64,
-    },
-}
-
-impl From<OptimConfig> for OptimJson {
-    fn from(c: OptimConfig) -> Self {
-        match c {
-            OptimConfig::Adamw {
-                lr,
-                betas,
-                eps,
-                weight_decay,
-            } => OptimJson::Adamw {
-                lr,
-                betas: [betas.0, betas.1],
-                eps,
-                weight_decay,
-            },
-            OptimConfig::Sgd {
-                lr,
-                momentum,
-                dampening,
-                nesterov,
-                weight_decay,
-            } => OptimJson::Sgd {
-                lr,
-                momentum,
-                dampening,
-                nesterov,
-                weight_decay,
-            },
-        }
-    }
-}
-
-impl From<OptimJson> for OptimConfig {
-    fn from(j: OptimJson) -> Self {
-        match j {
-            OptimJson::Adamw {
-                lr,
-                betas,
-                eps,
-                weight_decay,
-            } => OptimConfig::Adamw {
-                lr,
-                betas: (betas[0], betas[1]),
-                eps,
-                weight_decay,
-            },
-            OptimJson::Sgd {
-                lr,
-                momentum,
-                dampening,
-                nesterov,
-                weight_decay,
-            } => OptimConfig::Sgd {
-                lr,
-                momentum,
-                dampening,
-                nesterov,
-                weight_decay,
-            },
-        }
-    }
-}
-
 /// The run's identity, as written to `DIR/config.json` and into every checkpoint.
 /// Keys in this order, every key always written (null where a method has no use for
 /// it: the count model has no batch, seq-len, seed or optimizer).
@@ -144,8 +52,8 @@ pub struct RunConfig {
     pub seq_len: Option<u64>,
     /// `--seed`.
     pub seed: Option<u64>,
-    /// The optimizer.
-    pub optimizer: Option<OptimJson>,
+    /// The optimizer and its hyperparameters (the step count is state, not config).
+    pub optimizer: Option<OptimConfig>,
 }
 
 /// A difference between the checkpoint's config and this run's flags.
@@ -247,7 +155,7 @@ fn same(a: f64, b: f64) -> bool {
     a.to_bits() == b.to_bits()
 }
 
-fn optim_mismatch(c: Option<&OptimJson>, g: Option<&OptimJson>) -> Option<Mismatch> {
+fn optim_mismatch(c: Option<&OptimConfig>, g: Option<&OptimConfig>) -> Option<Mismatch> {
     let m = |field: &str, c: String, g: String| {
         Some(Mismatch {
             field: field.to_string(),
@@ -255,21 +163,19 @@ fn optim_mismatch(c: Option<&OptimJson>, g: Option<&OptimJson>) -> Option<Mismat
             given: g,
         })
     };
-    let kind = |o: Option<&OptimJson>| match o {
-        Some(OptimJson::Adamw { .. }) => "adamw".to_string(),
-        Some(OptimJson::Sgd { .. }) => "sgd".to_string(),
-        None => "none".to_string(),
-    };
+    let kind = |o: Option<&OptimConfig>| o.map_or("none", OptimConfig::kind).to_string();
+    // Written as the config.json array, as before betas were a pair.
+    let pair = |(b1, b2): (f64, f64)| format!("{:?}", [b1, b2]);
     match (c, g) {
         (None, None) => None,
         (
-            Some(&OptimJson::Adamw {
+            Some(&OptimConfig::Adamw {
                 lr: l1,
                 betas: b1,
                 eps: e1,
                 weight_decay: w1,
             }),
-            Some(&OptimJson::Adamw {
+            Some(&OptimConfig::Adamw {
                 lr: l2,
                 betas: b2,
                 eps: e2,
@@ -280,8 +186,8 @@ fn optim_mismatch(c: Option<&OptimJson>, g: Option<&OptimJson>) -> Option<Mismat
                 m("--lr", l1.to_string(), l2.to_string())
             } else if !same(w1, w2) {
                 m("--weight-decay", w1.to_string(), w2.to_string())
-            } else if !same(b1[0], b2[0]) || !same(b1[1], b2[1]) {
-                m("betas", format!("{b1:?}"), format!("{b2:?}"))
+            } else if !same(b1.0, b2.0) || !same(b1.1, b2.1) {
+                m("betas", pair(b1), pair(b2))
             } else if !same(e1, e2) {
                 m("eps", e1.to_string(), e2.to_string())
             } else {
@@ -289,14 +195,14 @@ fn optim_mismatch(c: Option<&OptimJson>, g: Option<&OptimJson>) -> Option<Mismat
             }
         }
         (
-            Some(&OptimJson::Sgd {
+            Some(&OptimConfig::Sgd {
                 lr: l1,
                 momentum: m1,
                 dampening: d1,
                 nesterov: n1,
                 weight_decay: w1,
             }),
-            Some(&OptimJson::Sgd {
+            Some(&OptimConfig::Sgd {
                 lr: l2,
                 momentum: m2,
                 dampening: d2,
@@ -340,7 +246,7 @@ mod tests {
             batch: Some(4),
             seq_len: Some(16),
             seed: Some(7),
-            optimizer: Some(OptimConfig::adamw(0.01).into()),
+            optimizer: Some(OptimConfig::adamw(0.01)),
         }
     }
 
@@ -361,6 +267,85 @@ mod tests {
         );
     }
 
+    /// The exact config.json bytes of one AdamW and one SGD run: the optimizer's JSON
+    /// form is part of the run's identity and must never drift.
+    #[test]
+    fn optimizer_bytes_are_fixed() {
+        let head = format!(
+            "{{\"format\":\"tlio-train-bigram\",\"version\":1,\"model\":\"bigram\",\"method\":\"gradient\",\"vocab_size\":256,\"data\":[{{\"sha256\":\"{}\",\"tokens\":1000}}],\"batch\":4,\"seq_len\":16,\"seed\":7,\"optimizer\":",
+            "ab".repeat(32)
+        );
+        let cases = [
+            (
+                OptimConfig::Adamw {
+                    lr: 0.003,
+                    betas: (0.8, 0.95),
+                    eps: 1e-6,
+                    weight_decay: 0.0,
+                },
+                "{\"type\":\"adamw\",\"lr\":0.003,\"betas\":[0.8,0.95],\"eps\":1e-6,\"weight_decay\":0.0}}\n",
+            ),
+            (
+                OptimConfig::Sgd {
+                    lr: 0.1,
+                    momentum: 0.9,
+                    dampening: 0.0,
+                    nesterov: true,
+                    weight_decay: 0.0001,
+                },
+                "{\"type\":\"sgd\",\"lr\":0.1,\"momentum\":0.9,\"dampening\":0.0,\"nesterov\":true,\"weight_decay\":0.0001}}\n",
+            ),
+        ];
+        for (optim, tail) in cases {
+            let mut c = config();
+            c.optimizer = Some(optim);
+            let bytes = c.to_bytes();
+            assert_eq!(
+                String::from_utf8(bytes.clone()).unwrap(),
+                format!("{head}{tail}")
+            );
+            assert_eq!(RunConfig::from_bytes(&bytes).unwrap(), c);
+        }
+        let mut counts = config();
+        counts.method = "counts".into();
+        counts.batch = None;
+        counts.seq_len = None;
+        counts.seed = None;
+        counts.optimizer = None;
+        assert!(String::from_utf8(counts.to_bytes())
+            .unwrap()
+            .ends_with("\"batch\":null,\"seq_len\":null,\"seed\":null,\"optimizer\":null}\n"));
+    }
+
+    #[test]
+    fn optimizer_mismatch_texts_are_fixed() {
+        let with = |o: Option<OptimConfig>| {
+            let mut g = config();
+            g.optimizer = o;
+            g
+        };
+        let betas = OptimConfig::Adamw {
+            lr: 0.01,
+            betas: (0.8, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.01,
+        };
+        let m = config().first_mismatch(&with(Some(betas))).unwrap();
+        assert_eq!(
+            (m.field.as_str(), m.checkpoint.as_str(), m.given.as_str()),
+            ("betas", "[0.9, 0.999]", "[0.8, 0.999]")
+        );
+        let m = config()
+            .first_mismatch(&with(Some(OptimConfig::sgd(0.01, 0.9))))
+            .unwrap();
+        assert_eq!((m.checkpoint.as_str(), m.given.as_str()), ("adamw", "sgd"));
+        let m = config().first_mismatch(&with(None)).unwrap();
+        assert_eq!(
+            (m.field.as_str(), m.checkpoint.as_str(), m.given.as_str()),
+            ("--optimizer", "adamw", "none")
+        );
+    }
+
     #[test]
     fn mismatches_name_the_flag() {
         let c = config();
@@ -375,18 +360,18 @@ mod tests {
             ("--data (shard 0)", Box::new(|g| g.data[0].tokens = 999)),
             (
                 "--lr",
-                Box::new(|g| g.optimizer = Some(OptimConfig::adamw(0.02).into())),
+                Box::new(|g| g.optimizer = Some(OptimConfig::adamw(0.02))),
             ),
             (
                 "--optimizer",
-                Box::new(|g| g.optimizer = Some(OptimConfig::sgd(0.01, 0.9).into())),
+                Box::new(|g| g.optimizer = Some(OptimConfig::sgd(0.01, 0.9))),
             ),
             (
                 "--weight-decay",
                 Box::new(|g| {
-                    g.optimizer = Some(OptimJson::Adamw {
+                    g.optimizer = Some(OptimConfig::Adamw {
                         lr: 0.01,
-                        betas: [0.9, 0.999],
+                        betas: (0.9, 0.999),
                         eps: 1e-8,
                         weight_decay: 0.0,
                     })
@@ -401,7 +386,7 @@ mod tests {
         }
         let sgd = |mom| {
             let mut g = config();
-            g.optimizer = Some(OptimConfig::sgd(0.1, mom).into());
+            g.optimizer = Some(OptimConfig::sgd(0.1, mom));
             g
         };
         assert_eq!(

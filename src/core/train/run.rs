@@ -246,16 +246,21 @@ pub fn write_model(out: &mut dyn Write, model: &Bigram) -> io::Result<()> {
         .map_err(io::Error::other)
 }
 
-/// The checkpoint core's form of the optimizer's scalar state.
-fn optimizer_state(opt: &Optimizer) -> OptimizerState {
-    match *opt.config() {
+// The optimizer's scalar state crosses into the checkpoint core's on-disk form (which
+// must not depend on the optimizer) only through this pair of inverse conversions.
+
+/// The checkpoint core's form of the optimizer's scalar state (SGD's does not
+/// depend on the step, so its form has none).
+fn optimizer_state(header: OptimHeader) -> OptimizerState {
+    let step = header.step;
+    match header.config {
         OptimConfig::Adamw {
             lr,
             betas,
             eps,
             weight_decay,
         } => OptimizerState::AdamW {
-            step: opt.step_count(),
+            step,
             lr,
             betas: [betas.0, betas.1],
             eps,
@@ -277,6 +282,7 @@ fn optimizer_state(opt: &Optimizer) -> OptimizerState {
     }
 }
 
+/// The inverse of [`optimizer_state`] (SGD at step 0).
 fn optim_header(state: &OptimizerState) -> OptimHeader {
     match *state {
         OptimizerState::AdamW {
@@ -317,7 +323,7 @@ fn optim_header(state: &OptimizerState) -> OptimHeader {
 /// `bigram.weight`) and metadata {"format":"tinyllm","state":<JSON>}.
 pub fn write_optimizer(out: &mut dyn Write, opt: &Optimizer, shape: &[u64]) -> io::Result<()> {
     let meta = OptimizerFile {
-        state: optimizer_state(opt),
+        state: optimizer_state(opt.header()),
         tensors: BTreeMap::new(),
     }
     .metadata()
@@ -645,7 +651,7 @@ fn build_config(spec: &RunSpec, vocab: u32, shards: &[Shard]) -> Result<Vec<u8>,
         batch: gradient.then_some(spec.batch as u64),
         seq_len: gradient.then_some(spec.seq_len as u64),
         seed: gradient.then_some(spec.seed),
-        optimizer: gradient.then(|| spec.optim.into()),
+        optimizer: gradient.then_some(spec.optim),
     };
     Ok(config.to_bytes())
 }
@@ -899,6 +905,45 @@ mod tests {
     use super::*;
     use crate::core::tokens::ShardWriter;
 
+    #[test]
+    fn optimizer_state_conversions_are_inverse() {
+        let adamw = OptimHeader {
+            config: OptimConfig::Adamw {
+                lr: 0.003,
+                betas: (0.8, 0.95),
+                eps: 1e-6,
+                weight_decay: 0.0,
+            },
+            step: 7,
+        };
+        let sgd = OptimHeader {
+            config: OptimConfig::Sgd {
+                lr: 0.1,
+                momentum: 0.9,
+                dampening: 0.25,
+                nesterov: false,
+                weight_decay: 1e-4,
+            },
+            step: 0,
+        };
+        for header in [adamw, sgd] {
+            assert_eq!(optim_header(&optimizer_state(header)), header);
+        }
+        assert_eq!(
+            optimizer_state(adamw),
+            OptimizerState::AdamW {
+                step: 7,
+                lr: 0.003,
+                betas: [0.8, 0.95],
+                eps: 1e-6,
+                weight_decay: 0.0,
+            }
+        );
+        // SGD's on-disk state has no step: it reads back at step 0.
+        let later = OptimHeader { step: 5, ..sgd };
+        assert_eq!(optim_header(&optimizer_state(later)), sgd);
+    }
+
     const TEXT: &str = "a bigram model predicts the next byte from the current one; \
         a run killed at any instant resumes from its newest checkpoint and ends \
         bitwise equal to a run that was never interrupted. ";
@@ -928,7 +973,7 @@ mod tests {
             batch: Some(4),
             seq_len: Some(8),
             seed: Some(11),
-            optimizer: Some(optim.into()),
+            optimizer: Some(optim),
         }
         .to_bytes()
     }
