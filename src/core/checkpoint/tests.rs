@@ -943,3 +943,25 @@ fn rel(base: &Path, p: &Path) -> String {
         r.display().to_string()
     }
 }
+
+#[test]
+fn verify_names_a_file_of_the_wrong_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let step_dir = save(dir.path(), request(5)).unwrap().path;
+    let p = step_dir.join(MODEL_NAME);
+    let len = fs::metadata(&p).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len - 1)
+        .unwrap();
+    assert_eq!(
+        verify(&step_dir),
+        [Problem::Size {
+            name: MODEL_NAME.into(),
+            expected: len,
+            actual: len - 1,
+        }]
+    );
+}

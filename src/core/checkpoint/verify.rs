@@ -280,23 +280,28 @@ pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspectio
         }
         let path = step_dir.join(name);
         let is_json = name.ends_with(".json");
+        // Opening and reading fail alike, and the size is checked before reading (from
+        // the metadata) and after (by the bytes actually read).
+        let unreadable = |e: io::Error| Problem::Unreadable {
+            name: name.clone(),
+            reason: e.to_string(),
+        };
+        let wrong_size = |actual: u64| {
+            (actual != entry.size).then(|| Problem::Size {
+                name: name.clone(),
+                expected: entry.size,
+                actual,
+            })
+        };
         let mut file = match open_no_follow(&path) {
             Ok(f) => f,
             Err(e) => {
-                out.problems.push(Problem::Unreadable {
-                    name: name.clone(),
-                    reason: e.to_string(),
-                });
+                out.problems.push(unreadable(e));
                 continue;
             }
         };
-        let actual_size = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
-        if actual_size != entry.size {
-            out.problems.push(Problem::Size {
-                name: name.clone(),
-                expected: entry.size,
-                actual: actual_size,
-            });
+        if let Some(p) = wrong_size(file.metadata().map(|m| m.len()).unwrap_or(u64::MAX)) {
+            out.problems.push(p);
             continue;
         }
         let mut kept = Vec::new();
@@ -304,21 +309,14 @@ pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspectio
         let (n, digest) = match sha256_stream(&mut file, keep, progress) {
             Ok(r) => r,
             Err(e) => {
-                out.problems.push(Problem::Unreadable {
-                    name: name.clone(),
-                    reason: e.to_string(),
-                });
+                out.problems.push(unreadable(e));
                 continue;
             }
         };
         out.size = out.size.saturating_add(n);
         let actual = hex(&digest);
-        if n != entry.size {
-            out.problems.push(Problem::Size {
-                name: name.clone(),
-                expected: entry.size,
-                actual: n,
-            });
+        if let Some(p) = wrong_size(n) {
+            out.problems.push(p);
             continue;
         }
         if actual != entry.sha256 {

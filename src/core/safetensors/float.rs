@@ -390,6 +390,14 @@ fn encode_with(
             value: v,
             failure,
         };
+        // An integer dtype (or BOOL) takes `v` only when it is an integer in its range.
+        let exact = |min, max_exclusive| {
+            if exact_int(v, min, max_exclusive) {
+                Ok(v)
+            } else {
+                Err(fail(EncodeFailure::NotExact))
+            }
+        };
         match dtype {
             Dtype::F64 => out.extend_from_slice(&v.to_le_bytes()),
             Dtype::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
@@ -397,60 +405,21 @@ fn encode_with(
             Dtype::F16 => out.extend_from_slice(&f64_to_f16(v).to_le_bytes()),
             Dtype::F8_E4M3 => out.push(f64_to_e4m3(v).ok_or(fail(EncodeFailure::OutOfRange))?),
             Dtype::F8_E5M2 => out.push(f64_to_e5m2(v)),
-            Dtype::U64 => {
-                if !exact_int(v, 0.0, TWO_64) {
-                    return Err(fail(EncodeFailure::NotExact));
-                }
-                out.extend_from_slice(&(v as u64).to_le_bytes());
-            }
-            Dtype::I64 => {
-                if !exact_int(v, -TWO_63, TWO_63) {
-                    return Err(fail(EncodeFailure::NotExact));
-                }
-                out.extend_from_slice(&(v as i64).to_le_bytes());
-            }
+            Dtype::U64 => out.extend_from_slice(&(exact(0.0, TWO_64)? as u64).to_le_bytes()),
+            Dtype::I64 => out.extend_from_slice(&(exact(-TWO_63, TWO_63)? as i64).to_le_bytes()),
             Dtype::U32 => {
-                if !exact_int(v, 0.0, 4_294_967_296.0) {
-                    return Err(fail(EncodeFailure::NotExact));
-                }
-                out.extend_from_slice(&(v as u32).to_le_bytes());
+                out.extend_from_slice(&(exact(0.0, 4_294_967_296.0)? as u32).to_le_bytes())
             }
-            Dtype::I32 => {
-                if !exact_int(v, -2_147_483_648.0, 2_147_483_648.0) {
-                    return Err(fail(EncodeFailure::NotExact));
-                }
-                out.extend_from_slice(&(v as i32).to_le_bytes());
-            }
-            Dtype::U16 => {
-                if !exact_int(v, 0.0, 65_536.0) {
-                    return Err(fail(EncodeFailure::NotExact));
-                }
-                out.extend_from_slice(&(v as u16).to_le_bytes());
-            }
+            Dtype::I32 => out.extend_from_slice(
+                &(exact(-2_147_483_648.0, 2_147_483_648.0)? as i32).to_le_bytes(),
+            ),
+            Dtype::U16 => out.extend_from_slice(&(exact(0.0, 65_536.0)? as u16).to_le_bytes()),
             Dtype::I16 => {
-                if !exact_int(v, -32_768.0, 32_768.0) {
-                    return Err(fail(EncodeFailure::NotExact));
-                }
-                out.extend_from_slice(&(v as i16).to_le_bytes());
+                out.extend_from_slice(&(exact(-32_768.0, 32_768.0)? as i16).to_le_bytes())
             }
-            Dtype::U8 => {
-                if !exact_int(v, 0.0, 256.0) {
-                    return Err(fail(EncodeFailure::NotExact));
-                }
-                out.push(v as u8);
-            }
-            Dtype::I8 => {
-                if !exact_int(v, -128.0, 128.0) {
-                    return Err(fail(EncodeFailure::NotExact));
-                }
-                out.push(v as i8 as u8);
-            }
-            Dtype::BOOL => {
-                if !exact_int(v, 0.0, 2.0) {
-                    return Err(fail(EncodeFailure::NotExact));
-                }
-                out.push(v as u8);
-            }
+            Dtype::U8 => out.push(exact(0.0, 256.0)? as u8),
+            Dtype::I8 => out.push(exact(-128.0, 128.0)? as i8 as u8),
+            Dtype::BOOL => out.push(exact(0.0, 2.0)? as u8),
             Dtype::C64
             | Dtype::F8_E5M2FNUZ
             | Dtype::F8_E4M3FNUZ

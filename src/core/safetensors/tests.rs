@@ -831,3 +831,78 @@ proptest! {
         }
     }
 }
+
+/// Every integer dtype (and BOOL) takes exactly the integers of its range: both ends
+/// encode to their little-endian bytes, one past either end and a fraction refuse.
+#[test]
+fn integer_encoding_takes_exactly_its_range() {
+    let two63 = 9_223_372_036_854_775_808.0;
+    let two64 = 18_446_744_073_709_551_616.0;
+    let cases: [(Dtype, f64, f64, Vec<u8>); 9] = [
+        (Dtype::BOOL, 0.0, 1.0, vec![0, 1]),
+        (Dtype::U8, 0.0, 255.0, vec![0, 255]),
+        (Dtype::I8, -128.0, 127.0, vec![0x80, 0x7f]),
+        (
+            Dtype::U16,
+            0.0,
+            65_535.0,
+            [0u16.to_le_bytes(), u16::MAX.to_le_bytes()].concat(),
+        ),
+        (
+            Dtype::I16,
+            -32_768.0,
+            32_767.0,
+            [i16::MIN.to_le_bytes(), i16::MAX.to_le_bytes()].concat(),
+        ),
+        (
+            Dtype::U32,
+            0.0,
+            4_294_967_295.0,
+            [0u32.to_le_bytes(), u32::MAX.to_le_bytes()].concat(),
+        ),
+        (
+            Dtype::I32,
+            -2_147_483_648.0,
+            2_147_483_647.0,
+            [i32::MIN.to_le_bytes(), i32::MAX.to_le_bytes()].concat(),
+        ),
+        // The largest f64 below 2^64 (and 2^63) is 2^64 - 2048 (2^63 - 1024).
+        (
+            Dtype::U64,
+            0.0,
+            two64 - 2048.0,
+            [0u64.to_le_bytes(), (u64::MAX - 2047).to_le_bytes()].concat(),
+        ),
+        (
+            Dtype::I64,
+            -two63,
+            two63 - 1024.0,
+            [i64::MIN.to_le_bytes(), (i64::MAX - 1023).to_le_bytes()].concat(),
+        ),
+    ];
+    for (dtype, min, max, bytes) in cases {
+        let mut out = Vec::new();
+        encode_f64(dtype, &[min, max], &mut out).unwrap();
+        assert_eq!(out, bytes, "{dtype:?}");
+        let above = if dtype == Dtype::U64 {
+            two64
+        } else if dtype == Dtype::I64 {
+            two63
+        } else {
+            max + 1.0
+        };
+        let below = if dtype == Dtype::I64 {
+            -two63 - 2048.0
+        } else {
+            min - 1.0
+        };
+        for bad in [below, above, 0.5, f64::NAN, f64::INFINITY] {
+            let err = encode_f64(dtype, &[min, bad], &mut Vec::new()).unwrap_err();
+            assert_eq!(
+                (err.index, err.failure),
+                (1, EncodeFailure::NotExact),
+                "{dtype:?} {bad}"
+            );
+        }
+    }
+}
