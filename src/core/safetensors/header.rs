@@ -338,14 +338,31 @@ impl Ctx {
 }
 
 /// A visitor that rejects every JSON value kind except those it overrides, through one
-/// function, so that the typed error names what was expected.
+/// function, so that the typed error names what was expected: the scalar methods with
+/// their value types, then after `;` the compound kinds (`unit`, `seq`, `map`).
 macro_rules! reject_others {
-    ($($method:ident($ty:ty)),* $(,)?) => {
+    (@unit) => {
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Err(self.reject())
+        }
+    };
+    (@seq) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<Self::Value, A::Error> {
+            Err(self.reject())
+        }
+    };
+    (@map) => {
+        fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<Self::Value, A::Error> {
+            Err(self.reject())
+        }
+    };
+    ($($method:ident($ty:ty)),* $(,)? ; $($kind:ident),* $(,)?) => {
         $(
             fn $method<E: de::Error>(self, _v: $ty) -> Result<Self::Value, E> {
                 Err(self.reject())
             }
         )*
+        $(reject_others!(@$kind);)*
     };
 }
 
@@ -416,14 +433,10 @@ impl<'de> Visitor<'de> for MetaSeed<'_> {
         visit_i64(i64),
         visit_u64(u64),
         visit_f64(f64),
-        visit_str(&str),
+        visit_str(&str);
+        unit,
+        seq,
     );
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Err(self.reject())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<Self::Value, A::Error> {
-        Err(self.reject())
-    }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let ctx = self.0;
         let mut out = BTreeMap::new();
@@ -478,17 +491,11 @@ impl<'de, F: Fn() -> SafetensorsError> Visitor<'de> for StrSeed<'_, F> {
         visit_bool(bool),
         visit_i64(i64),
         visit_u64(u64),
-        visit_f64(f64),
+        visit_f64(f64);
+        unit,
+        seq,
+        map,
     );
-    fn visit_unit<E: de::Error>(self) -> Result<String, E> {
-        Err(self.reject())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<String, A::Error> {
-        Err(self.reject())
-    }
-    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<String, A::Error> {
-        Err(self.reject())
-    }
 }
 
 type Entry = (Dtype, Vec<u64>, (u64, u64));
@@ -523,14 +530,10 @@ impl<'de> Visitor<'de> for EntrySeed<'_, '_> {
         visit_i64(i64),
         visit_u64(u64),
         visit_f64(f64),
-        visit_str(&str),
+        visit_str(&str);
+        unit,
+        seq,
     );
-    fn visit_unit<E: de::Error>(self) -> Result<Entry, E> {
-        Err(self.reject())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<Entry, A::Error> {
-        Err(self.reject())
-    }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry, A::Error> {
         let ctx = self.ctx;
         let tensor = || self.name.to_string();
@@ -665,14 +668,10 @@ impl<'de> Visitor<'de> for IntsSeed<'_, '_> {
         visit_i64(i64),
         visit_u64(u64),
         visit_f64(f64),
-        visit_str(&str),
+        visit_str(&str);
+        unit,
+        map,
     );
-    fn visit_unit<E: de::Error>(self) -> Result<Vec<u64>, E> {
-        Err(self.reject())
-    }
-    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<Vec<u64>, A::Error> {
-        Err(self.reject())
-    }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
         // Grows with the JSON text, never with a number written in it.
         let mut out = Vec::new();
