@@ -226,32 +226,33 @@ pub fn e8m0_to_f32(c: u8) -> f32 {
     }
 }
 
+/// Append `f` of each whole `N`-byte chunk of `bytes` to `out` (a trailing partial
+/// chunk is ignored; callers pass whole elements).
+#[inline]
+fn each<const N: usize, T>(bytes: &[u8], out: &mut Vec<T>, f: impl Fn([u8; N]) -> T) {
+    out.extend(bytes.chunks_exact(N).map(|c| {
+        let mut a = [0u8; N];
+        a.copy_from_slice(c);
+        f(a)
+    }));
+}
+
 /// Decode raw little-endian bytes of `dtype` into `out` (appending). C64 yields two
 /// values per element (real, imaginary); integers convert with `as` (I64/U64 beyond
 /// 2^24 round in f32); BOOL yields its byte. Returns false for the raw-only sub-byte
 /// dtypes. `bytes` must hold whole elements.
 pub fn decode_f32(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) -> bool {
-    macro_rules! each {
-        ($n:expr, $f:expr) => {
-            out.extend(bytes.chunks_exact($n).map(|c| {
-                let mut a = [0u8; $n];
-                a.copy_from_slice(c);
-                #[allow(clippy::redundant_closure_call)]
-                $f(a)
-            }))
-        };
-    }
     match dtype {
-        Dtype::F32 | Dtype::C64 => each!(4, f32::from_le_bytes),
-        Dtype::F64 => each!(8, |a| f64::from_le_bytes(a) as f32),
-        Dtype::BF16 => each!(2, |a| bf16_to_f32(u16::from_le_bytes(a))),
-        Dtype::F16 => each!(2, |a| f16_to_f32(u16::from_le_bytes(a))),
-        Dtype::U64 => each!(8, |a| u64::from_le_bytes(a) as f32),
-        Dtype::I64 => each!(8, |a| i64::from_le_bytes(a) as f32),
-        Dtype::U32 => each!(4, |a| u32::from_le_bytes(a) as f32),
-        Dtype::I32 => each!(4, |a| i32::from_le_bytes(a) as f32),
-        Dtype::U16 => each!(2, |a| f32::from(u16::from_le_bytes(a))),
-        Dtype::I16 => each!(2, |a| f32::from(i16::from_le_bytes(a))),
+        Dtype::F32 | Dtype::C64 => each(bytes, out, f32::from_le_bytes),
+        Dtype::F64 => each(bytes, out, |a| f64::from_le_bytes(a) as f32),
+        Dtype::BF16 => each(bytes, out, |a| bf16_to_f32(u16::from_le_bytes(a))),
+        Dtype::F16 => each(bytes, out, |a| f16_to_f32(u16::from_le_bytes(a))),
+        Dtype::U64 => each(bytes, out, |a| u64::from_le_bytes(a) as f32),
+        Dtype::I64 => each(bytes, out, |a| i64::from_le_bytes(a) as f32),
+        Dtype::U32 => each(bytes, out, |a| u32::from_le_bytes(a) as f32),
+        Dtype::I32 => each(bytes, out, |a| i32::from_le_bytes(a) as f32),
+        Dtype::U16 => each(bytes, out, |a| f32::from(u16::from_le_bytes(a))),
+        Dtype::I16 => each(bytes, out, |a| f32::from(i16::from_le_bytes(a))),
         Dtype::F8_E4M3 => out.extend(bytes.iter().map(|&c| e4m3_to_f32(c))),
         Dtype::F8_E5M2 => out.extend(bytes.iter().map(|&c| e5m2_to_f32(c))),
         Dtype::F8_E4M3FNUZ => out.extend(bytes.iter().map(|&c| e4m3fnuz_to_f32(c))),
@@ -266,22 +267,12 @@ pub fn decode_f32(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) -> bool {
 
 /// Like [`decode_f32`] into f64: exact for every dtype except I64/U64 beyond 2^53.
 pub fn decode_f64(dtype: Dtype, bytes: &[u8], out: &mut Vec<f64>) -> bool {
-    macro_rules! each {
-        ($n:expr, $f:expr) => {
-            out.extend(bytes.chunks_exact($n).map(|c| {
-                let mut a = [0u8; $n];
-                a.copy_from_slice(c);
-                #[allow(clippy::redundant_closure_call)]
-                $f(a)
-            }))
-        };
-    }
     match dtype {
-        Dtype::F64 => each!(8, f64::from_le_bytes),
-        Dtype::U64 => each!(8, |a| u64::from_le_bytes(a) as f64),
-        Dtype::I64 => each!(8, |a| i64::from_le_bytes(a) as f64),
-        Dtype::U32 => each!(4, |a| f64::from(u32::from_le_bytes(a))),
-        Dtype::I32 => each!(4, |a| f64::from(i32::from_le_bytes(a))),
+        Dtype::F64 => each(bytes, out, f64::from_le_bytes),
+        Dtype::U64 => each(bytes, out, |a| u64::from_le_bytes(a) as f64),
+        Dtype::I64 => each(bytes, out, |a| i64::from_le_bytes(a) as f64),
+        Dtype::U32 => each(bytes, out, |a| f64::from(u32::from_le_bytes(a))),
+        Dtype::I32 => each(bytes, out, |a| f64::from(i32::from_le_bytes(a))),
         _ => {
             // Every other dtype decodes exactly to f32, and f32 widens exactly.
             let start = out.len();
@@ -300,24 +291,15 @@ pub fn decode_f64(dtype: Dtype, bytes: &[u8], out: &mut Vec<f64>) -> bool {
 /// Decode integer and BOOL dtypes exactly (every I64/U64 value fits an i128). Returns
 /// false for other dtypes.
 pub fn decode_ints(dtype: Dtype, bytes: &[u8], out: &mut Vec<i128>) -> bool {
-    macro_rules! each {
-        ($n:expr, $t:ty) => {
-            out.extend(bytes.chunks_exact($n).map(|c| {
-                let mut a = [0u8; $n];
-                a.copy_from_slice(c);
-                i128::from(<$t>::from_le_bytes(a))
-            }))
-        };
-    }
     match dtype {
-        Dtype::U64 => each!(8, u64),
-        Dtype::I64 => each!(8, i64),
-        Dtype::U32 => each!(4, u32),
-        Dtype::I32 => each!(4, i32),
-        Dtype::U16 => each!(2, u16),
-        Dtype::I16 => each!(2, i16),
-        Dtype::I8 => each!(1, i8),
-        Dtype::U8 | Dtype::BOOL => each!(1, u8),
+        Dtype::U64 => each(bytes, out, |a| i128::from(u64::from_le_bytes(a))),
+        Dtype::I64 => each(bytes, out, |a| i128::from(i64::from_le_bytes(a))),
+        Dtype::U32 => each(bytes, out, |a| i128::from(u32::from_le_bytes(a))),
+        Dtype::I32 => each(bytes, out, |a| i128::from(i32::from_le_bytes(a))),
+        Dtype::U16 => each(bytes, out, |a| i128::from(u16::from_le_bytes(a))),
+        Dtype::I16 => each(bytes, out, |a| i128::from(i16::from_le_bytes(a))),
+        Dtype::I8 => each(bytes, out, |a| i128::from(i8::from_le_bytes(a))),
+        Dtype::U8 | Dtype::BOOL => each(bytes, out, |a| i128::from(u8::from_le_bytes(a))),
         _ => return false,
     }
     true
