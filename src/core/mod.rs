@@ -8,6 +8,7 @@ use crate::error::ExitClass;
 
 pub mod atomic;
 pub mod checkpoint;
+pub mod model;
 pub mod optim;
 pub mod pcg;
 pub mod safetensors;
@@ -24,6 +25,9 @@ pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitCla
         return Some(e.exit_class());
     }
     if let Some(e) = err.downcast_ref::<checkpoint::optimizer::OptimizerError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<model::ModelError>() {
         return Some(e.exit_class());
     }
     if let Some(e) = err.downcast_ref::<optim::OptimError>() {

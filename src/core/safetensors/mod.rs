@@ -19,7 +19,6 @@ pub mod diff;
 pub mod dtype;
 pub mod float;
 pub mod header;
-pub mod index;
 pub mod mmap;
 pub mod stats;
 pub mod verify;
@@ -331,14 +330,6 @@ pub enum SafetensorsError {
         /// The path.
         path: PathBuf,
     },
-    /// A sharded index is malformed or disagrees with its shards.
-    #[error("index {}: {detail}", .path.display())]
-    Index {
-        /// The index file.
-        path: PathBuf,
-        /// What is wrong.
-        detail: String,
-    },
     /// The file changed size between reading its header and mapping it.
     #[error("{} changed size while being read ({expected} then {actual} bytes)", .path.display())]
     Changed {
@@ -363,7 +354,6 @@ impl SafetensorsError {
             | E::Changed { .. }
             | E::BadTarget { .. }
             | E::SameFile { .. } => return None,
-            E::Index { .. } => "index",
             E::TooShort { .. } | E::HeaderTooLarge { .. } | E::HeaderPastEnd { .. } => {
                 "rule-1-header-length"
             }

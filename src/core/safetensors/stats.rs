@@ -49,7 +49,7 @@ pub struct TensorStats {
 
 /// Running accumulator (Chan et al.'s parallel update of mean and squared deviations).
 #[derive(Default)]
-struct Acc {
+pub struct Acc {
     n: u64,
     mean: f64,
     m2: f64,
@@ -61,7 +61,8 @@ struct Acc {
 }
 
 impl Acc {
-    fn add_chunk(&mut self, values: &[f64]) {
+    /// Add a chunk of values.
+    pub fn add_chunk(&mut self, values: &[f64]) {
         let mut n = 0u64;
         let mut sum = 0.0;
         let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
@@ -104,7 +105,8 @@ impl Acc {
         self.n = total;
     }
 
-    fn finish(self) -> TensorStats {
+    /// The statistics of everything added.
+    pub fn finish(self) -> TensorStats {
         let some = |v| (self.n > 0).then_some(v);
         TensorStats {
             count: self.count,
