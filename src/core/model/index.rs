@@ -95,6 +95,15 @@ pub fn read(path: &Path, problems: &mut Vec<Finding>) -> Result<Option<Parsed>, 
         return Ok(None);
     }
     let text = std::fs::read(path).map_err(io)?;
+    // serde would accept a JSON array for a struct: the document must be an object.
+    if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        problems.push(finding(
+            "index-json",
+            None,
+            "index (document): the index is not a JSON object".to_string(),
+        ));
+        return Ok(None);
+    }
     let index: IndexFile = match serde_json::from_slice(&text) {
         Ok(i) => i,
         Err(e) => {
