@@ -12,7 +12,7 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::core::atomic::AtomicError;
-use crate::error::{Classify, ExitClass};
+use crate::core::failure::{Failure, FailureKind};
 
 pub mod convert;
 pub mod diff;
@@ -419,16 +419,45 @@ impl SafetensorsError {
     }
 }
 
-impl Classify for SafetensorsError {
-    fn exit_class(&self) -> ExitClass {
+impl Failure for SafetensorsError {
+    fn kind(&self) -> FailureKind {
         match self {
             SafetensorsError::Io { .. }
             | SafetensorsError::Write(_)
             | SafetensorsError::Atomic(_)
             | SafetensorsError::Changed { .. }
             | SafetensorsError::BadTarget { .. }
-            | SafetensorsError::SameFile { .. } => ExitClass::Operational,
-            _ => ExitClass::Invalid,
+            | SafetensorsError::SameFile { .. } => FailureKind::Operational,
+            SafetensorsError::TooShort { .. }
+            | SafetensorsError::HeaderTooLarge { .. }
+            | SafetensorsError::HeaderPastEnd { .. }
+            | SafetensorsError::Json { .. }
+            | SafetensorsError::NotUtf8 { .. }
+            | SafetensorsError::NotObject
+            | SafetensorsError::DuplicateKey { .. }
+            | SafetensorsError::TrailingCharacters { .. }
+            | SafetensorsError::MetadataNotObject
+            | SafetensorsError::MetadataNotString { .. }
+            | SafetensorsError::EntryNotObject { .. }
+            | SafetensorsError::UnknownKey { .. }
+            | SafetensorsError::MissingKey { .. }
+            | SafetensorsError::UnknownDtype { .. }
+            | SafetensorsError::BadShape { .. }
+            | SafetensorsError::BadOffsets { .. }
+            | SafetensorsError::Overflow { .. }
+            | SafetensorsError::SubByte { .. }
+            | SafetensorsError::ByteCount { .. }
+            | SafetensorsError::Tiling { .. }
+            | SafetensorsError::ReservedName
+            | SafetensorsError::DuplicateTensor { .. }
+            | SafetensorsError::DataLength { .. }
+            | SafetensorsError::RawOnly { .. }
+            | SafetensorsError::OutOfRange { .. }
+            | SafetensorsError::NotExact { .. }
+            | SafetensorsError::HeaderTooLargeToWrite { .. }
+            | SafetensorsError::NoSuchTensor { .. }
+            | SafetensorsError::CannotDecode { .. }
+            | SafetensorsError::Index { .. } => FailureKind::Invalid,
         }
     }
 }
