@@ -16,7 +16,8 @@ use crate::core::checkpoint::{
     self, load::Survey, parse_step_name, step_name, verify as ckverify, Latest, Payload, Problem,
     SaveRequest, TrainerState, MANIFEST_NAME,
 };
-use crate::output::{escape, Printer};
+use crate::core::text::escape;
+use crate::output::Printer;
 
 /// The `ckpt` subcommands.
 #[derive(Debug, Subcommand)]
@@ -166,7 +167,7 @@ struct StepJson {
 fn status(problems: &[Problem]) -> String {
     problems
         .first()
-        .map(|p| escape(&p.to_string()))
+        .map(|p| p.to_string())
         .unwrap_or_else(|| "ok".to_string())
 }
 
@@ -202,11 +203,7 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     let ins = ckverify::inspect_with(path, &mut |n| bar.inc(n));
     bar.finish_and_clear();
     let ok = ins.problems.is_empty();
-    let problems: Vec<String> = ins
-        .problems
-        .iter()
-        .map(|p| escape(&p.to_string()))
-        .collect();
+    let problems: Vec<String> = ins.problems.iter().map(|p| p.to_string()).collect();
     if printer.json {
         #[derive(Serialize)]
         struct Out {
@@ -227,7 +224,7 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
             writeln!(out, "ok ({} bytes verified)", ins.size)?;
         } else {
             for p in &problems {
-                writeln!(out, "{p}")?;
+                writeln!(out, "{}", escape(p))?;
             }
         }
     }
@@ -242,7 +239,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             step: r.step,
             name: step_name(r.step),
             status: status(&r.problems),
-            problems: r.problems.iter().map(|p| escape(&p.to_string())).collect(),
+            problems: r.problems.iter().map(|p| p.to_string()).collect(),
             size: r.size,
             latest: r.latest,
             newer_than_latest: r.newer_than_latest,
@@ -251,7 +248,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         .collect();
     let (latest, latest_problem) = match &survey.latest {
         Latest::Missing => (None, Some("no LATEST".to_string())),
-        Latest::Malformed(why) => (None, Some(escape(why))),
+        Latest::Malformed(why) => (None, Some(why.clone())),
         Latest::Names(n) if !survey.rows.iter().any(|r| r.step == *n) => (
             Some(step_name(*n)),
             Some(format!(
@@ -293,7 +290,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             if s.newer_than_latest && s.problems.is_empty() {
                 "ok (newer than LATEST: ignored)".to_string()
             } else {
-                s.status.clone()
+                escape(&s.status)
             },
             s.size.to_string(),
             if s.latest { "LATEST" } else { "" }.to_string(),
@@ -303,7 +300,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     let mut out = printer.out();
     writeln!(out, "{table}")?;
     if let Some(p) = &latest_problem {
-        writeln!(out, "{p}")?;
+        writeln!(out, "{}", escape(p))?;
     }
     for s in &stale {
         writeln!(out, "stale: {} (removed by the next save or gc)", escape(s))?;
@@ -350,7 +347,7 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            (escape(&name), r.reason.describe())
+            (name, r.reason.describe())
         })
         .collect();
     if printer.json {
@@ -375,7 +372,7 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
         let mut out = printer.out();
         let verb = if dry_run { "would remove" } else { "removed" };
         for (name, reason) in &rows {
-            writeln!(out, "{verb} {name} ({reason})")?;
+            writeln!(out, "{verb} {} ({reason})", escape(name))?;
         }
         if rows.is_empty() {
             writeln!(out, "nothing to remove")?;

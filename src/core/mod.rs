@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod optim;
 pub mod pcg;
 pub mod safetensors;
+pub mod text;
 pub mod tokens;
 pub mod train;
 
