@@ -122,8 +122,17 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(err) {
         return ExitCode::SUCCESS;
     }
-    let _ = writeln!(io::stderr().lock(), "tlio: error: {}", one_line(err));
+    let _ = writeln!(io::stderr().lock(), "{} {}", error_prefix(), one_line(err));
     ExitCode::from(classify(err).code())
+}
+
+/// `tlio: error:`, in red when stderr gets colour (`--color`, NO_COLOR, a terminal).
+fn error_prefix() -> String {
+    crate::output::paint(
+        "tlio: error:",
+        crate::output::Tone::Bad,
+        crate::output::stderr_color(),
+    )
 }
 
 /// Report a command-line parsing outcome that is not a parsed command: `--help` and
@@ -143,7 +152,20 @@ pub fn report_usage(err: &clap::Error) -> ExitCode {
         let _ = err.print();
         return ExitCode::SUCCESS;
     }
-    let _ = writeln!(io::stderr().lock(), "{}", usage_line(err));
+    if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // `tlio` or `tlio st` alone: the list of commands, on stdout like --help, then
+        // the one error line; still a usage error (exit 2), so a script that forgot
+        // its command does not read success.
+        let mut out = io::stdout().lock();
+        let _ = write!(out, "{}", err.render()).and_then(|()| out.flush());
+    }
+    let mut line = usage_line(err);
+    if crate::output::stderr_color() {
+        if let Some(rest) = line.strip_prefix("tlio: error: ") {
+            line = format!("{} {rest}", error_prefix());
+        }
+    }
+    let _ = writeln!(io::stderr().lock(), "{line}");
     ExitCode::from(ExitClass::Operational.code())
 }
 

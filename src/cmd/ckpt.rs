@@ -1,5 +1,5 @@
 //! `tlio ckpt`: commit existing files as an atomic checkpoint (`save`), check a
-//! checkpoint directory (`verify`), print the directory `load` would pick (`latest`),
+//! checkpoint directory (`verify`), print the step a resume would load (`latest`),
 //! and clean up (`gc`). Each command is one call of `core::checkpoint` plus printing.
 
 use std::borrow::Cow;
@@ -23,23 +23,32 @@ use crate::output::Printer;
 #[derive(Debug, Subcommand)]
 pub enum CkptCommand {
     /// Commit existing files as checkpoint step N of DIR, atomically (inputs are copied).
+    #[command(after_help = SAVE_EXAMPLES)]
     Save(SaveArgs),
     /// Verify every step directory of DIR (or one step directory) against its manifest.
+    #[command(after_help = VERIFY_EXAMPLES)]
     Verify {
         /// A checkpoint directory, or one step directory in it.
+        #[arg(value_name = "DIR")]
         path: PathBuf,
     },
-    /// Print the path of the step directory `load` would pick; exit 1 when none.
+    /// Print the path of the newest step directory that verifies, the one `train
+    /// bigram --resume` continues from (LATEST, or the newest older step when LATEST's
+    /// fails); exit 1 when none.
+    #[command(after_help = LATEST_EXAMPLES)]
     Latest {
-        /// The checkpoint directory.
+        /// A checkpoint directory.
+        #[arg(value_name = "DIR")]
         dir: PathBuf,
     },
     /// Remove stale temporaries, steps newer than LATEST and steps beyond the newest K.
+    #[command(after_help = GC_EXAMPLES)]
     Gc {
-        /// The checkpoint directory.
+        /// A checkpoint directory.
+        #[arg(value_name = "DIR")]
         dir: PathBuf,
         /// How many valid steps to keep (at least 1).
-        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
         keep: u64,
         /// List what would be removed without removing it.
         #[arg(long)]
@@ -47,38 +56,62 @@ pub enum CkptCommand {
     },
 }
 
+const SAVE_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt save ckpt --step 100 --model model.safetensors --tokens-seen 51200 --lr 0.01
+  tlio ckpt save ckpt --step 200 --model model.safetensors --optimizer optim.safetensors --keep 3
+  tlio ckpt save ckpt --step 300 --model model.safetensors --state trainer_state.json";
+
+const VERIFY_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt verify run/ckpt
+  tlio ckpt verify run/ckpt/step-000100
+  tlio --json ckpt verify run/ckpt";
+
+const LATEST_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt latest run/ckpt
+  step=$(tlio ckpt latest run/ckpt) && ls \"$step\"
+  tlio --json ckpt latest run/ckpt";
+
+const GC_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt gc run/ckpt --keep 2 --dry-run
+  tlio ckpt gc run/ckpt --keep 2";
+
 /// Arguments of `ckpt save`.
 #[derive(Debug, Args)]
 pub struct SaveArgs {
     /// The checkpoint directory (created if missing).
+    #[arg(value_name = "DIR")]
     pub dir: PathBuf,
     /// The optimizer step; the directory becomes step-NNNNNN.
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub step: u64,
     /// The model's safetensors file.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub model: PathBuf,
     /// The optimizer's safetensors file (`<parameter>.<key>` arrays, state metadata).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub optimizer: Option<PathBuf>,
     /// A trainer_state.json to store (its step must equal --step; missing keys take
     /// their defaults).
-    #[arg(long, conflicts_with_all = ["tokens_seen", "lr", "git_sha"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tokens_seen", "lr", "git_sha"])]
     pub state: Option<PathBuf>,
     /// Tokens seen so far (when no --state is given).
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub tokens_seen: Option<u64>,
     /// The learning rate (when no --state is given).
-    #[arg(long)]
+    #[arg(long, value_name = "LR")]
     pub lr: Option<f64>,
     /// The git commit of the training code, 40 or 64 hex digits (when no --state).
-    #[arg(long)]
+    #[arg(long, value_name = "SHA")]
     pub git_sha: Option<String>,
     /// The run's config.json (stored and hashed into the state).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Keep only the newest K valid steps after saving.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
     pub keep: Option<u64>,
     /// Replace step N when it already exists as a complete checkpoint.
     #[arg(long)]
@@ -272,7 +305,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             steps: &'a [StepJson],
             stale: &'a [String],
         }
-        printer.json_pretty(&Out {
+        printer.json_line(&Out {
             ok,
             latest,
             latest_problem,
@@ -298,7 +331,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         ]);
     }
     let mut out = printer.out();
-    writeln!(out, "{table}")?;
+    writeln!(out, "{}", crate::output::table_text(&table))?;
     if let Some(p) = &latest_problem {
         writeln!(out, "{}", escape(p))?;
     }
