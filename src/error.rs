@@ -85,8 +85,11 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 ///
 /// A cause whose text the line already ends with is skipped: many error types print
 /// their source inside their own message *and* return it from `source()`, which would
-/// otherwise show "No such file or directory" twice. Newlines inside a cause would
-/// break the one-line contract, so they are escaped.
+/// otherwise show "No such file or directory" twice. The whole line goes through
+/// `core::text::escape`: a newline inside a cause would break the one-line contract, and
+/// a name or path with a control or bidi character must not reach the terminal raw, no
+/// matter which error carried it (escaping is idempotent, so causes that already
+/// escaped their names are unchanged).
 pub fn one_line(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain() {
@@ -99,7 +102,7 @@ pub fn one_line(err: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    line.replace('\n', "\\n")
+    crate::core::text::escape(&line)
 }
 
 /// Print the one-line error and return the exit code.
@@ -213,6 +216,8 @@ mod tests {
     #[test]
     fn one_line_joins_distinct_causes_and_escapes_newlines() {
         let err = anyhow::anyhow!("bad\nvalue").context("outer");
-        assert_eq!(one_line(&err), "outer: bad\\nvalue");
+        assert_eq!(one_line(&err), "outer: bad\\u{a}value");
+        let err = anyhow::anyhow!("tensor \"x\u{202e}y\" in café").context("outer");
+        assert_eq!(one_line(&err), "outer: tensor \"x\\u{202e}y\" in café");
     }
 }

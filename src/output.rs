@@ -185,7 +185,12 @@ impl Printer {
     /// A warning on stderr; warnings are not errors, so `--quiet` silences them too.
     pub fn warn(&self, line: impl AsRef<str>) {
         if !self.quiet {
-            let _ = writeln!(io::stderr().lock(), "tlio: warning: {}", line.as_ref());
+            // Warnings often carry names from files: never let them reach the terminal raw.
+            let _ = writeln!(
+                io::stderr().lock(),
+                "tlio: warning: {}",
+                crate::core::text::escape(line.as_ref())
+            );
         }
     }
 
@@ -242,10 +247,6 @@ impl Printer {
         table
     }
 }
-
-/// The one escaping function for names from files (it lives in core, which needs it
-/// for error messages); re-exported so commands can keep importing it from here.
-pub use crate::core::text::escape;
 
 #[cfg(test)]
 mod tests {

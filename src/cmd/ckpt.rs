@@ -16,7 +16,8 @@ use crate::core::checkpoint::{
     self, load::Survey, parse_step_name, step_name, verify as ckverify, Latest, Payload, Problem,
     SaveRequest, TrainerState, MANIFEST_NAME,
 };
-use crate::output::{escape, Printer};
+use crate::core::text::escape;
+use crate::output::Printer;
 
 /// The `ckpt` subcommands.
 #[derive(Debug, Subcommand)]
@@ -199,7 +200,7 @@ struct StepJson {
 fn status(problems: &[Problem]) -> String {
     problems
         .first()
-        .map(|p| escape(&p.to_string()))
+        .map(|p| p.to_string())
         .unwrap_or_else(|| "ok".to_string())
 }
 
@@ -235,11 +236,7 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     let ins = ckverify::inspect_with(path, &mut |n| bar.inc(n));
     bar.finish_and_clear();
     let ok = ins.problems.is_empty();
-    let problems: Vec<String> = ins
-        .problems
-        .iter()
-        .map(|p| escape(&p.to_string()))
-        .collect();
+    let problems: Vec<String> = ins.problems.iter().map(|p| p.to_string()).collect();
     if printer.json {
         #[derive(Serialize)]
         struct Out {
@@ -260,7 +257,7 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
             writeln!(out, "ok ({} bytes verified)", ins.size)?;
         } else {
             for p in &problems {
-                writeln!(out, "{p}")?;
+                writeln!(out, "{}", escape(p))?;
             }
         }
     }
@@ -275,7 +272,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             step: r.step,
             name: step_name(r.step),
             status: status(&r.problems),
-            problems: r.problems.iter().map(|p| escape(&p.to_string())).collect(),
+            problems: r.problems.iter().map(|p| p.to_string()).collect(),
             size: r.size,
             latest: r.latest,
             newer_than_latest: r.newer_than_latest,
@@ -284,7 +281,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         .collect();
     let (latest, latest_problem) = match &survey.latest {
         Latest::Missing => (None, Some("no LATEST".to_string())),
-        Latest::Malformed(why) => (None, Some(escape(why))),
+        Latest::Malformed(why) => (None, Some(why.clone())),
         Latest::Names(n) if !survey.rows.iter().any(|r| r.step == *n) => (
             Some(step_name(*n)),
             Some(format!(
@@ -326,7 +323,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             if s.newer_than_latest && s.problems.is_empty() {
                 "ok (newer than LATEST: ignored)".to_string()
             } else {
-                s.status.clone()
+                escape(&s.status)
             },
             s.size.to_string(),
             if s.latest { "LATEST" } else { "" }.to_string(),
@@ -336,7 +333,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     let mut out = printer.out();
     writeln!(out, "{}", crate::output::table_text(&table))?;
     if let Some(p) = &latest_problem {
-        writeln!(out, "{p}")?;
+        writeln!(out, "{}", escape(p))?;
     }
     for s in &stale {
         writeln!(out, "stale: {} (removed by the next save or gc)", escape(s))?;
@@ -383,7 +380,7 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            (escape(&name), r.reason.describe())
+            (name, r.reason.describe())
         })
         .collect();
     if printer.json {
@@ -408,7 +405,7 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
         let mut out = printer.out();
         let verb = if dry_run { "would remove" } else { "removed" };
         for (name, reason) in &rows {
-            writeln!(out, "{verb} {name} ({reason})")?;
+            writeln!(out, "{verb} {} ({reason})", escape(name))?;
         }
         if rows.is_empty() {
             writeln!(out, "nothing to remove")?;

@@ -18,7 +18,8 @@ use crate::core::safetensors::index::read_index;
 use crate::core::safetensors::stats::{tensor_stats, TensorStats};
 use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
 use crate::core::safetensors::{read_header, Dtype, Header, MappedFile};
-use crate::output::{escape, Printer};
+use crate::core::text::escape;
+use crate::output::Printer;
 
 /// The `st` subcommands.
 #[derive(Debug, Subcommand)]
@@ -552,8 +553,9 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     }
     for m in &report.metadata {
         let show = |v: &Option<String>| {
-            v.as_deref()
-                .map_or("(absent)".to_string(), |s| format!("{:?}", escape(s)))
+            v.as_deref().map_or("(absent)".to_string(), |s| {
+                escape(&crate::core::text::quote(s))
+            })
         };
         writeln!(
             out,

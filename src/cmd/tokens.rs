@@ -13,13 +13,14 @@ use serde::Serialize;
 use super::Outcome;
 use crate::core::atomic;
 use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
+use crate::core::text::escape;
 use crate::core::tokens::{
     self, Cursor, HeaderReport, InputFormat, PackInput, PackOptions, Shard, TokenStream,
     TokensError, BYTES_VOCAB,
 };
 use crate::core::{Failure, FailureKind};
 use crate::error::operational;
-use crate::output::{escape, Printer};
+use crate::output::Printer;
 
 /// The `tokens` subcommands.
 #[derive(Debug, Subcommand)]
