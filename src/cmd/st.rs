@@ -9,19 +9,20 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
+use super::args::FloatDtype;
 use super::Outcome;
 use crate::core::model::arch::{summary, Summary};
 use crate::core::model::int4::DEFAULT_GROUP;
 use crate::core::model::transform::{self, Op, Report as TransformReport};
 use crate::core::model::view::{diff_models, verify_model, ModelView};
 use crate::core::model::{Kind, Model, Storage};
-use crate::core::safetensors::convert::is_convert_target;
 use crate::core::safetensors::diff::{DiffReport, ValueDiff};
 use crate::core::safetensors::header::{totals, Totals};
 use crate::core::safetensors::stats::TensorStats;
 use crate::core::safetensors::verify::{Finding, VerifyOptions};
 use crate::core::safetensors::Dtype;
-use crate::output::{escape, Printer};
+use crate::core::text::escape;
+use crate::output::Printer;
 
 /// The `st` subcommands.
 #[derive(Debug, Subcommand)]
@@ -29,33 +30,88 @@ pub enum StCommand {
     /// Show tensors (name, dtype, shape, parameters, bytes, offsets), metadata and
     /// totals by dtype, from the headers alone; for an index or a model directory also
     /// the architecture summary and each tensor's shard. int4 pairs show as one tensor.
+    #[command(after_help = INSPECT_EXAMPLES)]
     Inspect(InspectArgs),
     /// Check every reader rule, and for models the index, architecture and int4 rules;
     /// print one line per failure naming the file, the rule and the tensor or shard;
     /// exit 1 when any model fails.
+    #[command(after_help = VERIFY_EXAMPLES)]
     Verify(VerifyArgs),
     /// Convert every float tensor to another float dtype, copying the rest: a file into
     /// a canonical file, an index or directory into a new directory (same sharding,
     /// index and config.json updated), written atomically.
+    // clap would show the output as optional: it is required in one of two spellings.
+    #[command(
+        after_help = CONVERT_EXAMPLES,
+        override_usage = "tlio st convert [OPTIONS] <MODEL> -o <OUT> --dtype <DTYPE>"
+    )]
     Convert(ConvertArgs),
     /// Compare two models tensor by tensor, whatever their sharding: tensors only in
     /// one, dtype and shape changes, value differences, metadata; exit 0 when
     /// identical, 1 when they differ.
+    #[command(after_help = DIFF_EXAMPLES)]
     Diff(DiffArgs),
     /// Quantize the selected 2-D float weights to int4-gG-sym pairs (`<name>.qweight`
     /// U8 + `<name>.scales` F16), copying the rest: file in, file out; index or
     /// directory in, directory out.
+    #[command(
+        after_help = QUANTIZE_EXAMPLES,
+        override_usage = "tlio st quantize [OPTIONS] <MODEL> -o <OUT> --int4"
+    )]
     Quantize(QuantizeArgs),
     /// Turn every int4 pair back into one tensor of the requested dtype, removing the
     /// `quant` metadata: file in, file out; index or directory in, directory out.
+    #[command(
+        after_help = DEQUANTIZE_EXAMPLES,
+        override_usage = "tlio st dequantize [OPTIONS] <MODEL> -o <OUT>"
+    )]
     Dequantize(DequantizeArgs),
 }
+
+const INSPECT_EXAMPLES: &str = "\
+Examples:
+  tlio st inspect model.safetensors
+  tlio st inspect path/to/model-dir
+  tlio st inspect --stats model.safetensors
+  tlio --json st inspect model.safetensors.index.json";
+
+const VERIFY_EXAMPLES: &str = "\
+Examples:
+  tlio st verify model.safetensors
+  tlio st verify path/to/model-dir
+  tlio st verify --canonical --finite *.safetensors
+  tlio --json st verify model.safetensors";
+
+const CONVERT_EXAMPLES: &str = "\
+Examples:
+  tlio st convert model.safetensors -o model-bf16.safetensors --dtype bf16
+  tlio st convert path/to/model-dir -o model-dir-bf16 --dtype bf16
+  tlio st convert model.safetensors -o half.safetensors --dtype fp16 --exclude 'norm'
+  tlio st convert model.safetensors -o f8.safetensors --dtype fp8_e4m3 --saturate";
+
+const DIFF_EXAMPLES: &str = "\
+Examples:
+  tlio st diff before.safetensors after.safetensors
+  tlio st diff path/to/model-dir model.safetensors
+  tlio --json st diff a.safetensors b.safetensors
+  tlio -q st diff a.safetensors b.safetensors && echo identical";
+
+const QUANTIZE_EXAMPLES: &str = "\
+Examples:
+  tlio st quantize model.safetensors -o model-int4.safetensors --int4
+  tlio st quantize path/to/model-dir -o model-dir-int4 --int4 --group 64
+  tlio st quantize model.safetensors -o q.safetensors --int4 --exclude 'down_proj'";
+
+const DEQUANTIZE_EXAMPLES: &str = "\
+Examples:
+  tlio st dequantize model-int4.safetensors -o model.safetensors
+  tlio st dequantize model-dir-int4 -o model-dir-bf16 --dtype bf16";
 
 /// Arguments of `st inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
     /// Models: safetensors files, sharded `*.index.json` indexes or model directories.
-    #[arg(required = true)]
+    #[arg(required = true, value_name = "MODEL")]
     pub files: Vec<PathBuf>,
     /// Also read the data: min, max, mean, std, NaN and inf counts per tensor.
     #[arg(long)]
@@ -66,7 +122,7 @@ pub struct InspectArgs {
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
     /// Models to check: files, indexes or model directories.
-    #[arg(required = true)]
+    #[arg(required = true, value_name = "MODEL")]
     pub files: Vec<PathBuf>,
     /// Also require the exact bytes of the canonical writer (order, compact JSON,
     /// padding).
@@ -81,13 +137,24 @@ pub struct VerifyArgs {
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
     /// Input model: a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
     pub input: PathBuf,
     /// Output: a file for a file, a new directory for an index or a directory (written
     /// atomically as a whole; an existing non-empty directory is refused).
-    pub output: PathBuf,
-    /// Target dtype: F64, F32, BF16, F16, F8_E4M3 or F8_E5M2 (exact, case-sensitive).
-    #[arg(long, value_parser = parse_target)]
-    pub dtype: Dtype,
+    #[arg(
+        short,
+        long,
+        value_name = "OUT",
+        required_unless_present = "legacy_output"
+    )]
+    pub output: Option<PathBuf>,
+    /// The output as a second positional: the spelling before -o, kept for one release.
+    #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
+    pub legacy_output: Option<PathBuf>,
+    /// Target dtype; also accepted: bf16, bfloat16, fp16, float16, half, f32, float32,
+    /// float, f64, float64, fp8_e4m3, float8_e4m3fn, fp8_e5m2, float8_e5m2 (any case).
+    #[arg(long, value_enum, ignore_case = true)]
+    pub dtype: FloatDtype,
     /// Convert only tensors whose name matches this regular expression.
     #[arg(long, value_name = "REGEX")]
     pub only: Option<String>,
@@ -99,16 +166,18 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub saturate: bool,
     /// Shards converted at once (default: the number of CPUs, at most 4).
-    #[arg(long, short = 'j', value_name = "N")]
+    #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
 }
 
 /// Arguments of `st diff`.
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// First model: a file, an index or a model directory.
+    /// The first model (A): a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
     pub a: PathBuf,
-    /// Second model (compared tensor by tensor, whatever the sharding).
+    /// The second model (B), compared tensor by tensor whatever the sharding.
+    #[arg(value_name = "MODEL")]
     pub b: PathBuf,
 }
 
@@ -116,9 +185,19 @@ pub struct DiffArgs {
 #[derive(Debug, Args)]
 pub struct QuantizeArgs {
     /// Input model: a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
     pub input: PathBuf,
-    /// Output: a file for a file, a new directory otherwise.
-    pub output: PathBuf,
+    /// Output: a file for a file, a new directory otherwise (written atomically).
+    #[arg(
+        short,
+        long,
+        value_name = "OUT",
+        required_unless_present = "legacy_output"
+    )]
+    pub output: Option<PathBuf>,
+    /// The output as a second positional (the spelling of the spec), also accepted.
+    #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
+    pub legacy_output: Option<PathBuf>,
     /// Quantize to int4-gG-sym (the only scheme; required so the command says what it
     /// does).
     #[arg(long, required = true)]
@@ -134,7 +213,7 @@ pub struct QuantizeArgs {
     #[arg(long, value_name = "REGEX")]
     pub exclude: Option<String>,
     /// Shards processed at once (default: the number of CPUs, at most 4).
-    #[arg(long, short = 'j', value_name = "N")]
+    #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
 }
 
@@ -142,14 +221,24 @@ pub struct QuantizeArgs {
 #[derive(Debug, Args)]
 pub struct DequantizeArgs {
     /// Input model with int4 pairs: a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
     pub input: PathBuf,
-    /// Output: a file for a file, a new directory otherwise.
-    pub output: PathBuf,
-    /// Dtype of the dequantized weights: F64, F32, BF16, F16, F8_E4M3 or F8_E5M2.
-    #[arg(long, value_parser = parse_target, default_value = "F32")]
-    pub dtype: Dtype,
+    /// Output: a file for a file, a new directory otherwise (written atomically).
+    #[arg(
+        short,
+        long,
+        value_name = "OUT",
+        required_unless_present = "legacy_output"
+    )]
+    pub output: Option<PathBuf>,
+    /// The output as a second positional (the spelling of the spec), also accepted.
+    #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
+    pub legacy_output: Option<PathBuf>,
+    /// Dtype of the dequantized weights (aliases as for convert's --dtype).
+    #[arg(long, value_enum, ignore_case = true, default_value = "F32")]
+    pub dtype: FloatDtype,
     /// Shards processed at once (default: the number of CPUs, at most 4).
-    #[arg(long, short = 'j', value_name = "N")]
+    #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
 }
 
@@ -165,18 +254,6 @@ fn jobs(j: Option<usize>) -> usize {
             .min(DEFAULT_JOBS_CAP)
     })
     .max(1)
-}
-
-fn parse_target(s: &str) -> Result<Dtype, String> {
-    match Dtype::from_name(s) {
-        Some(d) if is_convert_target(d) => Ok(d),
-        Some(d) => Err(format!(
-            "{d} is not a float dtype tlio can encode (F64, F32, BF16, F16, F8_E4M3, F8_E5M2)"
-        )),
-        None => Err(format!(
-            "unknown dtype {s:?} (names are exact and case-sensitive: F64, F32, BF16, F16, F8_E4M3, F8_E5M2)"
-        )),
-    }
 }
 
 /// Run `tlio st`.
@@ -452,7 +529,7 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             table.add_row(row);
         }
         if !report.tensors.is_empty() {
-            writeln!(out, "{table}")?;
+            writeln!(out, "{}", crate::output::table_text(&table))?;
         }
         if !report.metadata.is_empty() {
             writeln!(out, "metadata:")?;
@@ -471,7 +548,7 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             ]);
         }
         writeln!(out, "totals:")?;
-        writeln!(out, "{totals_table}")?;
+        writeln!(out, "{}", crate::output::table_text(&totals_table))?;
     }
     out.flush()?;
     Ok(Outcome::Success)
@@ -565,16 +642,30 @@ fn transform_model(
     Ok((model, report))
 }
 
+/// The output path, given as -o/--output or as the second positional.
+fn output_of<'a>(
+    output: &'a Option<PathBuf>,
+    legacy: &'a Option<PathBuf>,
+) -> anyhow::Result<&'a Path> {
+    // clap guarantees one of the two spellings (required_unless_present/conflicts_with).
+    output
+        .as_deref()
+        .or(legacy.as_deref())
+        .ok_or_else(|| crate::error::operational("an output is required: -o OUT"))
+}
+
 fn run_convert(args: &ConvertArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let output = output_of(&args.output, &args.legacy_output)?;
+    let dtype = Dtype::from(args.dtype);
     let select = selector(&args.only, &args.exclude)?;
     let op = Op::Convert {
-        target: args.dtype,
+        target: dtype,
         saturate: args.saturate,
         select: &select,
     };
     let (model, report) = transform_model(
         &args.input,
-        &args.output,
+        output,
         &op,
         jobs(args.jobs),
         printer,
@@ -593,13 +684,12 @@ fn run_convert(args: &ConvertArgs, printer: &Printer) -> anyhow::Result<Outcome>
         }
     } else {
         printer.info(format!(
-            "converted {} tensors to {}, copied {}: {} -> {} bytes{}",
+            "converted {} tensors to {dtype}, copied {}: {} -> {} bytes{}",
             report.transformed,
-            args.dtype,
             report.copied,
             report.bytes_in,
             report.bytes_out,
-            dir_text(&report, &args.output)
+            dir_text(&report, output)
         ));
     }
     Ok(Outcome::Success)
@@ -623,6 +713,7 @@ fn dir_text(report: &TransformReport, output: &Path) -> String {
 }
 
 fn run_quantize(args: &QuantizeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let output = output_of(&args.output, &args.legacy_output)?;
     let only = Some(
         args.only
             .clone()
@@ -635,7 +726,7 @@ fn run_quantize(args: &QuantizeArgs, printer: &Printer) -> anyhow::Result<Outcom
     };
     let (_, report) = transform_model(
         &args.input,
-        &args.output,
+        output,
         &op,
         jobs(args.jobs),
         printer,
@@ -651,17 +742,19 @@ fn run_quantize(args: &QuantizeArgs, printer: &Printer) -> anyhow::Result<Outcom
             report.copied,
             report.bytes_in,
             report.bytes_out,
-            dir_text(&report, &args.output)
+            dir_text(&report, output)
         ));
     }
     Ok(Outcome::Success)
 }
 
 fn run_dequantize(args: &DequantizeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    let op = Op::Dequantize { target: args.dtype };
+    let output = output_of(&args.output, &args.legacy_output)?;
+    let dtype = Dtype::from(args.dtype);
+    let op = Op::Dequantize { target: dtype };
     let (_, report) = transform_model(
         &args.input,
-        &args.output,
+        output,
         &op,
         jobs(args.jobs),
         printer,
@@ -671,13 +764,12 @@ fn run_dequantize(args: &DequantizeArgs, printer: &Printer) -> anyhow::Result<Ou
         printer.json_line(&report)?;
     } else {
         printer.info(format!(
-            "dequantized {} tensors to {}, copied {}: {} -> {} bytes{}",
+            "dequantized {} tensors to {dtype}, copied {}: {} -> {} bytes{}",
             report.transformed,
-            args.dtype,
             report.copied,
             report.bytes_in,
             report.bytes_out,
-            dir_text(&report, &args.output)
+            dir_text(&report, output)
         ));
     }
     Ok(Outcome::Success)
@@ -752,8 +844,9 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     }
     for m in &report.metadata {
         let show = |v: &Option<String>| {
-            v.as_deref()
-                .map_or("(absent)".to_string(), |s| format!("{:?}", escape(s)))
+            v.as_deref().map_or("(absent)".to_string(), |s| {
+                escape(&crate::core::text::quote(s))
+            })
         };
         writeln!(
             out,

@@ -297,7 +297,7 @@ fn convert_refuses_a_non_empty_output_directory_and_accepts_an_empty_one() {
         .args(["st", "convert"])
         .arg(model("llama-sharded"))
         .arg(&out)
-        .args(["--dtype", "F16", "-j", "1"])
+        .args(["--dtype", "F16", "--jobs", "1"])
         .assert()
         .success();
     tlio().args(["st", "verify"]).arg(&out).assert().success();

@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 
 use super::{finding, Model};
 use crate::core::safetensors::verify::Finding;
-use crate::core::safetensors::{quote, Dtype, TensorInfo};
+use crate::core::safetensors::{Dtype, TensorInfo};
+use crate::core::text::quote;
 
 /// Most layers a config may declare before the check refuses to enumerate them.
 pub const MAX_LAYERS: u64 = 100_000;

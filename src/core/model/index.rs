@@ -16,8 +16,9 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::{finding, parent, Entry, Model, ModelError, Shard};
+use crate::core::safetensors::read_header;
 use crate::core::safetensors::verify::Finding;
-use crate::core::safetensors::{quote, read_header};
+use crate::core::text::quote;
 
 /// Largest index file read (real indexes are a few hundred KiB).
 pub const MAX_INDEX_SIZE: u64 = 100_000_000;

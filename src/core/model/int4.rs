@@ -11,7 +11,8 @@
 use super::{finding, Entry, Logical, Shard, Storage};
 use crate::core::safetensors::float::{f16_to_f32, f32_to_f16};
 use crate::core::safetensors::verify::Finding;
-use crate::core::safetensors::{quote, Dtype, TensorInfo};
+use crate::core::safetensors::{Dtype, TensorInfo};
+use crate::core::text::quote;
 
 /// The metadata key naming the quantization.
 pub const QUANT_KEY: &str = "quant";

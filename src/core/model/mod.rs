@@ -15,9 +15,10 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::core::failure::{Failure, FailureKind};
 use crate::core::safetensors::verify::Finding;
-use crate::core::safetensors::{quote, Dtype, Header, SafetensorsError, TensorInfo};
-use crate::error::{Classify, ExitClass};
+use crate::core::safetensors::{Dtype, Header, SafetensorsError, TensorInfo};
+use crate::core::text::quote;
 
 pub mod arch;
 pub mod index;
@@ -150,21 +151,21 @@ fn shard_prefix(shard: &Option<String>) -> String {
         .map_or(String::new(), |s| format!("shard {}: ", quote(s)))
 }
 
-impl Classify for ModelError {
-    fn exit_class(&self) -> ExitClass {
+impl Failure for ModelError {
+    fn kind(&self) -> FailureKind {
         match self {
             ModelError::Io { .. }
             | ModelError::Write { .. }
             | ModelError::OutputExists { .. }
             | ModelError::SameAsInput { .. }
             | ModelError::BadGroup { .. }
-            | ModelError::Usage { .. } => ExitClass::Operational,
-            ModelError::Shard { source, .. } => source.exit_class(),
+            | ModelError::Usage { .. } => FailureKind::Operational,
+            ModelError::Shard { source, .. } => source.kind(),
             ModelError::NotAModel { .. }
             | ModelError::Invalid { .. }
             | ModelError::NonFinite { .. }
             | ModelError::ScaleOverflow { .. }
-            | ModelError::CannotQuantize { .. } => ExitClass::Invalid,
+            | ModelError::CannotQuantize { .. } => FailureKind::Invalid,
         }
     }
 }

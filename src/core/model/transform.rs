@@ -744,7 +744,7 @@ fn produce(
                         return Err(ModelError::Invalid {
                             first: format!(
                                 "int4 (scales): tensor {}: scale {} has bits {bits:#06x}; scales must be finite and >= 0",
-                                crate::core::safetensors::quote(&format!("{}{SCALES_SUFFIX}", t.name)),
+                                crate::core::text::quote(&format!("{}{SCALES_SUFFIX}", t.name)),
                                 at / group + (s16.len() as u64)
                             ),
                             more: 0,

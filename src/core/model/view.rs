@@ -13,7 +13,8 @@ use super::{finding, Kind, Model, ModelError, Storage};
 use crate::core::safetensors::diff::{diff_sides, DiffReport, Side};
 use crate::core::safetensors::stats::{tensor_stats, Acc, TensorStats};
 use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
-use crate::core::safetensors::{quote, MappedFile};
+use crate::core::safetensors::MappedFile;
+use crate::core::text::quote;
 
 /// A model and its mapped files (in the order of [`Model::shards`]).
 pub struct ModelView {
