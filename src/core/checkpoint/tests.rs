@@ -973,7 +973,7 @@ fn verify_names_a_file_of_the_wrong_size() {
 
 #[test]
 fn a_save_never_moves_latest_backwards_unless_forced() {
-    use crate::error::{Classify, ExitClass};
+    use crate::core::failure::{Failure, FailureKind};
     let dir = tempfile::tempdir().unwrap();
     save(dir.path(), request(150)).unwrap();
     save(dir.path(), request(200)).unwrap();
@@ -989,7 +989,7 @@ fn a_save_never_moves_latest_backwards_unless_forced() {
         ),
         "{err}"
     );
-    assert_eq!(err.exit_class(), ExitClass::Invalid);
+    assert_eq!(err.kind(), FailureKind::Invalid);
     assert!(err.to_string().contains("--force"), "{err}");
     assert!(!dir.path().join("step-000001").exists());
     assert_eq!(load(dir.path(), None).unwrap().step, 200);
