@@ -381,10 +381,26 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             .restore(&cursor)
             .with_context(|| path.display().to_string())?;
     }
+    // Create the cursor's file before any batch, so an unwritable destination fails
+    // before the work rather than after every batch is printed.
+    let mut cursor_file = match &args.save_cursor {
+        Some(path) => Some(
+            atomic::AtomicFile::create(path)
+                .with_context(|| format!("cannot save cursor {}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut out = BufWriter::new(printer.out());
     let mut line_buf = Vec::new();
+    // Once the reader of stdout is gone, batches are no longer printed; the stream
+    // still advances when a cursor must be saved, so the file always holds the
+    // position after every requested batch, whoever reads stdout.
+    let mut stdout_open = true;
     for _ in 0..args.batches {
         let batch = stream.next_batch();
+        if !stdout_open {
+            continue;
+        }
         let line = WindowLine {
             inputs: (0..batch.batch)
                 .filter_map(|b| batch.input_row(b))
@@ -399,13 +415,22 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         line_buf.clear();
         serde_json::to_writer(&mut line_buf, &line).map_err(io::Error::other)?;
         line_buf.push(b'\n');
-        out.write_all(&line_buf)?;
+        match out.write_all(&line_buf) {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe && cursor_file.is_some() => {
+                stdout_open = false;
+            }
+            other => other?,
+        }
     }
-    out.flush()?;
-    if let Some(path) = &args.save_cursor {
+    match out.flush() {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe && cursor_file.is_some() => {}
+        other => other?,
+    }
+    if let (Some(path), Some(mut file)) = (&args.save_cursor, cursor_file.take()) {
         let text = format!("{}\n", stream.cursor().to_json());
-        atomic::write_file(path, text.as_bytes())
-            .with_context(|| format!("cannot save cursor {}", path.display()))?;
+        let context = || format!("cannot save cursor {}", path.display());
+        file.write_all(text.as_bytes()).with_context(context)?;
+        file.commit().with_context(context)?;
     }
     Ok(Outcome::Success)
 }
