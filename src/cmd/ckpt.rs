@@ -257,7 +257,11 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     } else {
         let mut out = printer.out();
         if ok {
-            writeln!(out, "ok ({} bytes verified)", ins.size)?;
+            writeln!(
+                out,
+                "ok ({} verified)",
+                crate::output::human_bytes(ins.size)
+            )?;
         } else {
             for p in &problems {
                 writeln!(out, "{p}")?;
@@ -328,7 +332,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             } else {
                 s.status.clone()
             },
-            s.size.to_string(),
+            crate::output::human_bytes(s.size),
             if s.latest { "LATEST" } else { "" }.to_string(),
             if s.load { "load" } else { "" }.to_string(),
         ]);

@@ -217,7 +217,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
                 row.dtype.unwrap_or("-").to_string(),
                 show(row.n.map(i64::from)),
                 show(row.vocab_size.map(i64::from)),
-                row.size.to_string(),
+                crate::output::human_bytes(row.size),
                 valid,
             ]);
         }
