@@ -16,7 +16,8 @@ use crate::core::checkpoint::{
     self, load::Survey, parse_step_name, step_name, verify as ckverify, Latest, Payload, Problem,
     SaveRequest, TrainerState, MANIFEST_NAME,
 };
-use crate::output::{escape, Printer};
+use crate::output::{escape, Printer, Tone};
+use comfy_table::Cell;
 
 /// The `ckpt` subcommands.
 #[derive(Debug, Subcommand)]
@@ -325,16 +326,19 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     let mut table = printer.table();
     table.set_header(["step", "status", "size", "LATEST", "load"]);
     for s in &steps {
-        table.add_row([
-            s.name.clone(),
-            if s.newer_than_latest && s.problems.is_empty() {
-                "ok (newer than LATEST: ignored)".to_string()
-            } else {
-                s.status.clone()
-            },
-            crate::output::human_bytes(s.size),
-            if s.latest { "LATEST" } else { "" }.to_string(),
-            if s.load { "load" } else { "" }.to_string(),
+        let status = if s.newer_than_latest && s.problems.is_empty() {
+            printer.cell("ok (newer than LATEST: ignored)", Tone::Good)
+        } else if s.problems.is_empty() {
+            printer.cell(s.status.clone(), Tone::Good)
+        } else {
+            printer.cell(s.status.clone(), Tone::Bad)
+        };
+        table.add_row(vec![
+            Cell::new(&s.name),
+            status,
+            Cell::new(crate::output::human_bytes(s.size)),
+            Cell::new(if s.latest { "LATEST" } else { "" }),
+            Cell::new(if s.load { "load" } else { "" }),
         ]);
     }
     let mut out = printer.out();

@@ -18,7 +18,7 @@ use crate::core::safetensors::index::read_index;
 use crate::core::safetensors::stats::{tensor_stats, Number, TensorStats};
 use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
 use crate::core::safetensors::{read_header, Dtype, Header, MappedFile};
-use crate::output::{escape, human_bytes, human_count, Printer};
+use crate::output::{escape, human_bytes, human_count, Printer, Tone};
 
 /// The `st` subcommands.
 #[derive(Debug, Subcommand)]
@@ -486,10 +486,20 @@ fn run_verify(args: &VerifyArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         let mut out = printer.out();
         for r in &reports {
             if r.ok {
-                writeln!(out, "{}: ok", escape(&r.path))?;
+                writeln!(
+                    out,
+                    "{}: {}",
+                    escape(&r.path),
+                    printer.paint("ok", Tone::Good)
+                )?;
             }
             for f in &r.failures {
-                writeln!(out, "{}: {}", escape(&r.path), escape(&f.message))?;
+                writeln!(
+                    out,
+                    "{}: {}",
+                    escape(&r.path),
+                    printer.paint(&escape(&f.message), Tone::Bad)
+                )?;
             }
         }
         out.flush()?;

@@ -207,17 +207,17 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         let show = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
         for row in &rows {
             let valid = match &row.error {
-                None => "yes".to_string(),
-                Some(e) => format!("no: {}", escape(e)),
+                None => printer.cell("yes", crate::output::Tone::Good),
+                Some(e) => printer.cell(format!("no: {}", escape(e)), crate::output::Tone::Bad),
             };
-            table.add_row([
-                escape(&row.file),
-                show(row.magic.map(i64::from)),
-                show(row.version.map(i64::from)),
-                row.dtype.unwrap_or("-").to_string(),
-                show(row.n.map(i64::from)),
-                show(row.vocab_size.map(i64::from)),
-                crate::output::human_bytes(row.size),
+            table.add_row(vec![
+                comfy_table::Cell::new(escape(&row.file)),
+                comfy_table::Cell::new(show(row.magic.map(i64::from))),
+                comfy_table::Cell::new(show(row.version.map(i64::from))),
+                comfy_table::Cell::new(row.dtype.unwrap_or("-")),
+                comfy_table::Cell::new(show(row.n.map(i64::from))),
+                comfy_table::Cell::new(show(row.vocab_size.map(i64::from))),
+                comfy_table::Cell::new(crate::output::human_bytes(row.size)),
                 valid,
             ]);
         }

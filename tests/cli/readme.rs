@@ -255,3 +255,20 @@ fn the_parser_reads_commands_outputs_exit_codes_and_skips() {
     );
     assert_eq!(mask("tok/s 123 in 1.5 s"), "tok/s [N] in [T] s");
 }
+
+#[test]
+fn ci_runs_exactly_the_readme_test_command() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let command = readme
+        .lines()
+        .find(|l| l.starts_with("cargo test"))
+        .and_then(|l| l.split('#').next())
+        .map(str::trim)
+        .expect("the README's test command");
+    let ci = fs::read_to_string(root.join(".ci/run")).unwrap();
+    assert!(
+        ci.lines().any(|l| l.trim() == command),
+        ".ci/run runs `{command}`"
+    );
+}
