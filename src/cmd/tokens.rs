@@ -166,13 +166,27 @@ fn header_row(
         Ok(_) => Ok(()),
         Err(e) => Err(e),
     };
+    // Show only the header words that passed validation: after a bad magic nothing in
+    // the header means anything, after a bad version only the magic does.
+    let trusted = match &verdict {
+        Err(TokensError::BadMagic { .. }) => 0,
+        Err(TokensError::BadVersion { .. }) => 1,
+        Err(TokensError::NegativeCount { .. }) => 2,
+        Err(TokensError::NegativeVocab { .. }) => 3,
+        _ => 4,
+    };
+    let word = |i: usize| {
+        words
+            .and_then(|w| w.get(i).copied())
+            .filter(|_| i < trusted)
+    };
     let row = HeaderRow {
         file,
-        magic: words.map(|w| w[0]),
-        version: words.map(|w| w[1]),
+        magic: word(0),
+        version: word(1),
         dtype,
-        n: words.map(|w| w[2]),
-        vocab_size: words.map(|w| w[3]),
+        n: word(2),
+        vocab_size: word(3),
         size,
         valid: verdict.is_ok(),
         error: verdict.as_ref().err().map(ToString::to_string),
@@ -208,7 +222,14 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         for row in &rows {
             let valid = match &row.error {
                 None => printer.cell("yes", crate::output::Tone::Good),
-                Some(e) => printer.cell(format!("no: {}", escape(e)), crate::output::Tone::Bad),
+                // The row already names the file.
+                Some(e) => {
+                    let why = e
+                        .strip_prefix(row.file.as_str())
+                        .and_then(|r| r.strip_prefix(": "))
+                        .unwrap_or(e);
+                    printer.cell(format!("no: {}", escape(why)), crate::output::Tone::Bad)
+                }
             };
             table.add_row(vec![
                 comfy_table::Cell::new(escape(&row.file)),

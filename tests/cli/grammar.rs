@@ -284,7 +284,13 @@ fn colour_only_when_asked_or_on_a_terminal() {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let out = cmd.args(args).arg("st").arg("verify").arg(&file).output().unwrap();
+        let out = cmd
+            .args(args)
+            .arg("st")
+            .arg("verify")
+            .arg(&file)
+            .output()
+            .unwrap();
         String::from_utf8(out.stdout).unwrap()
     };
     let esc = '\u{1b}';
@@ -294,7 +300,10 @@ fn colour_only_when_asked_or_on_a_terminal() {
     assert!(run(&[], &[("CLICOLOR_FORCE", "1")]).contains(esc));
     assert!(!run(&[], &[("CLICOLOR_FORCE", "1"), ("NO_COLOR", "1")]).contains(esc));
     assert!(!run(&["--color", "never"], &[("CLICOLOR_FORCE", "1")]).contains(esc));
-    assert!(!run(&["--json", "--color", "always"], &[]).contains(esc), "JSON never");
+    assert!(
+        !run(&["--json", "--color", "always"], &[]).contains(esc),
+        "JSON never"
+    );
     // Errors: `tlio: error:` in colour only when asked.
     let out = tlio()
         .args(["--color", "always", "st", "inspect", "missing.safetensors"])

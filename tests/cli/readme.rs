@@ -161,7 +161,11 @@ fn link_or_copy(from: &Path, to: &Path) {
     #[cfg(unix)]
     std::os::unix::fs::symlink(from, to).unwrap();
     #[cfg(not(unix))]
-    panic!("the README test needs symlinks: {} -> {}", from.display(), to.display());
+    panic!(
+        "the README test needs symlinks: {} -> {}",
+        from.display(),
+        to.display()
+    );
 }
 
 #[test]
@@ -174,13 +178,11 @@ fn readme_tour_runs_as_written() {
     for name in ["assets", "fixtures"] {
         link_or_copy(&root.join(name), &scratch.path().join(name));
     }
-    let bin = PathBuf::from(assert_cmd::cargo::cargo_bin("tlio"));
+    let bin = assert_cmd::cargo::cargo_bin("tlio");
     let bin_dir = bin.parent().unwrap().to_path_buf();
-    let path = std::env::join_paths(
-        std::iter::once(bin_dir).chain(std::env::split_paths(
-            &std::env::var_os("PATH").unwrap_or_default(),
-        )),
-    )
+    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
     .unwrap();
     let pwd_file = scratch.path().join(".pwd");
     let mut cwd = scratch.path().to_path_buf();
@@ -192,7 +194,10 @@ fn readme_tour_runs_as_written() {
             section = step.section;
             cwd = scratch.path().to_path_buf();
         }
-        let script = format!("{{ {}\n}} 2>&1\nrc=$?\npwd > \"$TOUR_PWD\"\nexit $rc", step.command);
+        let script = format!(
+            "{{ {}\n}} 2>&1\nrc=$?\npwd > \"$TOUR_PWD\"\nexit $rc",
+            step.command
+        );
         let out = Command::new("sh")
             .arg("-c")
             .arg(&script)
