@@ -16,7 +16,8 @@ use crate::core::checkpoint::{
     self, load::Survey, parse_step_name, step_name, verify as ckverify, Latest, Payload, Problem,
     SaveRequest, TrainerState, MANIFEST_NAME,
 };
-use crate::output::{escape, Printer, Tone};
+use crate::core::text::escape;
+use crate::output::{Printer, Tone};
 use comfy_table::Cell;
 
 /// The `ckpt` subcommands.
@@ -116,6 +117,10 @@ pub struct SaveArgs {
     /// Replace step N when it already exists as a complete checkpoint.
     #[arg(long)]
     pub overwrite: bool,
+    /// Save even when N is not newer than the step LATEST names (moves LATEST back;
+    /// a later gc then removes the newer steps).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Run `tlio ckpt`.
@@ -160,9 +165,16 @@ fn save(args: SaveArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         config,
         keep,
         overwrite: args.overwrite,
+        force: args.force,
     };
-    let report = checkpoint::save(&args.dir, req)
-        .with_context(|| format!("cannot save step {} in {}", args.step, args.dir.display()))?;
+    let report = checkpoint::save_waiting(&args.dir, req, &mut |path| {
+        printer.warn(format!(
+            "waiting for {} (another tlio save or gc holds it; giving up after {} s)",
+            path.display(),
+            checkpoint::SAVE_LOCK_WAIT.as_secs()
+        ))
+    })
+    .with_context(|| format!("cannot save step {} in {}", args.step, args.dir.display()))?;
     for path in &report.removed {
         printer.info(format!("removed {}", path.display()));
     }
@@ -200,7 +212,7 @@ struct StepJson {
 fn status(problems: &[Problem]) -> String {
     problems
         .first()
-        .map(|p| escape(&p.to_string()))
+        .map(|p| p.to_string())
         .unwrap_or_else(|| "ok".to_string())
 }
 
@@ -236,11 +248,7 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     let ins = ckverify::inspect_with(path, &mut |n| bar.inc(n));
     bar.finish_and_clear();
     let ok = ins.problems.is_empty();
-    let problems: Vec<String> = ins
-        .problems
-        .iter()
-        .map(|p| escape(&p.to_string()))
-        .collect();
+    let problems: Vec<String> = ins.problems.iter().map(|p| p.to_string()).collect();
     if printer.json {
         #[derive(Serialize)]
         struct Out {
@@ -265,7 +273,7 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
             )?;
         } else {
             for p in &problems {
-                writeln!(out, "{p}")?;
+                writeln!(out, "{}", escape(p))?;
             }
         }
     }
@@ -280,7 +288,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             step: r.step,
             name: step_name(r.step),
             status: status(&r.problems),
-            problems: r.problems.iter().map(|p| escape(&p.to_string())).collect(),
+            problems: r.problems.iter().map(|p| p.to_string()).collect(),
             size: r.size,
             latest: r.latest,
             newer_than_latest: r.newer_than_latest,
@@ -289,7 +297,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         .collect();
     let (latest, latest_problem) = match &survey.latest {
         Latest::Missing => (None, Some("no LATEST".to_string())),
-        Latest::Malformed(why) => (None, Some(escape(why))),
+        Latest::Malformed(why) => (None, Some(why.clone())),
         Latest::Names(n) if !survey.rows.iter().any(|r| r.step == *n) => (
             Some(step_name(*n)),
             Some(format!(
@@ -329,9 +337,9 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         let status = if s.newer_than_latest && s.problems.is_empty() {
             printer.cell("ok (newer than LATEST: ignored)", Tone::Good)
         } else if s.problems.is_empty() {
-            printer.cell(s.status.clone(), Tone::Good)
+            printer.cell(escape(&s.status), Tone::Good)
         } else {
-            printer.cell(s.status.clone(), Tone::Bad)
+            printer.cell(escape(&s.status), Tone::Bad)
         };
         table.add_row(vec![
             Cell::new(&s.name),
@@ -344,7 +352,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     let mut out = printer.out();
     writeln!(out, "{}", crate::output::table_text(&table))?;
     if let Some(p) = &latest_problem {
-        writeln!(out, "{p}")?;
+        writeln!(out, "{}", escape(p))?;
     }
     for s in &stale {
         writeln!(out, "stale: {} (removed by the next save or gc)", escape(s))?;
@@ -361,17 +369,31 @@ fn latest(dir: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
         .with_context(|| format!("cannot load a checkpoint from {}", dir.display()))?;
     if printer.json {
         #[derive(Serialize)]
-        struct Out {
+        struct Skipped<'a> {
+            name: &'a str,
+            reason: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Out<'a> {
             step: u64,
             name: String,
             path: String,
+            skipped: Vec<Skipped<'a>>,
         }
         printer.json_line(&Out {
             step: loaded.step,
             name: step_name(loaded.step),
             path: loaded.path.display().to_string(),
+            skipped: loaded
+                .skipped
+                .iter()
+                .map(|(name, reason)| Skipped { name, reason })
+                .collect(),
         })?;
     } else {
+        for (name, reason) in &loaded.skipped {
+            printer.warn(format!("skipped {name}: {reason}"));
+        }
         let mut out = printer.out();
         writeln!(out, "{}", loaded.path.display())?;
     }
@@ -391,7 +413,7 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            (escape(&name), r.reason.describe())
+            (name, r.reason.describe())
         })
         .collect();
     if printer.json {
@@ -404,9 +426,13 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
         struct Out<'a> {
             dry_run: bool,
             removed: Vec<Entry<'a>>,
+            kept_newer: Vec<String>,
+            latest_problem: Option<&'a str>,
         }
         printer.json_line(&Out {
             dry_run,
+            kept_newer: report.kept_newer.iter().map(|&n| step_name(n)).collect(),
+            latest_problem: report.latest_problem.as_deref(),
             removed: rows
                 .iter()
                 .map(|(name, reason)| Entry { name, reason })
@@ -416,7 +442,18 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
         let mut out = printer.out();
         let verb = if dry_run { "would remove" } else { "removed" };
         for (name, reason) in &rows {
-            writeln!(out, "{verb} {name} ({reason})")?;
+            writeln!(out, "{verb} {} ({reason})", escape(name))?;
+        }
+        for &n in &report.kept_newer {
+            writeln!(
+                out,
+                "kept {} (newer than the newest verifying step, and LATEST cannot tell \
+                 whether it was completed)",
+                step_name(n)
+            )?;
+        }
+        if let Some(why) = &report.latest_problem {
+            writeln!(out, "{}", escape(why))?;
         }
         if rows.is_empty() {
             writeln!(out, "nothing to remove")?;

@@ -561,14 +561,14 @@ fn print_report(report: &Report, printer: &Printer) -> anyhow::Result<()> {
             } else {
                 printer.cell("FAIL", crate::output::Tone::Bad)
             },
-            Cell::new(crate::output::escape(&check.detail)),
+            Cell::new(crate::core::text::escape(&check.detail)),
         ]);
     }
     writeln!(out, "{}", crate::output::table_text(&table))?;
     writeln!(out)?;
     if let Some(line) = &report.final_line_text {
         writeln!(out, "final line of both runs:")?;
-        writeln!(out, "{}", crate::output::escape(line))?;
+        writeln!(out, "{}", crate::core::text::escape(line))?;
     }
     let failed = report.checks.iter().filter(|c| !c.ok).count();
     if report.ok {

@@ -18,7 +18,8 @@ use crate::core::safetensors::index::read_index;
 use crate::core::safetensors::stats::{tensor_stats, Number, TensorStats};
 use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
 use crate::core::safetensors::{read_header, Dtype, Header, MappedFile};
-use crate::output::{escape, human_bytes, human_count, Printer, Tone};
+use crate::core::text::escape;
+use crate::output::{human_bytes, human_count, Printer, Tone};
 
 /// The `st` subcommands.
 #[derive(Debug, Subcommand)]
@@ -624,8 +625,9 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     }
     for m in &report.metadata {
         let show = |v: &Option<String>| {
-            v.as_deref()
-                .map_or("(absent)".to_string(), |s| format!("{:?}", escape(s)))
+            v.as_deref().map_or("(absent)".to_string(), |s| {
+                escape(&crate::core::text::quote(s))
+            })
         };
         writeln!(
             out,

@@ -13,12 +13,14 @@ use serde::Serialize;
 use super::Outcome;
 use crate::core::atomic;
 use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
+use crate::core::text::escape;
 use crate::core::tokens::{
     self, Cursor, HeaderReport, InputFormat, PackInput, PackOptions, Shard, TokenStream,
     TokensError, BYTES_VOCAB,
 };
-use crate::error::{operational, Classify, ExitClass};
-use crate::output::{escape, Printer};
+use crate::core::{Failure, FailureKind};
+use crate::error::operational;
+use crate::output::Printer;
 
 /// The `tokens` subcommands.
 #[derive(Debug, Subcommand)]
@@ -202,7 +204,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         // stays clean; an invalid file is a "no" answer in the report.
         let (row, err) = header_row(path, args.check_ids)?;
         if let Some(e) = err {
-            if e.exit_class() == ExitClass::Operational {
+            if e.kind() == FailureKind::Operational {
                 return Err(e.into());
             }
             any_invalid = true;
