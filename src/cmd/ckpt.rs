@@ -13,8 +13,8 @@ use serde::Serialize;
 
 use super::Outcome;
 use crate::core::checkpoint::{
-    self, load::Survey, parse_step_name, step_name, verify as ckverify, Latest, Payload, Problem,
-    SaveRequest, TrainerState, MANIFEST_NAME,
+    self, load::Survey, parse_step_name, step_name, verify as ckverify, Payload, SaveRequest,
+    TrainerState, MANIFEST_NAME,
 };
 use crate::core::text::escape;
 use crate::output::Printer;
@@ -197,13 +197,6 @@ struct StepJson {
     load: bool,
 }
 
-fn status(problems: &[Problem]) -> String {
-    problems
-        .first()
-        .map(|p| p.to_string())
-        .unwrap_or_else(|| "ok".to_string())
-}
-
 /// A path is one step directory when its name is a step name or it holds a manifest.
 fn is_step_dir(path: &Path) -> bool {
     path.file_name()
@@ -271,7 +264,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         .map(|r| StepJson {
             step: r.step,
             name: step_name(r.step),
-            status: status(&r.problems),
+            status: r.status(),
             problems: r.problems.iter().map(|p| p.to_string()).collect(),
             size: r.size,
             latest: r.latest,
@@ -279,22 +272,9 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             load: r.picked,
         })
         .collect();
-    let (latest, latest_problem) = match &survey.latest {
-        Latest::Missing => (None, Some("no LATEST".to_string())),
-        Latest::Malformed(why) => (None, Some(why.clone())),
-        Latest::Names(n) if !survey.rows.iter().any(|r| r.step == *n) => (
-            Some(step_name(*n)),
-            Some(format!(
-                "LATEST names {}, which does not exist",
-                step_name(*n)
-            )),
-        ),
-        Latest::Names(n) => (Some(step_name(*n)), None),
-    };
-    let mut stale = survey.tmps.clone();
-    if survey.latest_tmp {
-        stale.push(checkpoint::LATEST_TMP_NAME.to_string());
-    }
+    let latest = survey.latest_name();
+    let latest_problem = survey.latest_problem();
+    let stale = survey.stale();
     if printer.json {
         #[derive(Serialize)]
         struct Out<'a> {
@@ -317,14 +297,10 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     }
     let mut table = printer.table();
     table.set_header(["step", "status", "size", "LATEST", "load"]);
-    for s in &steps {
+    for (s, row) in steps.iter().zip(&survey.rows) {
         table.add_row([
             s.name.clone(),
-            if s.newer_than_latest && s.problems.is_empty() {
-                "ok (newer than LATEST: ignored)".to_string()
-            } else {
-                escape(&s.status)
-            },
+            escape(&row.verdict()),
             s.size.to_string(),
             if s.latest { "LATEST" } else { "" }.to_string(),
             if s.load { "load" } else { "" }.to_string(),
