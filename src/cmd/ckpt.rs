@@ -17,7 +17,8 @@ use crate::core::checkpoint::{
     TrainerState, MANIFEST_NAME,
 };
 use crate::core::text::escape;
-use crate::output::Printer;
+use crate::output::{Printer, Tone};
+use comfy_table::Cell;
 
 /// The `ckpt` subcommands.
 #[derive(Debug, Subcommand)]
@@ -258,7 +259,11 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     } else {
         let mut out = printer.out();
         if ok {
-            writeln!(out, "ok ({} bytes verified)", ins.size)?;
+            writeln!(
+                out,
+                "ok ({} verified)",
+                crate::output::human_bytes(ins.size)
+            )?;
         } else {
             for p in &problems {
                 writeln!(out, "{}", escape(p))?;
@@ -309,12 +314,17 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     let mut table = printer.table();
     table.set_header(["step", "status", "size", "LATEST", "load"]);
     for (s, row) in steps.iter().zip(&survey.rows) {
-        table.add_row([
-            s.name.clone(),
-            escape(&row.verdict()),
-            s.size.to_string(),
-            if s.latest { "LATEST" } else { "" }.to_string(),
-            if s.load { "load" } else { "" }.to_string(),
+        let tone = if s.problems.is_empty() {
+            Tone::Good
+        } else {
+            Tone::Bad
+        };
+        table.add_row(vec![
+            Cell::new(&s.name),
+            printer.cell(escape(&row.verdict()), tone),
+            Cell::new(crate::output::human_bytes(s.size)),
+            Cell::new(if s.latest { "LATEST" } else { "" }),
+            Cell::new(if s.load { "load" } else { "" }),
         ]);
     }
     let mut out = printer.out();
