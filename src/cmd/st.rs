@@ -410,28 +410,30 @@ fn run_verify(args: &VerifyArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             bar.set_position(done);
         };
         let failures = verify_with_progress(path, opts, &mut progress)
-            .with_context(|| format!("cannot verify {}", path.display()))?;
+            .with_context(|| format!("cannot verify {}", path.display()));
         bar.finish_and_clear();
-        reports.push(VerifyReport {
+        let report = VerifyReport {
             path: path.display().to_string(),
-            ok: failures.is_empty(),
-            failures,
-        });
+            ok: failures.as_ref().is_ok_and(|f| f.is_empty()),
+            failures: failures?,
+        };
+        if !printer.json {
+            // Each file's lines as soon as it is read: a later file that cannot be
+            // read must not hide the verdicts already reached (cli.md).
+            let mut out = printer.out();
+            if report.ok {
+                writeln!(out, "{}: ok", escape(&report.path))?;
+            }
+            for f in &report.failures {
+                writeln!(out, "{}: {}", escape(&report.path), escape(&f.message))?;
+            }
+            out.flush()?;
+        }
+        reports.push(report);
     }
     let ok = reports.iter().all(|r| r.ok);
     if printer.json {
         printer.json_line(&serde_json::json!({ "ok": ok, "files": reports }))?;
-    } else {
-        let mut out = printer.out();
-        for r in &reports {
-            if r.ok {
-                writeln!(out, "{}: ok", escape(&r.path))?;
-            }
-            for f in &r.failures {
-                writeln!(out, "{}: {}", escape(&r.path), escape(&f.message))?;
-            }
-        }
-        out.flush()?;
     }
     Ok(Outcome::from_ok(ok))
 }

@@ -186,19 +186,34 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let mut rows = Vec::new();
     let mut any_invalid = false;
     for path in &args.files {
-        // A file that cannot be read is an error (exit 2) before any report, so stdout
-        // stays clean; an invalid file is a "no" answer in the report.
-        let (row, err) = header_row(path, args.check_ids)?;
-        if let Some(e) = err {
-            if e.kind() == FailureKind::Operational {
-                return Err(e.into());
+        // A file that cannot be read is an error (exit 2); an invalid file is a "no"
+        // answer in the report. The files read before the error are still reported
+        // (cli.md: a report line for every file read), then the error.
+        let failed = match header_row(path, args.check_ids) {
+            // The row of an unreadable file is not a verdict: it is left out.
+            Ok((_, Some(e))) if e.kind() == FailureKind::Operational => Some(e),
+            Ok((row, err)) => {
+                any_invalid |= err.is_some();
+                rows.push(row);
+                None
             }
-            any_invalid = true;
+            Err(e) => Some(e),
+        };
+        if let Some(e) = failed {
+            print_header_rows(&rows, printer)?;
+            return Err(e.into());
         }
-        rows.push(row);
+    }
+    print_header_rows(&rows, printer)?;
+    Ok(Outcome::from_ok(!any_invalid))
+}
+
+fn print_header_rows(rows: &[HeaderRow], printer: &Printer) -> anyhow::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
     }
     if printer.json {
-        for row in &rows {
+        for row in rows {
             printer.json_line(row)?;
         }
     } else {
@@ -207,7 +222,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             "file", "magic", "version", "dtype", "n", "V", "size", "valid",
         ]);
         let show = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
-        for row in &rows {
+        for row in rows {
             let valid = match &row.error {
                 None => "yes".to_string(),
                 Some(e) => format!("no: {}", escape(e)),
@@ -227,7 +242,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         writeln!(out, "{}", crate::output::table_text(&table))?;
         out.flush()?;
     }
-    Ok(Outcome::from_ok(!any_invalid))
+    Ok(())
 }
 
 #[derive(Serialize)]

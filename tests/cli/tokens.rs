@@ -681,3 +681,23 @@ fn pack_shows_a_non_ascii_character_as_itself() {
         assert!(!e.contains('Ã') && !e.contains('\u{202e}'), "{e}");
     }
 }
+
+#[test]
+fn header_reports_every_file_read_before_the_error() {
+    let dir = tmp();
+    let good = raw_shard(dir.path(), "good.bin", &[20240520, 1, 2, 10], &[1, 0, 2, 0]);
+    let out = tlio()
+        .args(["tokens", "header"])
+        .arg(&good)
+        .arg(dir.path().join("missing.bin"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("good.bin") && text.contains("yes"), "{text}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.starts_with("tlio: error: ") && err.contains("missing.bin"),
+        "{err}"
+    );
+}
