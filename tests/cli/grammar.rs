@@ -344,3 +344,81 @@ fn no_output_line_ends_in_whitespace() {
         }
     }
 }
+
+#[test]
+fn json_is_one_compact_document_per_line_everywhere() {
+    let dir = tmp();
+    let golden = |n: &str| fixture(&format!("safetensors/golden/{n}.safetensors"));
+    let out_file = dir.path().join("o.safetensors");
+    let shard = dir.path().join("s.bin");
+    let cases: Vec<Vec<std::ffi::OsString>> = vec![
+        vec![
+            "st".into(),
+            "inspect".into(),
+            golden("mixed_f32_i32_u8").into(),
+        ],
+        vec![
+            "st".into(),
+            "verify".into(),
+            golden("mixed_f32_i32_u8").into(),
+        ],
+        vec![
+            "st".into(),
+            "diff".into(),
+            golden("dtype_F32").into(),
+            golden("dtype_F32").into(),
+        ],
+        vec![
+            "st".into(),
+            "convert".into(),
+            golden("dtype_F32").into(),
+            "-o".into(),
+            out_file.into(),
+            "--dtype".into(),
+            "bf16".into(),
+        ],
+        vec![
+            "ckpt".into(),
+            "verify".into(),
+            fixture("cli/ckpt-corrupt").into(),
+        ],
+        vec!["ckpt".into(), "latest".into(), fixture("cli/ckpt").into()],
+        vec![
+            "ckpt".into(),
+            "gc".into(),
+            fixture("cli/ckpt").into(),
+            "--keep".into(),
+            "1".into(),
+            "--dry-run".into(),
+        ],
+        vec![
+            "tokens".into(),
+            "header".into(),
+            fixture("cli/tiny.bin").into(),
+            fixture("cli/truncated.bin").into(),
+        ],
+        vec![
+            "tokens".into(),
+            "pack".into(),
+            fixture("cli/README.md").into(),
+            "-o".into(),
+            shard.into(),
+        ],
+    ];
+    for args in cases {
+        let out = tlio().arg("--json").args(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(!text.is_empty(), "{args:?}: {out:?}");
+        for line in text.lines() {
+            let value: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{args:?}: a line is not a JSON document: {e}: {line}"));
+            // Compact: as long as serde_json's compact form (which may order keys
+            // differently, hence lengths rather than bytes).
+            assert_eq!(
+                line.len(),
+                serde_json::to_string(&value).unwrap().len(),
+                "{args:?}: compact: {line}"
+            );
+        }
+    }
+}
