@@ -349,6 +349,12 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         .iter()
         .map(|p| Shard::open(p, None))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(path) = &args.save_cursor {
+        // Checked before any batch is printed: the cursor must never replace a shard
+        // (the cursor file read with --cursor may be rewritten: it was read whole).
+        let inputs: Vec<&Path> = args.shards.iter().map(PathBuf::as_path).collect();
+        atomic::refuse_inputs(path, &inputs)?;
+    }
     let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
     let mut stream = TokenStream::new(shards, args.seq_len, args.batch, rng, None)?;
     if let Some(path) = &args.cursor {

@@ -8,6 +8,7 @@ use crate::error::ExitClass;
 
 pub mod atomic;
 pub mod checkpoint;
+pub mod failpoints;
 pub mod optim;
 pub mod pcg;
 pub mod safetensors;
@@ -18,6 +19,9 @@ pub mod train;
 pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<ExitClass> {
     use crate::error::Classify;
     if let Some(e) = err.downcast_ref::<atomic::AtomicError>() {
+        return Some(e.exit_class());
+    }
+    if let Some(e) = err.downcast_ref::<failpoints::FailpointsError>() {
         return Some(e.exit_class());
     }
     if let Some(e) = err.downcast_ref::<checkpoint::CheckpointError>() {
