@@ -175,6 +175,13 @@ fn resolve(target: &Path) -> Result<(PathBuf, bool), AtomicError> {
     })
 }
 
+/// Check now what [`AtomicFile::create`] would check later (symlinks resolve, the
+/// target is absent or a regular file), so a command can refuse a bad output path
+/// before it does any work or prints anything.
+pub fn check_target(target: &Path) -> Result<(), AtomicError> {
+    resolve(target).map(|_| ())
+}
+
 /// Refuse to write `output` when it is the same file (device and inode, so hard links
 /// and symlinks count) as one of `inputs`. An output that does not exist yet is fine.
 pub fn refuse_inputs(output: &Path, inputs: &[&Path]) -> Result<(), AtomicError> {

@@ -9,6 +9,7 @@ use crate::error::ExitClass;
 pub mod atomic;
 pub mod checkpoint;
 pub mod failpoints;
+pub mod files;
 pub mod optim;
 pub mod pcg;
 pub mod safetensors;

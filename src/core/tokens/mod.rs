@@ -18,7 +18,9 @@ pub use shard::{
     inspect_header, read_header, Dtype, Header, HeaderReport, Shard, ShardWriter, HEADER_BYTES,
     LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
 };
-pub use stream::{check_batch_shape, Batch, Cursor, RngState, TokenStream, MAX_BATCH_TOKENS};
+pub use stream::{
+    check_batch_shape, Batch, Cursor, RngState, TokenStream, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES,
+};
 
 /// Errors of token shards, packing and the token stream.
 #[derive(Debug, thiserror::Error)]

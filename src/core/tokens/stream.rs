@@ -237,6 +237,9 @@ fn draw_phase(rng: &mut Pcg32, n: usize, seq_len: usize) -> usize {
     rng.below(u32::try_from(bound).unwrap_or(u32::MAX)) as usize
 }
 
+/// Largest cursor file read (a cursor is about 100 bytes of JSON).
+pub const MAX_CURSOR_BYTES: u64 = 1 << 16;
+
 /// Most ids one batch may span, B × (T + 1): each batch allocates two [B, T] arrays of
 /// i64 (256 MiB together at the limit), so a size from a flag can never ask for more.
 pub const MAX_BATCH_TOKENS: u64 = 1 << 24;

@@ -719,7 +719,9 @@ pub fn run(spec: &RunSpec, progress: &mut dyn FnMut(Progress)) -> Result<RunOutc
     // No output may replace a data shard (compared by device and inode).
     let inputs: Vec<&Path> = spec.data.iter().map(PathBuf::as_path).collect();
     for name in [CONFIG_FILE, FINAL_FILE, MODEL_FILE] {
-        crate::core::atomic::refuse_inputs(&spec.out.join(name), &inputs)?;
+        let path = spec.out.join(name);
+        crate::core::atomic::refuse_inputs(&path, &inputs)?;
+        crate::core::atomic::check_target(&path)?;
     }
     fs::create_dir_all(&spec.out).map_err(|source| TrainError::Io {
         path: spec.out.clone(),
