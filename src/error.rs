@@ -97,8 +97,11 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 ///
 /// A cause whose text the line already ends with is skipped: many error types print
 /// their source inside their own message *and* return it from `source()`, which would
-/// otherwise show "No such file or directory" twice. Newlines inside a cause would
-/// break the one-line contract, so they are escaped.
+/// otherwise show "No such file or directory" twice. The whole line goes through
+/// `core::text::escape`: a newline inside a cause would break the one-line contract, and
+/// a name or path with a control or bidi character must not reach the terminal raw, no
+/// matter which error carried it (escaping is idempotent, so causes that already
+/// escaped their names are unchanged).
 pub fn one_line(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain() {
@@ -111,7 +114,7 @@ pub fn one_line(err: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    line.replace('\n', "\\n")
+    crate::core::text::escape(&line)
 }
 
 /// Print the one-line error and return the exit code.
@@ -119,8 +122,17 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(err) {
         return ExitCode::SUCCESS;
     }
-    let _ = writeln!(io::stderr().lock(), "tlio: error: {}", one_line(err));
+    let _ = writeln!(io::stderr().lock(), "{} {}", error_prefix(), one_line(err));
     ExitCode::from(classify(err).code())
+}
+
+/// `tlio: error:`, in red when stderr gets colour (`--color`, NO_COLOR, a terminal).
+fn error_prefix() -> String {
+    crate::output::paint(
+        "tlio: error:",
+        crate::output::Tone::Bad,
+        crate::output::stderr_color(),
+    )
 }
 
 /// Report a command-line parsing outcome that is not a parsed command: `--help` and
@@ -140,7 +152,20 @@ pub fn report_usage(err: &clap::Error) -> ExitCode {
         let _ = err.print();
         return ExitCode::SUCCESS;
     }
-    let _ = writeln!(io::stderr().lock(), "{}", usage_line(err));
+    if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // `tlio` or `tlio st` alone: the list of commands, on stdout like --help, then
+        // the one error line; still a usage error (exit 2), so a script that forgot
+        // its command does not read success.
+        let mut out = io::stdout().lock();
+        let _ = write!(out, "{}", err.render()).and_then(|()| out.flush());
+    }
+    let mut line = usage_line(err);
+    if crate::output::stderr_color() {
+        if let Some(rest) = line.strip_prefix("tlio: error: ") {
+            line = format!("{} {rest}", error_prefix());
+        }
+    }
+    let _ = writeln!(io::stderr().lock(), "{line}");
     ExitCode::from(ExitClass::Operational.code())
 }
 
@@ -203,6 +228,8 @@ mod tests {
     #[test]
     fn one_line_joins_distinct_causes_and_escapes_newlines() {
         let err = anyhow::anyhow!("bad\nvalue").context("outer");
-        assert_eq!(one_line(&err), "outer: bad\\nvalue");
+        assert_eq!(one_line(&err), "outer: bad\\u{a}value");
+        let err = anyhow::anyhow!("tensor \"x\u{202e}y\" in café").context("outer");
+        assert_eq!(one_line(&err), "outer: tensor \"x\\u{202e}y\" in café");
     }
 }

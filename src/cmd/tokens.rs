@@ -13,30 +13,53 @@ use serde::Serialize;
 use super::Outcome;
 use crate::core::atomic;
 use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
+use crate::core::text::escape;
 use crate::core::tokens::{
     self, Cursor, HeaderReport, InputFormat, PackInput, PackOptions, Shard, TokenStream,
     TokensError, BYTES_VOCAB,
 };
 use crate::error::{invalid, operational, Classify, ExitClass};
-use crate::output::{escape, Printer};
+use crate::output::Printer;
 
 /// The `tokens` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
     /// Show and validate shard headers: magic, version, dtype, n, V, size (reads only the
     /// 1024-byte header unless --check-ids). Exit 1 if any file is invalid.
+    #[command(after_help = HEADER_EXAMPLES)]
     Header(HeaderArgs),
     /// Build shards from standard input or files, in bounded memory.
+    #[command(after_help = PACK_EXAMPLES)]
     Pack(PackArgs),
     /// Print the batches the token stream yields, one JSON line per batch.
+    #[command(after_help = WINDOWS_EXAMPLES)]
     Windows(WindowsArgs),
 }
+
+const HEADER_EXAMPLES: &str = "\
+Examples:
+  tlio tokens header corpus.bin
+  tlio tokens header --check-ids train_*.bin
+  tlio --json tokens header corpus.bin";
+
+const PACK_EXAMPLES: &str = "\
+Examples:
+  tlio tokens pack corpus.txt -o corpus.bin
+  cat a.txt b.txt | tlio tokens pack -o corpus.bin
+  tlio tokens pack ids.txt --from ids --vocab-size 50257 -o train.bin
+  tlio tokens pack big.txt -o train --shard-tokens 100000000";
+
+const WINDOWS_EXAMPLES: &str = "\
+Examples:
+  tlio tokens windows corpus.bin --seq-len 8 --batch 2
+  tlio tokens windows corpus.bin --seq-len 8 --batch 2 --batches 2 --seed 7 --save-cursor c.json
+  tlio tokens windows corpus.bin --seq-len 8 --batch 2 --cursor c.json";
 
 /// Arguments of `tokens header`.
 #[derive(Debug, Args)]
 pub struct HeaderArgs {
     /// The shard files.
-    #[arg(required = true, value_name = "FILE")]
+    #[arg(required = true, value_name = "SHARD")]
     pub files: Vec<PathBuf>,
     /// Also check every id against the recorded vocabulary (reads the whole file).
     #[arg(long)]
@@ -60,10 +83,10 @@ pub enum FromFormat {
 #[derive(Debug, Args)]
 pub struct PackArgs {
     /// Input files, read in order; `-` (the default) is standard input.
-    #[arg(value_name = "INPUT")]
+    #[arg(value_name = "FILE")]
     pub inputs: Vec<PathBuf>,
-    /// The output shard, or the prefix of OUT_000000.bin, ... with --shard-tokens.
-    #[arg(short, long, value_name = "OUT")]
+    /// The output shard, or the prefix of SHARD_000000.bin, ... with --shard-tokens.
+    #[arg(short, long, value_name = "SHARD", alias = "out")]
     pub output: PathBuf,
     /// How to read the inputs.
     #[arg(long, value_enum, default_value_t = FromFormat::Bytes)]
@@ -71,7 +94,7 @@ pub struct PackArgs {
     /// The vocabulary size V (every id must be below it); required unless --from bytes.
     #[arg(long, value_name = "V")]
     pub vocab_size: Option<u64>,
-    /// Split into shards of N ids: OUT_000000.bin, OUT_000001.bin, ...
+    /// Split into shards of N ids: SHARD_000000.bin, SHARD_000001.bin, ...
     #[arg(long, value_name = "N")]
     pub shard_tokens: Option<u64>,
 }
@@ -200,7 +223,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             ]);
         }
         let mut out = printer.out();
-        writeln!(out, "{table}")?;
+        writeln!(out, "{}", crate::output::table_text(&table))?;
         out.flush()?;
     }
     Ok(Outcome::from_ok(!any_invalid))
@@ -307,7 +330,7 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     // Like every command that writes files, pack says what it wrote as chatter on
     // stderr (silenced by -q), or as one JSON document on stdout with --json.
     if printer.json {
-        printer.json_pretty(&report)?;
+        printer.json_line(&report)?;
     } else {
         for s in &report.shards {
             printer.info(format!(

@@ -13,6 +13,7 @@ pub mod files;
 pub mod optim;
 pub mod pcg;
 pub mod safetensors;
+pub mod text;
 pub mod tokens;
 pub mod train;
 

@@ -651,3 +651,33 @@ fn windows_into_a_closed_pipe_ends_quietly() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn pack_shows_a_non_ascii_character_as_itself() {
+    // The input "1 é 2": the error names the character, never its UTF-8 lead byte as
+    // Latin-1 ('Ã'), and a bidi control in the input is escaped.
+    let dir = tmp();
+    for (input, want) in [
+        ("1 é 2", "invalid character \"é\" at byte 2"),
+        ("1 x\u{202e}", "invalid character \"x\" at byte 2"),
+        ("1 \u{202e}", "invalid character \"\\u{202e}\" at byte 2"),
+    ] {
+        let e = fails(
+            tlio()
+                .args([
+                    "tokens",
+                    "pack",
+                    "--from",
+                    "ids",
+                    "--vocab-size",
+                    "50",
+                    "-o",
+                ])
+                .arg(dir.path().join("o.bin"))
+                .write_stdin(input),
+            1,
+        );
+        assert!(e.contains(want), "{input:?}: {e}");
+        assert!(!e.contains('Ã') && !e.contains('\u{202e}'), "{e}");
+    }
+}

@@ -114,7 +114,7 @@ fn why(reasons: &[(String, String)]) -> String {
     }
     let parts: Vec<String> = reasons
         .iter()
-        .map(|(name, reason)| format!("{}: {reason}", crate::output::escape(name)))
+        .map(|(name, reason)| format!("{name}: {reason}"))
         .collect();
     format!(" ({})", parts.join("; "))
 }
@@ -230,8 +230,8 @@ fn read_latest(path: &Path) -> Result<Option<Latest>, CheckpointError> {
     Ok(Some(match parse_step_name(name) {
         Some(n) => Latest::Names(n),
         None => Latest::Malformed(format!(
-            "LATEST holds {:?}, not a step name",
-            crate::output::escape(text)
+            "LATEST holds {}, not a step name",
+            crate::core::text::quote(text)
         )),
     }))
 }

@@ -192,7 +192,7 @@ fn check_layout(
         let (param, _) = split_name(name, keys).ok_or_else(|| {
             OptimizerError::Layout(format!(
                 "tensor {} is not <parameter>.<{}>",
-                crate::output::escape(name),
+                crate::core::text::quote(name),
                 if keys.is_empty() {
                     "nothing: SGD without momentum stores no arrays".to_string()
                 } else {
@@ -204,7 +204,7 @@ fn check_layout(
             if prev != shape {
                 return Err(OptimizerError::Layout(format!(
                     "the arrays of parameter {} have different shapes",
-                    crate::output::escape(param)
+                    crate::core::text::quote(param)
                 )));
             }
         }
@@ -224,13 +224,13 @@ fn check_layout(
                 None => {
                     return Err(OptimizerError::Layout(format!(
                         "missing tensor {}",
-                        crate::output::escape(&name)
+                        crate::core::text::quote(&name)
                     )))
                 }
                 Some(s) if s != shape => {
                     return Err(OptimizerError::Layout(format!(
                         "tensor {} has shape {s:?}, its parameter {shape:?}",
-                        crate::output::escape(&name)
+                        crate::core::text::quote(&name)
                     )))
                 }
                 Some(_) => {}
@@ -240,7 +240,7 @@ fn check_layout(
     if let Some(param) = implied.keys().find(|p| !expected.contains_key(*p)) {
         return Err(OptimizerError::Layout(format!(
             "arrays for {}, which is not a parameter of the model",
-            crate::output::escape(param)
+            crate::core::text::quote(param)
         )));
     }
     Ok(())
@@ -256,8 +256,8 @@ pub fn check_header(
         Some(v) if v == FORMAT_VALUE => {}
         other => {
             return Err(OptimizerError::Layout(format!(
-                "metadata format is {:?}, not {FORMAT_VALUE:?}",
-                other.map(|s| crate::output::escape(s))
+                "metadata format is {}, not {FORMAT_VALUE:?}",
+                other.map_or_else(|| "missing".to_string(), |s| crate::core::text::quote(s))
             )))
         }
     }
@@ -268,7 +268,7 @@ pub fn check_header(
     {
         return Err(OptimizerError::Layout(format!(
             "unknown metadata key {}",
-            crate::output::escape(extra)
+            crate::core::text::quote(extra)
         )));
     }
     let text = header
@@ -279,7 +279,7 @@ pub fn check_header(
     if let Some(t) = header.tensors.iter().find(|t| t.dtype != Dtype::F32) {
         return Err(OptimizerError::Layout(format!(
             "tensor {} is {}, not F32",
-            crate::output::escape(&t.name),
+            crate::core::text::quote(&t.name),
             t.dtype.name()
         )));
     }
@@ -313,7 +313,7 @@ impl OptimizerFile {
             if numel != Some(values.len() as u64) {
                 return Err(OptimizerError::Layout(format!(
                     "tensor {} has {} values for shape {shape:?}",
-                    crate::output::escape(name),
+                    crate::core::text::quote(name),
                     values.len()
                 )));
             }

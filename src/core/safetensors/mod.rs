@@ -12,6 +12,7 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::core::atomic::AtomicError;
+use crate::core::text::quote;
 use crate::error::{Classify, ExitClass};
 
 pub mod convert;
@@ -53,22 +54,6 @@ pub enum TensorData<'a> {
     F32(&'a [f32]),
     /// f64 values, encoded to `dtype` with a single rounding.
     F64(&'a [f64]),
-}
-
-/// Quote and escape a name from a file so that a control character never reaches a
-/// terminal raw (`\u{1b}`), matching the CLI's escaping.
-pub fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        if c.is_control() {
-            out.push_str(&format!("\\u{{{:x}}}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// Everything that can go wrong reading, writing or decoding safetensors. Each
