@@ -295,7 +295,10 @@ fn cell(text: String) -> String {
         None => text,
         Some((cut, _)) => {
             let rest = text.len().saturating_sub(cut);
-            format!("{}… ({rest} more bytes)", text.get(..cut).unwrap_or_default())
+            format!(
+                "{}… ({rest} more bytes)",
+                text.get(..cut).unwrap_or_default()
+            )
         }
     }
 }

@@ -114,7 +114,10 @@ fn huge_batch_sizes_are_one_line_before_anything_is_written() {
             .output()
             .unwrap();
         assert_one_error_line(&out, 2, batch);
-        assert!(!run.exists(), "no config.json, no .train.lock, no directory");
+        assert!(
+            !run.exists(),
+            "no config.json, no .train.lock, no directory"
+        );
     }
 }
 
@@ -211,7 +214,10 @@ fn a_symlinked_output_replaces_the_file_it_points_to() {
         .unwrap()
         .file_type()
         .is_symlink());
-    assert_eq!(fs::metadata(d.join("real/out.bin")).unwrap().len(), 1024 + 5 * 2);
+    assert_eq!(
+        fs::metadata(d.join("real/out.bin")).unwrap().len(),
+        1024 + 5 * 2
+    );
     assert_eq!(temps(d), Vec::<String>::new());
     assert_eq!(temps(&d.join("real")), Vec::<String>::new());
 }
@@ -317,7 +323,10 @@ fn pack_in_progress(d: &Path, bytes: usize, shard_tokens: &str, want: usize) -> 
 
 #[test]
 fn sigint_and_sigterm_remove_every_temporary_file() {
-    for (sig, code, name) in [(libc::SIGINT, 130, "SIGINT"), (libc::SIGTERM, 143, "SIGTERM")] {
+    for (sig, code, name) in [
+        (libc::SIGINT, 130, "SIGINT"),
+        (libc::SIGTERM, 143, "SIGTERM"),
+    ] {
         let dir = tmp();
         let d = dir.path();
         let child = pack_in_progress(d, 2_500_000, "1000000", 3);
@@ -365,7 +374,15 @@ fn two_steps(d: &Path) -> PathBuf {
         tlio()
             .args(["ckpt", "save"])
             .arg(&ck)
-            .args(["--step", step, "--tokens-seen", "1", "--lr", "0.1", "--model"])
+            .args([
+                "--step",
+                step,
+                "--tokens-seen",
+                "1",
+                "--lr",
+                "0.1",
+                "--model",
+            ])
             .arg(&model)
             .assert()
             .success();
@@ -395,7 +412,11 @@ fn a_latest_that_is_not_a_regular_file_is_malformed_and_never_blocks() {
         let mut cmd = bin();
         cmd.args(["ckpt", "verify"]).arg(&ck);
         let out = run_with_timeout(cmd, Duration::from_secs(20));
-        assert_eq!(out.status.code(), Some(1), "{make}: malformed LATEST, {out:?}");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{make}: malformed LATEST, {out:?}"
+        );
     }
 }
 
@@ -407,10 +428,18 @@ fn a_bad_lock_is_refused_before_any_training_step() {
     let run = d.join("run");
     fs::create_dir_all(run.join("ckpt/.lock")).unwrap();
     let mut cmd = bin();
-    cmd.args(["train", "bigram", "--max-steps", "3", "--ckpt-every", "1", "--data"])
-        .arg(&data)
-        .arg("--out")
-        .arg(&run);
+    cmd.args([
+        "train",
+        "bigram",
+        "--max-steps",
+        "3",
+        "--ckpt-every",
+        "1",
+        "--data",
+    ])
+    .arg(&data)
+    .arg("--out")
+    .arg(&run);
     let out = run_with_timeout(cmd, Duration::from_secs(60));
     assert_one_error_line(&out, 2, ".lock directory");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -426,7 +455,15 @@ fn a_bad_lock_is_refused_before_any_training_step() {
     let out = tlio()
         .args(["ckpt", "save"])
         .arg(&ck)
-        .args(["--step", "3", "--tokens-seen", "1", "--lr", "0.1", "--model"])
+        .args([
+            "--step",
+            "3",
+            "--tokens-seen",
+            "1",
+            "--lr",
+            "0.1",
+            "--model",
+        ])
         .arg(crate::fixture("safetensors/golden/dtype_F32.safetensors"))
         .output()
         .unwrap();
@@ -463,7 +500,11 @@ fn an_index_that_is_a_json_array_is_refused() {
     assert_one_error_line(&out, 1, "array index");
     assert!(String::from_utf8_lossy(&out.stderr).contains("JSON object"));
     fs::write(&index, r#"{"weight_map": {"a": "s.safetensors"}}"#).unwrap();
-    tlio().args(["st", "inspect"]).arg(&index).assert().success();
+    tlio()
+        .args(["st", "inspect"])
+        .arg(&index)
+        .assert()
+        .success();
 }
 
 #[test]
