@@ -292,9 +292,15 @@ fn the_next_write_removes_stale_temporary_files_of_dead_processes() {
     assert!(!stale.exists());
 }
 
-/// Start `tokens pack - -o OUT --shard-tokens N` fed `bytes` on stdin, with stdin kept
-/// open so the pack is still running; returns once `want` temporary files exist.
-fn pack_in_progress(d: &Path, bytes: usize, shard_tokens: &str, want: usize) -> Child {
+/// Start `tokens pack - -o OUT --shard-tokens N` fed `bytes` on stdin; returns once
+/// `want` temporary files exist, with the stdin pipe, which the caller keeps open so
+/// the pack is still waiting for input when it is signalled.
+fn pack_in_progress(
+    d: &Path,
+    bytes: usize,
+    shard_tokens: &str,
+    want: usize,
+) -> (Child, std::process::ChildStdin) {
     let mut child = bin()
         .current_dir(d)
         .args(["-q", "tokens", "pack", "-", "-o", "out.bin"])
@@ -307,9 +313,6 @@ fn pack_in_progress(d: &Path, bytes: usize, shard_tokens: &str, want: usize) -> 
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(&vec![7u8; bytes]).unwrap();
     stdin.flush().unwrap();
-    // Keep the pipe open (the pack waits for more input) by leaking the handle into
-    // the child struct's lifetime: stored back below.
-    child.stdin = Some(stdin);
     let start = Instant::now();
     while temps(d).len() < want {
         assert!(
@@ -318,7 +321,7 @@ fn pack_in_progress(d: &Path, bytes: usize, shard_tokens: &str, want: usize) -> 
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    (child, stdin)
 }
 
 #[test]
@@ -329,10 +332,13 @@ fn sigint_and_sigterm_remove_every_temporary_file() {
     ] {
         let dir = tmp();
         let d = dir.path();
-        let child = pack_in_progress(d, 2_500_000, "1000000", 3);
+        let (child, stdin) = pack_in_progress(d, 2_500_000, "1000000", 3);
         // SAFETY: signalling our own child process by its id.
         assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+        // stdin stays open until the child has exited: the pack can only end by the
+        // signal, never by reaching the end of its input.
         let out = child.wait_with_output().unwrap();
+        drop(stdin);
         assert_one_error_line(&out, code, name);
         assert!(String::from_utf8_lossy(&out.stderr).contains(name));
         let left: Vec<_> = fs::read_dir(d).unwrap().collect();
@@ -345,9 +351,10 @@ fn a_killed_multi_shard_pack_leaves_no_final_shard_name() {
     let dir = tmp();
     let d = dir.path();
     // Two shards complete, a third in progress: none may appear under its final name.
-    let mut child = pack_in_progress(d, 2_500_000, "1000000", 3);
+    let (mut child, stdin) = pack_in_progress(d, 2_500_000, "1000000", 3);
     child.kill().unwrap();
     child.wait().unwrap();
+    drop(stdin);
     let finals: Vec<_> = fs::read_dir(d)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
