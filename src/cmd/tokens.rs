@@ -18,7 +18,8 @@ use crate::core::tokens::{
     self, Cursor, HeaderReport, InputFormat, PackInput, PackOptions, Shard, TokenStream,
     TokensError, BYTES_VOCAB,
 };
-use crate::error::{invalid, operational, Classify, ExitClass};
+use crate::core::{Failure, FailureKind};
+use crate::error::{invalid, operational};
 use crate::output::Printer;
 
 /// The `tokens` subcommands.
@@ -189,7 +190,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         // stays clean; an invalid file is a "no" answer in the report.
         let (row, err) = header_row(path, args.check_ids)?;
         if let Some(e) = err {
-            if e.exit_class() == ExitClass::Operational {
+            if e.kind() == FailureKind::Operational {
                 return Err(e.into());
             }
             any_invalid = true;

@@ -18,7 +18,7 @@ use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::error::{Classify, ExitClass};
+use crate::core::failure::{Failure, FailureKind};
 
 /// Write buffer of an atomic file: large so a model file goes out in few system calls.
 const WRITE_BUFFER_BYTES: usize = 1 << 20;
@@ -89,9 +89,9 @@ pub enum AtomicError {
     },
 }
 
-impl Classify for AtomicError {
-    fn exit_class(&self) -> ExitClass {
-        ExitClass::Operational
+impl Failure for AtomicError {
+    fn kind(&self) -> FailureKind {
+        FailureKind::Operational
     }
 }
 

@@ -5,7 +5,7 @@
 //! 2 before doing anything), so a typo can never silently change, or fail to change, a
 //! run.
 
-use crate::error::{Classify, ExitClass};
+use crate::core::{Failure, FailureKind};
 
 /// The environment variable read.
 pub const ENV_VAR: &str = "FAILPOINTS";
@@ -41,10 +41,10 @@ pub enum FailpointsError {
     },
 }
 
-impl Classify for FailpointsError {
-    fn exit_class(&self) -> ExitClass {
+impl Failure for FailpointsError {
+    fn kind(&self) -> FailureKind {
         // A bad environment is a usage error.
-        ExitClass::Operational
+        FailureKind::Operational
     }
 }
 

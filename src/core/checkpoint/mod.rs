@@ -10,7 +10,7 @@ use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Classify, ExitClass};
+use crate::core::failure::{Failure, FailureKind};
 
 pub mod fsops;
 pub mod gc;
@@ -119,18 +119,18 @@ fn why(reasons: &[(String, String)]) -> String {
     format!(" ({})", parts.join("; "))
 }
 
-impl Classify for CheckpointError {
-    fn exit_class(&self) -> ExitClass {
+impl Failure for CheckpointError {
+    fn kind(&self) -> FailureKind {
         match self {
             CheckpointError::State(_)
             | CheckpointError::Optimizer(_)
             | CheckpointError::Config(_)
             | CheckpointError::Payload { .. }
             | CheckpointError::Request(_)
-            | CheckpointError::NotFound { .. } => ExitClass::Invalid,
+            | CheckpointError::NotFound { .. } => FailureKind::Invalid,
             CheckpointError::Exists { .. }
             | CheckpointError::Locked { .. }
-            | CheckpointError::Io { .. } => ExitClass::Operational,
+            | CheckpointError::Io { .. } => FailureKind::Operational,
         }
     }
 }

@@ -149,11 +149,13 @@ pub enum OptimizerError {
     Safetensors(#[from] SafetensorsError),
 }
 
-impl crate::error::Classify for OptimizerError {
-    fn exit_class(&self) -> crate::error::ExitClass {
+impl crate::core::failure::Failure for OptimizerError {
+    fn kind(&self) -> crate::core::failure::FailureKind {
         match self {
-            OptimizerError::Safetensors(e) => e.exit_class(),
-            _ => crate::error::ExitClass::Invalid,
+            OptimizerError::Safetensors(e) => e.kind(),
+            OptimizerError::State(_) | OptimizerError::Layout(_) => {
+                crate::core::failure::FailureKind::Invalid
+            }
         }
     }
 }

@@ -12,8 +12,8 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::core::atomic::AtomicError;
+use crate::core::failure::{Failure, FailureKind};
 use crate::core::text::quote;
-use crate::error::{Classify, ExitClass};
 
 pub mod convert;
 pub mod diff;
@@ -404,16 +404,45 @@ impl SafetensorsError {
     }
 }
 
-impl Classify for SafetensorsError {
-    fn exit_class(&self) -> ExitClass {
+impl Failure for SafetensorsError {
+    fn kind(&self) -> FailureKind {
         match self {
             SafetensorsError::Io { .. }
             | SafetensorsError::Write(_)
             | SafetensorsError::Atomic(_)
             | SafetensorsError::Changed { .. }
             | SafetensorsError::BadTarget { .. }
-            | SafetensorsError::SameFile { .. } => ExitClass::Operational,
-            _ => ExitClass::Invalid,
+            | SafetensorsError::SameFile { .. } => FailureKind::Operational,
+            SafetensorsError::TooShort { .. }
+            | SafetensorsError::HeaderTooLarge { .. }
+            | SafetensorsError::HeaderPastEnd { .. }
+            | SafetensorsError::Json { .. }
+            | SafetensorsError::NotUtf8 { .. }
+            | SafetensorsError::NotObject
+            | SafetensorsError::DuplicateKey { .. }
+            | SafetensorsError::TrailingCharacters { .. }
+            | SafetensorsError::MetadataNotObject
+            | SafetensorsError::MetadataNotString { .. }
+            | SafetensorsError::EntryNotObject { .. }
+            | SafetensorsError::UnknownKey { .. }
+            | SafetensorsError::MissingKey { .. }
+            | SafetensorsError::UnknownDtype { .. }
+            | SafetensorsError::BadShape { .. }
+            | SafetensorsError::BadOffsets { .. }
+            | SafetensorsError::Overflow { .. }
+            | SafetensorsError::SubByte { .. }
+            | SafetensorsError::ByteCount { .. }
+            | SafetensorsError::Tiling { .. }
+            | SafetensorsError::ReservedName
+            | SafetensorsError::DuplicateTensor { .. }
+            | SafetensorsError::DataLength { .. }
+            | SafetensorsError::RawOnly { .. }
+            | SafetensorsError::OutOfRange { .. }
+            | SafetensorsError::NotExact { .. }
+            | SafetensorsError::HeaderTooLargeToWrite { .. }
+            | SafetensorsError::NoSuchTensor { .. }
+            | SafetensorsError::CannotDecode { .. }
+            | SafetensorsError::Index { .. } => FailureKind::Invalid,
         }
     }
 }
