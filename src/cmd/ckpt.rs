@@ -102,7 +102,7 @@ pub struct SaveArgs {
     #[arg(long, value_name = "N")]
     pub tokens_seen: Option<u64>,
     /// The learning rate (when no --state is given).
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", value_parser = super::args::train_float, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// The git commit of the training code, 40 or 64 hex digits (when no --state).
     #[arg(long, value_name = "SHA")]
