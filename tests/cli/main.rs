@@ -10,6 +10,7 @@ mod generate;
 mod grammar;
 mod hardening;
 mod output;
+mod readme;
 mod snapshots;
 mod st;
 mod tokens;
