@@ -15,8 +15,8 @@ mod stream;
 
 pub use pack::{output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, BYTES_VOCAB};
 pub use shard::{
-    inspect_header, read_header, Dtype, Header, HeaderReport, Shard, ShardWriter, HEADER_BYTES,
-    LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
+    inspect_header, read_shard_header, HeaderReport, IdDtype, Shard, ShardHeader, ShardWriter,
+    HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
 };
 pub use stream::{
     check_batch_shape, Batch, Cursor, RngState, TokenStream, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES,

@@ -10,7 +10,7 @@
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use super::shard::{check_vocab, Header, ShardWriter, MAX_COUNT};
+use super::shard::{check_shard_vocab, ShardHeader, ShardWriter, MAX_COUNT};
 use super::TokensError;
 use crate::core::atomic::{self, Prepared};
 
@@ -57,7 +57,7 @@ pub struct PackOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackSummary {
     /// Each shard written, in order, with its header.
-    pub shards: Vec<(PathBuf, Header)>,
+    pub shards: Vec<(PathBuf, ShardHeader)>,
     /// Ids written in all.
     pub tokens: u64,
 }
@@ -81,7 +81,7 @@ struct Sink<'a> {
     out: &'a Path,
     opts: PackOptions,
     current: Option<ShardWriter>,
-    done: Vec<(PathBuf, Header)>,
+    done: Vec<(PathBuf, ShardHeader)>,
     ready: Vec<Prepared>,
     tokens: u64,
 }
@@ -325,7 +325,7 @@ pub fn pack(
     opts: &PackOptions,
     progress: &mut dyn FnMut(u64),
 ) -> Result<PackSummary, TokensError> {
-    check_vocab(u64::from(opts.vocab))?;
+    check_shard_vocab(u64::from(opts.vocab))?;
     if let Some(n) = opts.shard_tokens {
         if n == 0 || n > MAX_COUNT {
             return Err(TokensError::BadOptions(format!(
@@ -467,7 +467,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             s.shards,
-            vec![(out2.clone(), Header::for_ids(0, 256).unwrap())]
+            vec![(out2.clone(), ShardHeader::for_ids(0, 256).unwrap())]
         );
         assert_eq!(std::fs::metadata(&out2).unwrap().len(), 1024);
     }
