@@ -291,9 +291,35 @@ fn inspect_one(
     })
 }
 
+/// Dimensions a human-readable shape lists before it abbreviates (`--json` has all).
+const MAX_SHAPE_DIMS_SHOWN: usize = 16;
+/// Characters a table cell shows before it abbreviates: the table library measures
+/// every cell at a cost that grows faster than its length, and a crafted header can
+/// hold a name of 100 MB (`--json` carries every name exactly).
+const MAX_CELL_CHARS: usize = 1024;
+
 fn shape_text(shape: &[u64]) -> String {
-    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
-    format!("[{}]", dims.join(", "))
+    let shown = shape.len().min(MAX_SHAPE_DIMS_SHOWN);
+    let dims: Vec<String> = shape.iter().take(shown).map(u64::to_string).collect();
+    if shown < shape.len() {
+        format!("[{}, … ({} dims)]", dims.join(", "), shape.len())
+    } else {
+        format!("[{}]", dims.join(", "))
+    }
+}
+
+/// `text` for one table cell: whole when short, else its start and how much is cut.
+fn cell(text: String) -> String {
+    match text.char_indices().nth(MAX_CELL_CHARS) {
+        None => text,
+        Some((cut, _)) => {
+            let rest = text.len().saturating_sub(cut);
+            format!(
+                "{}… ({rest} more bytes)",
+                text.get(..cut).unwrap_or_default()
+            )
+        }
+    }
 }
 
 fn num(v: Option<f64>) -> String {
@@ -401,7 +427,7 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         table.set_header(head);
         for r in &report.tensors {
             let mut row = vec![
-                escape(&r.name),
+                cell(escape(&r.name)),
                 r.dtype.to_string(),
                 shape_text(&r.shape),
                 human_count(r.params),
@@ -409,7 +435,7 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
                 format!("[{}, {})", r.data_offsets[0], r.data_offsets[1]),
             ];
             if let Some(shard) = &r.shard {
-                row.push(escape(shard));
+                row.push(cell(escape(shard)));
             }
             if args.stats {
                 match &r.stats {

@@ -19,7 +19,7 @@ use crate::core::tokens::{
     TokensError, BYTES_VOCAB,
 };
 use crate::core::{Failure, FailureKind};
-use crate::error::operational;
+use crate::error::{invalid, operational};
 use crate::output::Printer;
 
 /// The `tokens` subcommands.
@@ -409,11 +409,20 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         .iter()
         .map(|p| Shard::open(p, None))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(path) = &args.save_cursor {
+        // Checked before any batch is printed: the cursor must never replace a shard
+        // (the cursor file read with --cursor may be rewritten: it was read whole).
+        let inputs: Vec<&Path> = args.shards.iter().map(PathBuf::as_path).collect();
+        atomic::refuse_inputs(path, &inputs)?;
+        atomic::check_target(path)?;
+    }
     let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
     let mut stream = TokenStream::new(shards, args.seq_len, args.batch, rng, None)?;
     if let Some(path) = &args.cursor {
-        let text = std::fs::read_to_string(path)
+        let bytes = crate::core::files::read_limited(path, tokens::MAX_CURSOR_BYTES)
             .with_context(|| format!("cannot read cursor {}", path.display()))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| invalid(format!("cursor {}: not UTF-8", path.display())))?;
         let cursor = Cursor::from_json(&text).with_context(|| path.display().to_string())?;
         stream
             .restore(&cursor)

@@ -8,6 +8,7 @@ mod demo;
 mod errors;
 mod generate;
 mod grammar;
+mod hardening;
 mod output;
 mod readme;
 mod snapshots;

@@ -659,11 +659,14 @@ fn save_cursor_is_checked_before_the_work_and_written_into_a_closed_pipe() {
     let dir = tmp();
     let shards = pack_bytes(dir.path(), &[9u8; 300], None);
     let base = ["tokens", "windows", "--seq-len", "8", "--batch", "4"];
-    // A cursor that cannot be written fails before any batch is printed.
+    // A cursor that cannot be written (here a directory: a missing parent would be
+    // created, as for every output) fails before any batch is printed.
+    let blocked = dir.path().join("adir");
+    std::fs::create_dir(&blocked).unwrap();
     let out = tlio()
         .args(base)
         .args(["--batches", "5", "--save-cursor"])
-        .arg(dir.path().join("nodir").join("c.json"))
+        .arg(&blocked)
         .args(&shards)
         .output()
         .unwrap();
