@@ -67,6 +67,27 @@ pub(crate) fn not_regular(kind: &str) -> io::Error {
     )
 }
 
+/// Open (creating it if absent) a lock file for reading and writing, without following a
+/// symlink or blocking on a FIFO planted at its name, and only when it is a regular
+/// file: a symlink or directory there is named as such rather than as an obscure "too
+/// many levels of symbolic links".
+pub(crate) fn open_lock_file(path: &Path) -> io::Result<File> {
+    let opened = no_follow(
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false),
+    )
+    .open(path)
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => not_regular("symbolic link"),
+        Some(libc::EISDIR) => not_regular("directory"),
+        _ => e,
+    })?;
+    check_regular(opened)?.map_err(not_regular)
+}
+
 /// Open a regular file for reading without following a symlink and without blocking;
 /// `Err(kind)` inside when the entry is something else (a FIFO, a directory...).
 pub fn open_regular(path: &Path) -> io::Result<Result<File, &'static str>> {

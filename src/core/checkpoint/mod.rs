@@ -6,7 +6,7 @@
 //! one of them (the save protocol in `save`); every file-system effect of a save goes
 //! through `fsops::FsOps`; nothing reads or deletes outside the checkpoint directory.
 
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -280,17 +280,6 @@ pub fn list(dir: &Path) -> Result<Listing, CheckpointError> {
     Ok(listing)
 }
 
-/// The error for a `.lock` that cannot be opened: a symlink or directory there is named
-/// as such rather than as an obscure "too many levels of symbolic links".
-fn lock_error(path: &Path, e: io::Error) -> CheckpointError {
-    let e = match e.raw_os_error() {
-        Some(libc::ELOOP) => fsops::not_regular("symbolic link"),
-        Some(libc::EISDIR) => fsops::not_regular("directory"),
-        _ => e,
-    };
-    io_at(path)(e)
-}
-
 /// Check, without creating or locking anything, that `<dir>/.lock` is absent or a
 /// regular file, so a run can refuse a bad lock before it computes anything.
 pub fn check_lock_file(dir: &Path) -> Result<(), CheckpointError> {
@@ -320,18 +309,7 @@ impl DirLock {
         let path = dir.join(LOCK_NAME);
         // Never follow a symlink planted at `.lock`: creating its target would write
         // outside the directory.
-        let file = fsops::no_follow(
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false),
-        )
-        .open(&path)
-        .map_err(|e| lock_error(&path, e))?;
-        let file = fsops::check_regular(file)
-            .map_err(io_at(&path))?
-            .map_err(|kind| io_at(&path)(fsops::not_regular(kind)))?;
+        let file = fsops::open_lock_file(&path).map_err(io_at(&path))?;
         match file.try_lock() {
             Ok(()) => Ok(DirLock { _file: file }),
             Err(TryLockError::WouldBlock) => Err(CheckpointError::Locked { path }),

@@ -27,7 +27,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, TryLockError};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -592,18 +592,7 @@ impl RunLock {
         };
         // Never follow a symlink or block on a FIFO planted at the lock's name, and
         // lock only a regular file.
-        let file = checkpoint::fsops::no_follow(
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false),
-        )
-        .open(&path)
-        .map_err(io)?;
-        let file = checkpoint::fsops::check_regular(file)
-            .map_err(io)?
-            .map_err(|kind| io(checkpoint::fsops::not_regular(kind)))?;
+        let file = checkpoint::fsops::open_lock_file(&path).map_err(io)?;
         match file.try_lock() {
             Ok(()) => Ok(RunLock { _file: file }),
             Err(TryLockError::WouldBlock) => Err(TrainError::Locked { path }),
