@@ -56,6 +56,7 @@ registry![
     super::checkpoint::state::StateError,
     super::checkpoint::verify::Problem,
     super::model::ModelError,
+    super::failpoints::FailpointsError,
     super::optim::OptimError,
     super::safetensors::SafetensorsError,
     super::tokens::TokensError,

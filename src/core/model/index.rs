@@ -95,7 +95,8 @@ pub fn read(path: &Path, problems: &mut Vec<Finding>) -> Result<Option<Parsed>, 
         ));
         return Ok(None);
     }
-    let text = std::fs::read(path).map_err(io)?;
+    // Bounded and regular-file only: a FIFO or device named as an index must not hang.
+    let text = crate::core::files::read_limited(path, MAX_INDEX_SIZE).map_err(io)?;
     // serde would accept a JSON array for a struct: the document must be an object.
     if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         problems.push(finding(

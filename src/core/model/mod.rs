@@ -494,9 +494,11 @@ fn read_config(
         ));
         return Ok(None);
     }
-    let text = std::fs::read(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
+    let text = crate::core::files::read_limited(path, MAX_CONFIG_SIZE).map_err(|source| {
+        ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     })?;
     match serde_json::from_slice::<serde_json::Value>(&text) {
         Ok(serde_json::Value::Object(map)) => Ok(Some(map)),

@@ -1,16 +1,18 @@
 //! `tokens pack`: turn byte streams, decimal id text or raw little-endian id arrays into
 //! shards, streaming in bounded memory.
 //!
-//! Invariants: every id is checked against the vocabulary before it is written; each
-//! shard is written atomically; on any error every shard this call already committed
-//! is removed again, so a failed pack leaves no output.
+//! Invariants: every id is checked against the vocabulary before it is written; every
+//! shard is written under a temporary name and no final shard name appears before the
+//! whole input has been read (all are renamed at the end, so a crash mid-pack never
+//! leaves `OUT_000000..2.bin` that look like a complete dataset); on any error nothing
+//! is left under any output name.
 
-use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use super::shard::{check_shard_vocab, ShardHeader, ShardWriter, MAX_COUNT};
 use super::TokensError;
+use crate::core::atomic::{self, Prepared};
 
 /// Bytes read from an input at a time.
 const READ_CHUNK: usize = 1 << 20;
@@ -80,6 +82,7 @@ struct Sink<'a> {
     opts: PackOptions,
     current: Option<ShardWriter>,
     done: Vec<(PathBuf, ShardHeader)>,
+    ready: Vec<Prepared>,
     tokens: u64,
 }
 
@@ -114,8 +117,9 @@ impl Sink<'_> {
     fn finish_current(&mut self) -> Result<(), TokensError> {
         if let Some(writer) = self.current.take() {
             let path = writer.path().to_path_buf();
-            let header = writer.finish()?;
+            let (header, ready) = writer.prepare()?;
             self.done.push((path, header));
+            self.ready.push(ready);
         }
         Ok(())
     }
@@ -334,6 +338,7 @@ pub fn pack(
         opts: *opts,
         current: None,
         done: Vec::new(),
+        ready: Vec::new(),
         tokens: 0,
     };
     let mut buf = vec![0u8; READ_CHUNK];
@@ -347,19 +352,17 @@ pub fn pack(
     }
     let result = result.and_then(|()| sink.finish());
     match result {
-        Ok(()) => Ok(PackSummary {
-            shards: sink.done,
-            tokens: sink.tokens,
-        }),
-        Err(e) => {
-            // The unfinished shard's temporary file goes with its writer; the shards
-            // already committed by this call go too, so a failed pack leaves nothing.
-            drop(sink.current.take());
-            for (path, _) in &sink.done {
-                let _ = fs::remove_file(path);
-            }
-            Err(e)
+        Ok(()) => {
+            // Every shard is complete and durable under its temporary name: only now do
+            // the final names appear, one rename each.
+            atomic::publish_all(std::mem::take(&mut sink.ready))?;
+            Ok(PackSummary {
+                shards: sink.done,
+                tokens: sink.tokens,
+            })
         }
+        // The unfinished shard and the finished ones go with their temporary names.
+        Err(e) => Err(e),
     }
 }
 
