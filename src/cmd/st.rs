@@ -408,7 +408,7 @@ fn summary_lines(a: &Summary) -> Vec<String> {
     let mix: Vec<String> = a
         .dtypes
         .iter()
-        .map(|(d, b)| format!("{} {b} bytes", escape(d)))
+        .map(|(d, b)| format!("{} {}", escape(d), human_bytes(*b)))
         .collect();
     vec![
         format!(
@@ -423,9 +423,9 @@ fn summary_lines(a: &Summary) -> Vec<String> {
             opt(a.tied_embeddings.map(|t| if t { "yes" } else { "no" }))
         ),
         format!(
-            "parameters {}, {} bytes in {} shard{}, dtypes: {}, quantization: {}, config dtype: {}",
-            a.params,
-            a.bytes,
+            "parameters {}, {} in {} shard{}, dtypes: {}, quantization: {}, config dtype: {}",
+            human_count(a.params),
+            human_bytes(a.bytes),
             a.shards,
             if a.shards == 1 { "" } else { "s" },
             mix.join(", "),
