@@ -293,6 +293,7 @@ pub fn abandon_all() -> usize {
 pub struct TempDir {
     id: u64,
     path: PathBuf,
+    live: bool,
 }
 
 impl TempDir {
@@ -303,12 +304,22 @@ impl TempDir {
             return Err(AtomicError::Interrupted { path });
         }
         let id = reg.add(path.clone(), true);
-        Ok(TempDir { id, path })
+        Ok(TempDir {
+            id,
+            path,
+            live: true,
+        })
     }
 
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Stop tracking the directory without removing it: its contents were renamed
+    /// into place under another name, so nothing is left to clean up.
+    pub fn release(mut self) {
+        self.live = false;
     }
 }
 
@@ -316,7 +327,9 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let mut reg = registry();
         reg.forget(self.id);
-        let _ = fs::remove_dir_all(&self.path);
+        if self.live {
+            let _ = fs::remove_dir_all(&self.path);
+        }
     }
 }
 

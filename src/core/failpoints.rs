@@ -11,7 +11,12 @@ use crate::core::{Failure, FailureKind};
 pub const ENV_VAR: &str = "FAILPOINTS";
 
 /// Every failpoint compiled into tlio (a unit test checks the sources against it).
-pub const KNOWN: &[&str] = &["ckpt/fsync", "ckpt/rename", "train/after-step"];
+pub const KNOWN: &[&str] = &[
+    "ckpt/fsync",
+    "ckpt/rename",
+    "model/before-commit",
+    "train/after-step",
+];
 
 /// Errors of the `FAILPOINTS` value.
 #[derive(Debug, thiserror::Error)]

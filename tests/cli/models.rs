@@ -385,3 +385,77 @@ fn quantize_usage_errors() {
         .contains("columns are not a multiple of the group size 64"));
     assert!(names(dir.path()).is_empty());
 }
+
+#[test]
+fn directory_outputs_create_parents_and_never_land_inside_the_input() {
+    let dir = tmp();
+    let d = dir.path();
+    tlio()
+        .current_dir(d)
+        .args(["-q", "st", "convert"])
+        .arg(model("llama-sharded"))
+        .args(["-o", "a/b/bf16", "--dtype", "bf16"])
+        .assert()
+        .success();
+    assert_eq!(names(&d.join("a/b/bf16")), names(&model("llama-sharded")));
+    // A copy of the model, so that a wrong answer could not touch the fixtures.
+    let input = d.join("in");
+    std::fs::create_dir(&input).unwrap();
+    for n in names(&model("llama-sharded")) {
+        std::fs::copy(model("llama-sharded").join(&n), input.join(&n)).unwrap();
+    }
+    let before = names(&input);
+    for out in ["in/new/deep", "in/x"] {
+        let assert = tlio()
+            .current_dir(d)
+            .args(["st", "convert", "in", "-o", out, "--dtype", "bf16"])
+            .assert()
+            .code(2);
+        let err = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+        assert!(err.contains("inside the input"), "{err}");
+        assert_eq!(names(&input), before, "{out}: the input directory changed");
+    }
+}
+
+#[test]
+fn an_interrupted_directory_conversion_leaves_nothing() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let dir = tmp();
+        let d = dir.path();
+        // The conversion pauses with every file in its temporary directory.
+        let child = Command::new(assert_cmd::cargo::cargo_bin("tlio"))
+            .current_dir(d)
+            .env("FAILPOINTS", "model/before-commit=sleep(20000)")
+            .args(["-q", "st", "convert"])
+            .arg(model("llama-sharded"))
+            .args(["-o", "out", "--dtype", "bf16"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let temp_holds_index = || {
+            std::fs::read_dir(d).unwrap().any(|e| {
+                e.unwrap()
+                    .path()
+                    .join("model.safetensors.index.json")
+                    .exists()
+            })
+        };
+        while !temp_holds_index() {
+            assert!(start.elapsed() < Duration::from_secs(30), "never paused");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: signalling our own child process by its id.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+        let out = child.wait_with_output().unwrap();
+        crate::errors::assert_one_error_line(&out, code, "interrupted convert");
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the signal ended it"
+        );
+        assert_eq!(names(d), Vec::<String>::new(), "nothing left behind");
+    }
+}

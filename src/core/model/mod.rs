@@ -116,7 +116,7 @@ pub enum ModelError {
         path: PathBuf,
     },
     /// The output would be (or be inside) the input.
-    #[error("refusing to write over the input {}", .path.display())]
+    #[error("refusing to write {}: it is the input or lies inside the input model's directory", .path.display())]
     SameAsInput {
         /// The output path.
         path: PathBuf,
@@ -129,6 +129,9 @@ pub enum ModelError {
         /// The cause.
         source: io::Error,
     },
+    /// The atomic-write protocol refused or failed (e.g. the process is being interrupted).
+    #[error(transparent)]
+    Atomic(#[from] crate::core::atomic::AtomicError),
     /// A file in, a directory out (or the reverse) is not what the command does.
     #[error("{detail}")]
     Usage {
@@ -161,6 +164,7 @@ impl Failure for ModelError {
             | ModelError::BadGroup { .. }
             | ModelError::Usage { .. } => FailureKind::Operational,
             ModelError::Shard { source, .. } => source.kind(),
+            ModelError::Atomic(source) => source.kind(),
             ModelError::NotAModel { .. }
             | ModelError::Invalid { .. }
             | ModelError::NonFinite { .. }

@@ -12,13 +12,13 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use super::{parent, ModelError};
-use crate::core::atomic::sync_dir;
+use crate::core::atomic::{sync_dir, TempDir};
 
 /// A directory being written.
 pub struct OutDir {
     target: PathBuf,
     parent: PathBuf,
-    tmp: tempfile::TempDir,
+    tmp: TempDir,
 }
 
 impl OutDir {
@@ -27,7 +27,17 @@ impl OutDir {
     pub fn create(target: &Path, input: Option<&Path>) -> Result<OutDir, ModelError> {
         check_target(target)?;
         let parent = parent(target);
-        if let (Some(input), Ok(p)) = (input, fs::canonicalize(&parent)) {
+        // The parent may not exist yet (it is created below): its nearest existing
+        // ancestor decides whether the output would land inside the input directory.
+        let existing = parent.ancestors().find_map(|a| {
+            fs::canonicalize(if a.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                a
+            })
+            .ok()
+        });
+        if let (Some(input), Some(p)) = (input, existing) {
             if let Ok(i) = fs::canonicalize(input) {
                 if p.starts_with(&i) {
                     return Err(ModelError::SameAsInput {
@@ -39,6 +49,11 @@ impl OutDir {
         let base = target
             .file_name()
             .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
+        // Missing parents are created, as for every other output (docs/cli.md).
+        fs::create_dir_all(&parent).map_err(|source| ModelError::Write {
+            path: parent.clone(),
+            source,
+        })?;
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".tlio-{base}-"))
             .suffix(".tmp")
@@ -47,6 +62,9 @@ impl OutDir {
                 path: parent.clone(),
                 source,
             })?;
+        // Registered with core::atomic so that an interrupted conversion (SIGINT,
+        // SIGTERM) removes the partial directory like any other temporary file.
+        let tmp = TempDir::adopt(tmp.keep())?;
         Ok(OutDir {
             target: target.to_path_buf(),
             parent,
@@ -101,8 +119,8 @@ impl OutDir {
         // replaces an empty directory and fails on a non-empty one, never merging.
         check_target(&self.target)?;
         fs::rename(self.tmp.path(), &self.target).map_err(err)?;
-        // The temporary name is gone; keep() stops the drop from deleting anything.
-        let _ = self.tmp.keep();
+        // The temporary name is gone: nothing is left to remove.
+        self.tmp.release();
         sync_dir(&self.parent).map_err(err)
     }
 }

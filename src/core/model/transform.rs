@@ -190,6 +190,9 @@ pub fn run(
             }
         }
     }
+    // Every file is in the temporary directory, nothing is under the final name yet:
+    // the instant an interruption must leave no trace (tests pause here).
+    fail::fail_point!("model/before-commit");
     out.commit()?;
     Ok(report)
 }
