@@ -77,15 +77,17 @@ cmp -s "$WORK/tlio-bf16/model.safetensors.index.json" "$WORK/tlio-bf16-j1/model.
 rm -rf "$WORK/py-bf16" "$WORK/tlio-bf16-j1"
 
 run "python quantize (safetensors+torch)" "$PY" - "$SRC" "$WORK/py-int4" <<'EOF'
-import os, shutil, sys
+import json, os, shutil, sys
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 src, out, G = sys.argv[1], sys.argv[2], 32
 os.makedirs(out)
+weight_map, total = {}, 0
 for name in sorted(os.listdir(src)):
     if not name.endswith(".safetensors"):
-        shutil.copy(os.path.join(src, name), out)
+        if not name.endswith(".index.json"):
+            shutil.copy(os.path.join(src, name), out)
         continue
     tensors = {}
     with safe_open(os.path.join(src, name), "pt") as f:
@@ -100,11 +102,18 @@ for name in sorted(os.listdir(src)):
             s32 = scale.to(torch.float32).unsqueeze(2)
             q = torch.where(s32 == 0, torch.zeros_like(g), torch.round(g / s32)).clamp(-8, 7)
             q = (q.to(torch.int16) & 0xF).to(torch.uint8).reshape(rows, cols)
-            tensors[key[:-len("weight")] + "qweight"] = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-            tensors[key[:-len("weight")] + "scales"] = scale.contiguous()
+            tensors[key + ".qweight"] = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+            tensors[key + ".scales"] = scale.contiguous()
     save_file(tensors, os.path.join(out, name), metadata={"format": "pt", "quant": f"int4-g{G}-sym"})
+    for key, t in tensors.items():
+        weight_map[key] = name
+        total += t.numel() * t.element_size()
+with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
 EOF
 run "tlio st quantize --int4" "$TLIO" -q st quantize "$SRC" -o "$WORK/tlio-int4" --int4
 run "tlio st quantize --jobs 1" "$TLIO" -q st quantize "$SRC" -o "$WORK/tlio-int4-j1" --int4 --jobs 1
 "$TLIO" st verify "$WORK/tlio-int4" >/dev/null
+# The Python and tlio int4 models must hold identical logical tensors.
+"$TLIO" st diff "$WORK/py-int4" "$WORK/tlio-int4" >/dev/null
 rm -rf "$WORK/py-int4" "$WORK/tlio-int4" "$WORK/tlio-int4-j1" "$WORK/tlio-bf16"

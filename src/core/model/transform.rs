@@ -20,8 +20,8 @@ use std::sync::Mutex;
 use serde_json::Value;
 
 use super::int4::{
-    dequantize_row, parse_quant, quant_name, quantize_row, QuantFailure, QUANT_KEY, QWEIGHT_SUFFIX,
-    SCALES_SUFFIX,
+    dequantize_row, parse_quant, quant_name, quantize_row, row_scales, QuantFailure, QUANT_KEY,
+    QWEIGHT_SUFFIX, SCALES_SUFFIX,
 };
 use super::outdir::OutDir;
 use super::{torch_name, Kind, Model, ModelError, Storage, CONFIG_NAME, INDEX_NAME};
@@ -690,7 +690,13 @@ fn produce(
                 decode_f32(info.dtype, &raw, &mut vals);
                 scales.clear();
                 packed.clear();
-                quantize_row(&vals, g, &mut scales, &mut packed).map_err(|(col, f)| {
+                // The scales pass needs no values: only the qweight pass packs them.
+                let done = if is_scales {
+                    row_scales(&vals, g, &mut scales)
+                } else {
+                    quantize_row(&vals, g, &mut scales, &mut packed)
+                };
+                done.map_err(|(col, f)| {
                     let flat = at + col as u64;
                     let (row, col) = (flat / cols.max(1), flat % cols.max(1));
                     match f {
