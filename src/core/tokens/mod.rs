@@ -9,16 +9,26 @@ use std::path::PathBuf;
 
 use crate::error::{Classify, ExitClass};
 
+mod corpus;
+mod gpt2fast;
 mod pack;
 mod shard;
 mod stream;
+pub mod tokenizer;
 
-pub use pack::{output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, BYTES_VOCAB};
+pub use corpus::{
+    pack_text, CorpusFormat, TextPackOptions, TextPackProgress, TextPackSummary,
+    DEFAULT_SHARD_TOKENS,
+};
+pub use pack::{
+    output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
+};
 pub use shard::{
-    inspect_header, read_header, Dtype, Header, HeaderReport, Shard, ShardWriter, HEADER_BYTES,
-    LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
+    inspect_header, read_header, Dtype, Header, HeaderReport, Layout, Shard, ShardWriter,
+    HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
 };
 pub use stream::{Batch, Cursor, RngState, TokenStream};
+pub use tokenizer::Tokenizer;
 
 /// Errors of token shards, packing and the token stream.
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +132,18 @@ pub enum TokensError {
         /// What the caller asked for.
         expected: u32,
     },
+    /// Two shards of one stream record different vocabularies.
+    #[error("{}: the shard records vocabulary size {recorded}, but {} records {first_recorded}: shards of different vocabularies cannot form one stream", path.display(), first.display())]
+    MixedVocab {
+        /// The shard that disagrees.
+        path: PathBuf,
+        /// Its header word 3.
+        recorded: u32,
+        /// The first shard that records a vocabulary.
+        first: PathBuf,
+        /// Its header word 3.
+        first_recorded: u32,
+    },
     /// A vocabulary size out of the range a shard header can record.
     #[error("vocabulary size {vocab} is out of range (1 to {max})", max = i32::MAX)]
     BadVocab {
@@ -178,6 +200,22 @@ pub enum TokensError {
         /// The underlying error (in the message only, printed once).
         error: io::Error,
     },
+    /// A pack that yields no id at all (llm.c's loader aborts on an empty shard).
+    #[error(
+        "the input yields no token: nothing to write (an empty shard is refused by llm.c's loader)"
+    )]
+    Empty,
+    /// A document input (text, JSONL or Parquet) that cannot be read as one.
+    #[error("{input}: {reason}")]
+    BadDocument {
+        /// Where: the file, with its line or row when there is one.
+        input: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The tokenizer could not be loaded or failed.
+    #[error(transparent)]
+    Tokenizer(#[from] tokenizer::TokenizerError),
     /// Writing an output shard failed.
     #[error(transparent)]
     Write(#[from] crate::core::atomic::AtomicError),
@@ -189,6 +227,11 @@ impl Classify for TokensError {
             TokensError::Io { .. } | TokensError::Read { .. } | TokensError::Write(_) => {
                 ExitClass::Operational
             }
+            TokensError::Tokenizer(e) => match e {
+                tokenizer::TokenizerError::Encode { .. }
+                | tokenizer::TokenizerError::Decode { .. } => ExitClass::Invalid,
+                _ => ExitClass::Operational,
+            },
             // Bad arguments are usage errors, not bad data.
             TokensError::NoShards
             | TokensError::BadArg { .. }
