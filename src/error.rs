@@ -7,47 +7,32 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-/// How an error maps to the exit code of cli.md.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitClass {
-    /// The input is invalid (a malformed file, a bad value): exit 1.
-    Invalid,
-    /// A usage or operational failure (missing file, permission, disk full): exit 2.
-    Operational,
-}
+use crate::core::{failure, FailureKind};
 
-impl ExitClass {
-    /// The process exit code for this class.
-    pub fn code(self) -> u8 {
-        match self {
-            ExitClass::Invalid => 1,
-            ExitClass::Operational => 2,
-        }
+/// The exit code of cli.md for a kind of failure: 1 for invalid input, 2 for usage
+/// and operational failures. Exhaustive on purpose: a new kind must choose its code.
+pub fn exit_code(kind: FailureKind) -> u8 {
+    match kind {
+        FailureKind::Invalid => 1,
+        FailureKind::Operational => 2,
     }
 }
 
-/// Implemented by every core error type so the binary can pick the exit code without
-/// string matching.
-pub trait Classify {
-    /// Whether this error means bad input (1) or a failed operation (2).
-    fn exit_class(&self) -> ExitClass;
-}
-
-/// An error that carries its exit class explicitly, for checks made at the command layer.
+/// An error that carries its kind explicitly, for checks made at the command layer.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct Classified {
     /// What went wrong.
     pub message: String,
-    /// The exit class to report.
-    pub class: ExitClass,
+    /// The kind of failure to report.
+    pub kind: FailureKind,
 }
 
 /// An `anyhow` error whose exit code is 1 (invalid input).
 pub fn invalid(message: impl Into<String>) -> anyhow::Error {
     Classified {
         message: message.into(),
-        class: ExitClass::Invalid,
+        kind: FailureKind::Invalid,
     }
     .into()
 }
@@ -56,32 +41,35 @@ pub fn invalid(message: impl Into<String>) -> anyhow::Error {
 pub fn operational(message: impl Into<String>) -> anyhow::Error {
     Classified {
         message: message.into(),
-        class: ExitClass::Operational,
+        kind: FailureKind::Operational,
     }
     .into()
 }
 
-fn io_class(err: &io::Error) -> ExitClass {
+/// A bare I/O error reaching the command layer: data that ends early or is not what
+/// it claims is invalid input, everything else an operational failure.
+fn io_kind(err: &io::Error) -> FailureKind {
     match err.kind() {
-        io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => ExitClass::Invalid,
-        _ => ExitClass::Operational,
+        io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => FailureKind::Invalid,
+        _ => FailureKind::Operational,
     }
 }
 
-/// The exit class of an error chain: the outermost cause that knows its class wins.
-pub fn classify(err: &anyhow::Error) -> ExitClass {
+/// The kind of an error chain: the outermost cause that knows its kind wins; a chain
+/// of nothing but foreign errors (clap, serde, a bare message) is operational.
+pub fn classify(err: &anyhow::Error) -> FailureKind {
     for cause in err.chain() {
         if let Some(e) = cause.downcast_ref::<Classified>() {
-            return e.class;
+            return e.kind;
         }
-        if let Some(class) = crate::core::classify_error(cause) {
-            return class;
+        if let Some(kind) = failure::kind_of(cause) {
+            return kind;
         }
         if let Some(e) = cause.downcast_ref::<io::Error>() {
-            return io_class(e);
+            return io_kind(e);
         }
     }
-    ExitClass::Operational
+    FailureKind::Operational
 }
 
 /// True when the chain contains a broken pipe (the reader of stdout went away).
@@ -97,8 +85,11 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 ///
 /// A cause whose text the line already ends with is skipped: many error types print
 /// their source inside their own message *and* return it from `source()`, which would
-/// otherwise show "No such file or directory" twice. Newlines inside a cause would
-/// break the one-line contract, so they are escaped.
+/// otherwise show "No such file or directory" twice. The whole line goes through
+/// `core::text::escape`: a newline inside a cause would break the one-line contract, and
+/// a name or path with a control or bidi character must not reach the terminal raw, no
+/// matter which error carried it (escaping is idempotent, so causes that already
+/// escaped their names are unchanged).
 pub fn one_line(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain() {
@@ -111,7 +102,7 @@ pub fn one_line(err: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    line.replace('\n', "\\n")
+    crate::core::text::escape(&line)
 }
 
 /// Print the one-line error and return the exit code.
@@ -119,8 +110,17 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(err) {
         return ExitCode::SUCCESS;
     }
-    let _ = writeln!(io::stderr().lock(), "tlio: error: {}", one_line(err));
-    ExitCode::from(classify(err).code())
+    let _ = writeln!(io::stderr().lock(), "{} {}", error_prefix(), one_line(err));
+    ExitCode::from(exit_code(classify(err)))
+}
+
+/// `tlio: error:`, in red when stderr gets colour (`--color`, NO_COLOR, a terminal).
+fn error_prefix() -> String {
+    crate::output::paint(
+        "tlio: error:",
+        crate::output::Tone::Bad,
+        crate::output::stderr_color(),
+    )
 }
 
 /// Report a command-line parsing outcome that is not a parsed command: `--help` and
@@ -140,8 +140,21 @@ pub fn report_usage(err: &clap::Error) -> ExitCode {
         let _ = err.print();
         return ExitCode::SUCCESS;
     }
-    let _ = writeln!(io::stderr().lock(), "{}", usage_line(err));
-    ExitCode::from(ExitClass::Operational.code())
+    if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // `tlio` or `tlio st` alone: the list of commands, on stdout like --help, then
+        // the one error line; still a usage error (exit 2), so a script that forgot
+        // its command does not read success.
+        let mut out = io::stdout().lock();
+        let _ = write!(out, "{}", err.render()).and_then(|()| out.flush());
+    }
+    let mut line = usage_line(err);
+    if crate::output::stderr_color() {
+        if let Some(rest) = line.strip_prefix("tlio: error: ") {
+            line = format!("{} {rest}", error_prefix());
+        }
+    }
+    let _ = writeln!(io::stderr().lock(), "{line}");
+    ExitCode::from(exit_code(FailureKind::Operational))
 }
 
 /// The one-line form of a clap usage error.
@@ -203,6 +216,8 @@ mod tests {
     #[test]
     fn one_line_joins_distinct_causes_and_escapes_newlines() {
         let err = anyhow::anyhow!("bad\nvalue").context("outer");
-        assert_eq!(one_line(&err), "outer: bad\\nvalue");
+        assert_eq!(one_line(&err), "outer: bad\\u{a}value");
+        let err = anyhow::anyhow!("tensor \"x\u{202e}y\" in café").context("outer");
+        assert_eq!(one_line(&err), "outer: tensor \"x\\u{202e}y\" in café");
     }
 }

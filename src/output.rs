@@ -3,13 +3,117 @@
 //! `--quiet` or `--json`.
 //!
 //! Invariant: nothing here panics on a closed pipe; every write returns `io::Result`
-//! so that a broken pipe travels up to `error::report`, which exits 0 quietly.
+//! so that a broken pipe travels up to `error::report`, which exits 0 quietly. Colour
+//! only where `--color` and the environment allow it, never in JSON; no rendered line
+//! ends in whitespace.
 
 use std::io::{self, IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use comfy_table::{presets, ContentArrangement, Table};
+use comfy_table::{presets, Cell, Color, ContentArrangement, Table};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
+
+/// The `--color` choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    // Plain comments, not doc comments: clap would list them under --help, where the
+    // flag's own line already says what each value does.
+    // On a terminal, unless NO_COLOR is set; CLICOLOR_FORCE forces it on.
+    Auto,
+    // Always colour.
+    Always,
+    // Never colour.
+    Never,
+}
+
+impl ColorChoice {
+    /// Whether a stream gets colour, given whether it is a terminal and the
+    /// environment: `NO_COLOR` (any non-empty value) turns `auto` off,
+    /// `CLICOLOR_FORCE` (non-empty, not `0`) turns `auto` on even when piped; an
+    /// explicit `always`/`never` wins over both.
+    pub fn enabled(self, is_tty: bool, env: impl Fn(&str) -> Option<String>) -> bool {
+        let set = |name: &str| env(name).is_some_and(|v| !v.is_empty());
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto if set("NO_COLOR") => false,
+            ColorChoice::Auto
+                if set("CLICOLOR_FORCE") && env("CLICOLOR_FORCE").as_deref() != Some("0") =>
+            {
+                true
+            }
+            ColorChoice::Auto => is_tty,
+        }
+    }
+
+    /// `enabled` with the process's environment.
+    pub fn enabled_here(self, is_tty: bool) -> bool {
+        self.enabled(is_tty, |name| std::env::var(name).ok())
+    }
+}
+
+/// Whether `tlio: error:` on stderr is coloured; set once by `Printer::new`, read by
+/// the error reporter, which has no printer. Before a command line is parsed (usage
+/// errors) the reporter decides from the environment alone.
+static STDERR_COLOR: AtomicBool = AtomicBool::new(false);
+static STDERR_COLOR_SET: AtomicBool = AtomicBool::new(false);
+
+/// Whether error lines on stderr get colour.
+pub fn stderr_color() -> bool {
+    if STDERR_COLOR_SET.load(Ordering::Relaxed) {
+        STDERR_COLOR.load(Ordering::Relaxed)
+    } else {
+        ColorChoice::Auto.enabled_here(io::stderr().is_terminal())
+    }
+}
+
+/// The colours of the words people scan for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tone {
+    /// Success: pass, ok, yes.
+    Good,
+    /// Failure: FAIL, no, a problem.
+    Bad,
+}
+
+impl Tone {
+    fn ansi(self) -> &'static str {
+        match self {
+            Tone::Good => "\x1b[32m",
+            Tone::Bad => "\x1b[1;31m",
+        }
+    }
+
+    fn table_color(self) -> Color {
+        match self {
+            Tone::Good => Color::Green,
+            Tone::Bad => Color::Red,
+        }
+    }
+}
+
+/// `text` wrapped in the ANSI colour of `tone` when `color`, else unchanged.
+pub fn paint(text: &str, tone: Tone, color: bool) -> String {
+    if color {
+        format!("{}{text}\x1b[0m", tone.ansi())
+    } else {
+        text.to_string()
+    }
+}
+
+/// A rendered table without the padding comfy-table leaves at the end of each row.
+pub fn table_text(table: &Table) -> String {
+    let text = table.to_string();
+    let mut out = String::with_capacity(text.len());
+    for (i, line) in text.lines().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(line.trim_end());
+    }
+    out
+}
 
 /// Decides where and how a command's output goes.
 #[derive(Debug, Clone)]
@@ -18,18 +122,41 @@ pub struct Printer {
     pub json: bool,
     /// Silence progress and all non-error chatter.
     pub quiet: bool,
+    /// Colour human output on stdout (never set with `--json`).
+    pub color: bool,
     stderr_tty: bool,
     stdout_tty: bool,
 }
 
 impl Printer {
-    /// A printer for the given global flags, looking at the real terminals.
-    pub fn new(json: bool, quiet: bool) -> Self {
+    /// A printer for the given global flags, looking at the real terminals and the
+    /// environment.
+    pub fn new(json: bool, quiet: bool, color: ColorChoice) -> Self {
+        let stderr_tty = io::stderr().is_terminal();
+        let stdout_tty = io::stdout().is_terminal();
+        STDERR_COLOR.store(color.enabled_here(stderr_tty), Ordering::Relaxed);
+        STDERR_COLOR_SET.store(true, Ordering::Relaxed);
         Printer {
             json,
             quiet,
-            stderr_tty: io::stderr().is_terminal(),
-            stdout_tty: io::stdout().is_terminal(),
+            color: !json && color.enabled_here(stdout_tty),
+            stderr_tty,
+            stdout_tty,
+        }
+    }
+
+    /// `text` in the colour of `tone` when stdout gets colour.
+    pub fn paint(&self, text: &str, tone: Tone) -> String {
+        paint(text, tone, self.color)
+    }
+
+    /// A table cell, in the colour of `tone` when stdout gets colour.
+    pub fn cell(&self, text: impl Into<String>, tone: Tone) -> Cell {
+        let cell = Cell::new(text.into());
+        if self.color {
+            cell.fg(tone.table_color())
+        } else {
+            cell
         }
     }
 
@@ -48,14 +175,6 @@ impl Printer {
         out.flush()
     }
 
-    /// Write one JSON document pretty-printed to stdout.
-    pub fn json_pretty<T: Serialize + ?Sized>(&self, value: &T) -> io::Result<()> {
-        let mut out = self.out();
-        serde_json::to_writer_pretty(&mut out, value).map_err(io::Error::from)?;
-        out.write_all(b"\n")?;
-        out.flush()
-    }
-
     /// A line of chatter on stderr, unless quiet.
     pub fn info(&self, line: impl AsRef<str>) {
         if !self.quiet {
@@ -66,7 +185,12 @@ impl Printer {
     /// A warning on stderr; warnings are not errors, so `--quiet` silences them too.
     pub fn warn(&self, line: impl AsRef<str>) {
         if !self.quiet {
-            let _ = writeln!(io::stderr().lock(), "tlio: warning: {}", line.as_ref());
+            // Warnings often carry names from files: never let them reach the terminal raw.
+            let _ = writeln!(
+                io::stderr().lock(),
+                "tlio: warning: {}",
+                crate::core::text::escape(line.as_ref())
+            );
         }
     }
 
@@ -115,43 +239,43 @@ impl Printer {
                 .load_preset(presets::NOTHING)
                 .set_content_arrangement(ContentArrangement::Disabled);
         }
+        if self.color {
+            // comfy-table styles cells only on a terminal unless told otherwise; the
+            // decision was already made by `--color` and the environment.
+            table.enforce_styling();
+        }
         table
     }
 }
 
-/// Characters that are not control characters (Unicode Cc) but still change what a
-/// terminal shows: line and paragraph separators (U+2028, U+2029), zero-width
-/// characters, and the bidirectional controls that can make a name display as another
-/// (the "Trojan Source" trick).
-const INVISIBLE: &[char] = &[
-    '\u{200b}', '\u{200c}', '\u{200d}', '\u{200e}', '\u{200f}', '\u{2028}', '\u{2029}', '\u{202a}',
-    '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
-    '\u{feff}',
-];
-
-/// Escape control characters so that names from files never reach a terminal raw:
-/// NUL, ESC, newline and friends, and the invisible characters above, are shown as
-/// `\u{..}`.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() || INVISIBLE.contains(&c) {
-            out.push_str(&format!("\\u{{{:x}}}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    use super::escape;
+    #[test]
+    fn color_choice_follows_flag_then_environment_then_terminal() {
+        use super::ColorChoice::*;
+        let none = |_: &str| None;
+        let no_color = |n: &str| (n == "NO_COLOR").then(|| "1".to_string());
+        let force = |n: &str| (n == "CLICOLOR_FORCE").then(|| "1".to_string());
+        let force0 = |n: &str| (n == "CLICOLOR_FORCE").then(|| "0".to_string());
+        let empty = |n: &str| (n == "NO_COLOR").then(String::new);
+        assert!(Auto.enabled(true, none));
+        assert!(!Auto.enabled(false, none));
+        assert!(!Auto.enabled(true, no_color));
+        assert!(Auto.enabled(true, empty));
+        assert!(Auto.enabled(false, force));
+        assert!(!Auto.enabled(false, force0));
+        assert!(Always.enabled(false, no_color));
+        assert!(!Never.enabled(true, force));
+    }
 
     #[test]
-    fn escapes_control_characters() {
-        assert_eq!(escape("a\u{0}b\u{1b}c\nd"), "a\\u{0}b\\u{1b}c\\u{a}d");
-        assert_eq!(escape("héllo"), "héllo");
-        assert_eq!(escape("l\u{2028}s\u{202e}x"), "l\\u{2028}s\\u{202e}x");
+    fn table_text_has_no_trailing_whitespace() {
+        let mut table = comfy_table::Table::new();
+        table.load_preset(comfy_table::presets::NOTHING);
+        table.set_header(["a", "bbbbbb"]);
+        table.add_row(["long value", ""]);
+        let text = super::table_text(&table);
+        assert!(text.lines().all(|l| l == l.trim_end()), "{text:?}");
+        assert_eq!(text.lines().count(), 2);
     }
 }

@@ -1,5 +1,5 @@
 //! `tlio ckpt`: commit existing files as an atomic checkpoint (`save`), check a
-//! checkpoint directory (`verify`), print the directory `load` would pick (`latest`),
+//! checkpoint directory (`verify`), print the step a resume would load (`latest`),
 //! and clean up (`gc`). Each command is one call of `core::checkpoint` plus printing.
 
 use std::borrow::Cow;
@@ -16,29 +16,39 @@ use crate::core::checkpoint::{
     self, load::Survey, parse_step_name, step_name, verify as ckverify, Latest, Payload, Problem,
     SaveRequest, TrainerState, MANIFEST_NAME,
 };
-use crate::output::{escape, Printer};
+use crate::core::text::escape;
+use crate::output::Printer;
 
 /// The `ckpt` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum CkptCommand {
     /// Commit existing files as checkpoint step N of DIR, atomically (inputs are copied).
+    #[command(after_help = SAVE_EXAMPLES)]
     Save(SaveArgs),
     /// Verify every step directory of DIR (or one step directory) against its manifest.
+    #[command(after_help = VERIFY_EXAMPLES)]
     Verify {
         /// A checkpoint directory, or one step directory in it.
+        #[arg(value_name = "DIR")]
         path: PathBuf,
     },
-    /// Print the path of the step directory `load` would pick; exit 1 when none.
+    /// Print the path of the newest step directory that verifies, the one `train
+    /// bigram --resume` continues from (LATEST, or the newest older step when LATEST's
+    /// fails); exit 1 when none.
+    #[command(after_help = LATEST_EXAMPLES)]
     Latest {
-        /// The checkpoint directory.
+        /// A checkpoint directory.
+        #[arg(value_name = "DIR")]
         dir: PathBuf,
     },
     /// Remove stale temporaries, steps newer than LATEST and steps beyond the newest K.
+    #[command(after_help = GC_EXAMPLES)]
     Gc {
-        /// The checkpoint directory.
+        /// A checkpoint directory.
+        #[arg(value_name = "DIR")]
         dir: PathBuf,
         /// How many valid steps to keep (at least 1).
-        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
         keep: u64,
         /// List what would be removed without removing it.
         #[arg(long)]
@@ -46,38 +56,62 @@ pub enum CkptCommand {
     },
 }
 
+const SAVE_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt save ckpt --step 100 --model model.safetensors --tokens-seen 51200 --lr 0.01
+  tlio ckpt save ckpt --step 200 --model model.safetensors --optimizer optim.safetensors --keep 3
+  tlio ckpt save ckpt --step 300 --model model.safetensors --state trainer_state.json";
+
+const VERIFY_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt verify run/ckpt
+  tlio ckpt verify run/ckpt/step-000100
+  tlio --json ckpt verify run/ckpt";
+
+const LATEST_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt latest run/ckpt
+  step=$(tlio ckpt latest run/ckpt) && ls \"$step\"
+  tlio --json ckpt latest run/ckpt";
+
+const GC_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt gc run/ckpt --keep 2 --dry-run
+  tlio ckpt gc run/ckpt --keep 2";
+
 /// Arguments of `ckpt save`.
 #[derive(Debug, Args)]
 pub struct SaveArgs {
     /// The checkpoint directory (created if missing).
+    #[arg(value_name = "DIR")]
     pub dir: PathBuf,
     /// The optimizer step; the directory becomes step-NNNNNN.
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub step: u64,
     /// The model's safetensors file.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub model: PathBuf,
     /// The optimizer's safetensors file (`<parameter>.<key>` arrays, state metadata).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub optimizer: Option<PathBuf>,
     /// A trainer_state.json to store (its step must equal --step; missing keys take
     /// their defaults).
-    #[arg(long, conflicts_with_all = ["tokens_seen", "lr", "git_sha"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tokens_seen", "lr", "git_sha"])]
     pub state: Option<PathBuf>,
     /// Tokens seen so far (when no --state is given).
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub tokens_seen: Option<u64>,
     /// The learning rate (when no --state is given).
-    #[arg(long)]
+    #[arg(long, value_name = "LR")]
     pub lr: Option<f64>,
     /// The git commit of the training code, 40 or 64 hex digits (when no --state).
-    #[arg(long)]
+    #[arg(long, value_name = "SHA")]
     pub git_sha: Option<String>,
     /// The run's config.json (stored and hashed into the state).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Keep only the newest K valid steps after saving.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
     pub keep: Option<u64>,
     /// Replace step N when it already exists as a complete checkpoint.
     #[arg(long)]
@@ -166,7 +200,7 @@ struct StepJson {
 fn status(problems: &[Problem]) -> String {
     problems
         .first()
-        .map(|p| escape(&p.to_string()))
+        .map(|p| p.to_string())
         .unwrap_or_else(|| "ok".to_string())
 }
 
@@ -202,11 +236,7 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     let ins = ckverify::inspect_with(path, &mut |n| bar.inc(n));
     bar.finish_and_clear();
     let ok = ins.problems.is_empty();
-    let problems: Vec<String> = ins
-        .problems
-        .iter()
-        .map(|p| escape(&p.to_string()))
-        .collect();
+    let problems: Vec<String> = ins.problems.iter().map(|p| p.to_string()).collect();
     if printer.json {
         #[derive(Serialize)]
         struct Out {
@@ -227,7 +257,7 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
             writeln!(out, "ok ({} bytes verified)", ins.size)?;
         } else {
             for p in &problems {
-                writeln!(out, "{p}")?;
+                writeln!(out, "{}", escape(p))?;
             }
         }
     }
@@ -242,7 +272,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             step: r.step,
             name: step_name(r.step),
             status: status(&r.problems),
-            problems: r.problems.iter().map(|p| escape(&p.to_string())).collect(),
+            problems: r.problems.iter().map(|p| p.to_string()).collect(),
             size: r.size,
             latest: r.latest,
             newer_than_latest: r.newer_than_latest,
@@ -251,7 +281,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         .collect();
     let (latest, latest_problem) = match &survey.latest {
         Latest::Missing => (None, Some("no LATEST".to_string())),
-        Latest::Malformed(why) => (None, Some(escape(why))),
+        Latest::Malformed(why) => (None, Some(why.clone())),
         Latest::Names(n) if !survey.rows.iter().any(|r| r.step == *n) => (
             Some(step_name(*n)),
             Some(format!(
@@ -275,7 +305,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             steps: &'a [StepJson],
             stale: &'a [String],
         }
-        printer.json_pretty(&Out {
+        printer.json_line(&Out {
             ok,
             latest,
             latest_problem,
@@ -293,7 +323,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             if s.newer_than_latest && s.problems.is_empty() {
                 "ok (newer than LATEST: ignored)".to_string()
             } else {
-                s.status.clone()
+                escape(&s.status)
             },
             s.size.to_string(),
             if s.latest { "LATEST" } else { "" }.to_string(),
@@ -301,9 +331,9 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         ]);
     }
     let mut out = printer.out();
-    writeln!(out, "{table}")?;
+    writeln!(out, "{}", crate::output::table_text(&table))?;
     if let Some(p) = &latest_problem {
-        writeln!(out, "{p}")?;
+        writeln!(out, "{}", escape(p))?;
     }
     for s in &stale {
         writeln!(out, "stale: {} (removed by the next save or gc)", escape(s))?;
@@ -350,7 +380,7 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            (escape(&name), r.reason.describe())
+            (name, r.reason.describe())
         })
         .collect();
     if printer.json {
@@ -375,7 +405,7 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
         let mut out = printer.out();
         let verb = if dry_run { "would remove" } else { "removed" };
         for (name, reason) in &rows {
-            writeln!(out, "{verb} {name} ({reason})")?;
+            writeln!(out, "{verb} {} ({reason})", escape(name))?;
         }
         if rows.is_empty() {
             writeln!(out, "nothing to remove")?;

@@ -51,12 +51,19 @@ const SHARD: &str = "corpus.bin";
 const FULL: &str = "run-uninterrupted";
 const RESUMED: &str = "run-resumed";
 
+/// The examples of `tlio demo --help`.
+pub const EXAMPLES: &str = "\
+Examples:
+  tlio demo
+  tlio demo -o demo-files
+  tlio --json demo";
+
 /// Arguments of `tlio demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Keep every file the demo makes in DIR (created if missing; must be empty).
     /// Without it the demo works in a temporary directory and removes it afterwards.
-    #[arg(long, value_name = "DIR")]
+    #[arg(short = 'o', long = "output", alias = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
 }
 
@@ -207,9 +214,8 @@ fn train_args(out: &str) -> Vec<String> {
     vec![
         "train".into(),
         "bigram".into(),
-        "--data".into(),
         SHARD.into(),
-        "--out".into(),
+        "-o".into(),
         out.into(),
         "--max-steps".into(),
         STEPS.to_string(),
@@ -521,7 +527,7 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
 
 fn print_report(report: &Report, printer: &Printer) -> anyhow::Result<()> {
     if printer.json {
-        printer.json_pretty(report)?;
+        printer.json_line(report)?;
         return Ok(());
     }
     let mut out = printer.out();
@@ -551,14 +557,14 @@ fn print_report(report: &Report, printer: &Printer) -> anyhow::Result<()> {
         table.add_row(vec![
             Cell::new(&check.name),
             Cell::new(if check.ok { "pass" } else { "FAIL" }),
-            Cell::new(crate::output::escape(&check.detail)),
+            Cell::new(crate::core::text::escape(&check.detail)),
         ]);
     }
-    writeln!(out, "{table}")?;
+    writeln!(out, "{}", crate::output::table_text(&table))?;
     writeln!(out)?;
     if let Some(line) = &report.final_line_text {
         writeln!(out, "final line of both runs:")?;
-        writeln!(out, "{}", crate::output::escape(line))?;
+        writeln!(out, "{}", crate::core::text::escape(line))?;
     }
     let failed = report.checks.iter().filter(|c| !c.ok).count();
     if report.ok {

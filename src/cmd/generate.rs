@@ -15,16 +15,39 @@ use crate::output::Printer;
 #[derive(Debug, Subcommand)]
 pub enum GenerateCommand {
     /// Write one man page per command and subcommand into DIR.
+    // clap would show the directory as optional: it is required in one of two spellings.
+    #[command(after_help = MAN_EXAMPLES, override_usage = "tlio generate man [OPTIONS] -o <DIR>")]
     Man {
-        /// Directory to write the pages into (created if missing).
-        dir: PathBuf,
+        /// The directory to write the pages into (created if missing).
+        #[arg(
+            short = 'o',
+            long = "output",
+            value_name = "DIR",
+            required_unless_present = "legacy_dir"
+        )]
+        dir: Option<PathBuf>,
+        /// The directory as a positional: the spelling before -o, kept for one release.
+        #[arg(value_name = "DIR", hide = true, conflicts_with = "dir")]
+        legacy_dir: Option<PathBuf>,
     },
     /// Print a completion script for SHELL to standard output.
+    #[command(after_help = COMPLETIONS_EXAMPLES)]
     Completions {
         /// The shell to complete for.
         shell: Shell,
     },
 }
+
+const MAN_EXAMPLES: &str = "\
+Examples:
+  tlio generate man -o man
+  tlio generate man -o ~/.local/share/man/man1 && man tlio-st-inspect";
+
+const COMPLETIONS_EXAMPLES: &str = "\
+Examples:
+  tlio generate completions bash > ~/.local/share/bash-completion/completions/tlio
+  tlio generate completions zsh > ~/.zfunc/_tlio
+  tlio generate completions fish > ~/.config/fish/completions/tlio.fish";
 
 /// Shells with completion support.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -40,7 +63,10 @@ pub enum Shell {
 /// Run `tlio generate`.
 pub fn run(cmd: GenerateCommand, printer: &Printer) -> anyhow::Result<Outcome> {
     match cmd {
-        GenerateCommand::Man { dir } => {
+        GenerateCommand::Man { dir, legacy_dir } => {
+            let dir = dir
+                .or(legacy_dir)
+                .ok_or_else(|| crate::error::operational("a directory is required: -o DIR"))?;
             let pages = man_pages()?;
             fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create directory {}", dir.display()))?;
@@ -75,7 +101,9 @@ pub fn run(cmd: GenerateCommand, printer: &Printer) -> anyhow::Result<Outcome> {
 /// Every man page as (file name, roff bytes), one per command and subcommand, in a
 /// stable order. Used by `generate man` and by the test that keeps `man/` current.
 pub fn man_pages() -> anyhow::Result<Vec<(String, Vec<u8>)>> {
-    let mut command = Cli::command();
+    // No page for clap's `help` subcommand: `tlio help st` works, but a `tlio-help(1)`
+    // page would describe nothing.
+    let mut command = Cli::command().disable_help_subcommand(true);
     command.build();
     let mut pages = Vec::new();
     collect(&command, "tlio", &mut pages)?;

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::output::Printer;
 
+pub mod args;
 pub mod ckpt;
 pub mod demo;
 pub mod generate;
@@ -15,20 +16,52 @@ pub mod st;
 pub mod tokens;
 pub mod train;
 
+/// The help heading of the options every command accepts, kept apart from each
+/// command's own flags.
+pub const GLOBAL_HEADING: &str = "Global options";
+
 /// Strict, fast tools for safetensors files, atomic checkpoints, token shards and a
 /// bigram trainer that resumes bit for bit.
 #[derive(Debug, Parser)]
-#[command(name = "tlio", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "tlio",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = EXAMPLES
+)]
 pub struct Cli {
-    /// Print results as JSON (one document, or one line per record when streaming).
-    #[arg(long, global = true)]
+    /// Print results as JSON: one compact document per line.
+    #[arg(long, global = true, help_heading = GLOBAL_HEADING)]
     pub json: bool,
     /// Silence progress bars and all non-error chatter.
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, help_heading = GLOBAL_HEADING)]
     pub quiet: bool,
+    /// When to colour the output: auto (on a terminal, unless NO_COLOR is set), always,
+    /// never.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "WHEN",
+        default_value_t = ColorChoice::Auto,
+        help_heading = GLOBAL_HEADING
+    )]
+    pub color: ColorChoice,
     #[command(subcommand)]
     pub command: Command,
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  tlio demo
+  tlio st inspect model.safetensors
+  tlio tokens pack corpus.txt -o corpus.bin
+  tlio train bigram corpus.bin -o run --max-steps 200";
+
+/// The `--color` choice.
+pub use crate::output::ColorChoice;
 
 /// The command groups.
 #[derive(Debug, Subcommand)]
@@ -38,6 +71,7 @@ pub enum Command {
     Ckpt(ckpt::CkptCommand),
     /// Run the whole mission end to end on built-in data: pack, train, crash, resume,
     /// and prove the resumed run bitwise equal to an uninterrupted one.
+    #[command(after_help = demo::EXAMPLES)]
     Demo(demo::DemoArgs),
     /// Write man pages and shell completions.
     #[command(subcommand)]
@@ -90,7 +124,7 @@ pub fn parse() -> Result<Cli, clap::Error> {
 
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
-    let printer = Printer::new(cli.json, cli.quiet);
+    let printer = Printer::new(cli.json, cli.quiet, cli.color);
     match cli.command {
         Command::Ckpt(cmd) => ckpt::run(cmd, &printer),
         Command::Demo(args) => demo::run(args, &printer),

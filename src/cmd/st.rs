@@ -9,38 +9,73 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
+use super::args::FloatDtype;
 use super::Outcome;
-use crate::core::safetensors::convert::{convert, is_convert_target};
+use crate::core::safetensors::convert::convert;
 use crate::core::safetensors::diff::{diff, DiffReport, ValueDiff};
 use crate::core::safetensors::header::{totals, Totals};
 use crate::core::safetensors::index::read_index;
 use crate::core::safetensors::stats::{tensor_stats, TensorStats};
 use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
 use crate::core::safetensors::{read_header, Dtype, Header, MappedFile};
-use crate::output::{escape, Printer};
+use crate::core::text::escape;
+use crate::output::Printer;
 
 /// The `st` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum StCommand {
     /// Show tensors (name, dtype, shape, parameters, bytes, offsets), metadata and
     /// totals by dtype, from the header alone. Accepts sharded `*.index.json` files.
+    #[command(after_help = INSPECT_EXAMPLES)]
     Inspect(InspectArgs),
     /// Check every reader rule; print one line per failure naming the file, the rule
     /// and the tensor; exit 1 when any file fails.
+    #[command(after_help = VERIFY_EXAMPLES)]
     Verify(VerifyArgs),
     /// Convert every float tensor to another float dtype, copying the rest, into a
     /// canonical file written atomically.
+    // clap would show the output as optional: it is required in one of two spellings.
+    #[command(
+        after_help = CONVERT_EXAMPLES,
+        override_usage = "tlio st convert [OPTIONS] <MODEL> -o <FILE> --dtype <DTYPE>"
+    )]
     Convert(ConvertArgs),
     /// Compare two files: tensors only in one, dtype and shape changes, value
     /// differences, metadata; exit 0 when identical, 1 when they differ.
+    #[command(after_help = DIFF_EXAMPLES)]
     Diff(DiffArgs),
 }
+
+const INSPECT_EXAMPLES: &str = "\
+Examples:
+  tlio st inspect model.safetensors
+  tlio st inspect model.safetensors.index.json
+  tlio st inspect --stats model.safetensors
+  tlio --json st inspect model.safetensors";
+
+const VERIFY_EXAMPLES: &str = "\
+Examples:
+  tlio st verify model.safetensors
+  tlio st verify --canonical --finite *.safetensors
+  tlio --json st verify model.safetensors";
+
+const CONVERT_EXAMPLES: &str = "\
+Examples:
+  tlio st convert model.safetensors -o model-bf16.safetensors --dtype bf16
+  tlio st convert model.safetensors -o half.safetensors --dtype fp16 --exclude 'norm'
+  tlio st convert model.safetensors -o f8.safetensors --dtype fp8_e5m2 --only '^layers\\.'";
+
+const DIFF_EXAMPLES: &str = "\
+Examples:
+  tlio st diff before.safetensors after.safetensors
+  tlio --json st diff a.safetensors b.safetensors
+  tlio -q st diff a.safetensors b.safetensors && echo identical";
 
 /// Arguments of `st inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
     /// Safetensors files or sharded `*.index.json` indexes.
-    #[arg(required = true)]
+    #[arg(required = true, value_name = "MODEL")]
     pub files: Vec<PathBuf>,
     /// Also read the data: min, max, mean, std, NaN and inf counts per tensor.
     #[arg(long)]
@@ -50,8 +85,8 @@ pub struct InspectArgs {
 /// Arguments of `st verify`.
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// Files to check.
-    #[arg(required = true)]
+    /// Safetensors files to check.
+    #[arg(required = true, value_name = "MODEL")]
     pub files: Vec<PathBuf>,
     /// Also require the exact bytes of the canonical writer (order, compact JSON,
     /// padding).
@@ -65,13 +100,24 @@ pub struct VerifyArgs {
 /// Arguments of `st convert`.
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// Input file.
+    /// The safetensors file to convert.
+    #[arg(value_name = "MODEL")]
     pub input: PathBuf,
-    /// Output file (never the input).
-    pub output: PathBuf,
-    /// Target dtype: F64, F32, BF16, F16, F8_E4M3 or F8_E5M2 (exact, case-sensitive).
-    #[arg(long, value_parser = parse_target)]
-    pub dtype: Dtype,
+    /// The file to write (never the input).
+    #[arg(
+        short,
+        long,
+        value_name = "FILE",
+        required_unless_present = "legacy_output"
+    )]
+    pub output: Option<PathBuf>,
+    /// The output as a second positional: the spelling before -o, kept for one release.
+    #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
+    pub legacy_output: Option<PathBuf>,
+    /// Target dtype; also accepted: bf16, bfloat16, fp16, float16, half, f32, float32,
+    /// float, f64, float64, fp8_e4m3, float8_e4m3fn, fp8_e5m2, float8_e5m2 (any case).
+    #[arg(long, value_enum, ignore_case = true)]
+    pub dtype: FloatDtype,
     /// Convert only tensors whose name matches this regular expression.
     #[arg(long, value_name = "REGEX")]
     pub only: Option<String>,
@@ -83,22 +129,12 @@ pub struct ConvertArgs {
 /// Arguments of `st diff`.
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// First file.
+    /// The first file (A).
+    #[arg(value_name = "MODEL")]
     pub a: PathBuf,
-    /// Second file.
+    /// The second file (B).
+    #[arg(value_name = "MODEL")]
     pub b: PathBuf,
-}
-
-fn parse_target(s: &str) -> Result<Dtype, String> {
-    match Dtype::from_name(s) {
-        Some(d) if is_convert_target(d) => Ok(d),
-        Some(d) => Err(format!(
-            "{d} is not a float dtype tlio can encode (F64, F32, BF16, F16, F8_E4M3, F8_E5M2)"
-        )),
-        None => Err(format!(
-            "unknown dtype {s:?} (names are exact and case-sensitive: F64, F32, BF16, F16, F8_E4M3, F8_E5M2)"
-        )),
-    }
 }
 
 /// Run `tlio st`.
@@ -329,7 +365,7 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             table.add_row(row);
         }
         if !report.tensors.is_empty() {
-            writeln!(out, "{table}")?;
+            writeln!(out, "{}", crate::output::table_text(&table))?;
         }
         if !report.metadata.is_empty() {
             writeln!(out, "metadata:")?;
@@ -348,7 +384,7 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             ]);
         }
         writeln!(out, "totals:")?;
-        writeln!(out, "{totals_table}")?;
+        writeln!(out, "{}", crate::output::table_text(&totals_table))?;
     }
     out.flush()?;
     Ok(Outcome::Success)
@@ -410,6 +446,13 @@ fn compile(re: &Option<String>, flag: &str) -> anyhow::Result<Option<regex::Rege
 }
 
 fn run_convert(args: &ConvertArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    // clap guarantees one of the two spellings (required_unless_present/conflicts_with).
+    let output = args
+        .output
+        .as_ref()
+        .or(args.legacy_output.as_ref())
+        .ok_or_else(|| crate::error::operational("an output file is required: -o FILE"))?;
+    let dtype = Dtype::from(args.dtype);
     let only = compile(&args.only, "only")?;
     let exclude = compile(&args.exclude, "exclude")?;
     let select = |name: &str| {
@@ -421,27 +464,21 @@ fn run_convert(args: &ConvertArgs, printer: &Printer) -> anyhow::Result<Outcome>
         bar.set_length(total);
         bar.set_position(done);
     };
-    let report = convert(
-        &args.input,
-        &args.output,
-        args.dtype,
-        &select,
-        &mut progress,
-    )
-    .with_context(|| {
-        format!(
-            "cannot convert {} to {}",
-            args.input.display(),
-            args.output.display()
-        )
-    })?;
+    let report =
+        convert(&args.input, output, dtype, &select, &mut progress).with_context(|| {
+            format!(
+                "cannot convert {} to {}",
+                args.input.display(),
+                output.display()
+            )
+        })?;
     bar.finish_and_clear();
     if printer.json {
         printer.json_line(&report)?;
     } else {
         printer.info(format!(
-            "converted {} tensors to {}, copied {}: {} -> {} bytes",
-            report.converted, args.dtype, report.copied, report.bytes_in, report.bytes_out
+            "converted {} tensors to {dtype}, copied {}: {} -> {} bytes",
+            report.converted, report.copied, report.bytes_in, report.bytes_out
         ));
     }
     Ok(Outcome::Success)
@@ -516,8 +553,9 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     }
     for m in &report.metadata {
         let show = |v: &Option<String>| {
-            v.as_deref()
-                .map_or("(absent)".to_string(), |s| format!("{:?}", escape(s)))
+            v.as_deref().map_or("(absent)".to_string(), |s| {
+                escape(&crate::core::text::quote(s))
+            })
         };
         writeln!(
             out,

@@ -15,33 +15,57 @@ use serde::Serialize;
 use super::Outcome;
 use crate::core::atomic;
 use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
+use crate::core::text::escape;
 use crate::core::tokens::{
     self, CorpusFormat, Cursor, HeaderReport, InputFormat, Layout, PackInput, PackOptions, Shard,
     ShardPlan, TextPackOptions, TextPackProgress, TokenStream, Tokenizer, TokensError, BYTES_VOCAB,
     DEFAULT_SHARD_TOKENS,
 };
-use crate::error::{operational, Classify, ExitClass};
-use crate::output::{escape, Printer};
+use crate::core::{Failure, FailureKind};
+use crate::error::operational;
+use crate::output::Printer;
 
 /// The `tokens` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
     /// Show and validate shard headers: magic, version, dtype, n, V, size (reads only the
     /// 1024-byte header unless --check-ids). Exit 1 if any file is invalid.
+    #[command(after_help = HEADER_EXAMPLES)]
     Header(HeaderArgs),
     /// Build shards from standard input or files, in bounded memory.
+    #[command(after_help = PACK_EXAMPLES)]
     Pack(PackArgs),
     /// Print the batches the token stream yields, one JSON line per batch.
+    #[command(after_help = WINDOWS_EXAMPLES)]
     Windows(WindowsArgs),
     /// Print the text of a shard's ids (what a run trains on), through a tokenizer.
     Decode(DecodeArgs),
 }
 
+const HEADER_EXAMPLES: &str = "\
+Examples:
+  tlio tokens header corpus.bin
+  tlio tokens header --check-ids train_*.bin
+  tlio --json tokens header corpus.bin";
+
+const PACK_EXAMPLES: &str = "\
+Examples:
+  tlio tokens pack corpus.txt -o corpus.bin
+  cat a.txt b.txt | tlio tokens pack -o corpus.bin
+  tlio tokens pack ids.txt --from ids --vocab-size 50257 -o train.bin
+  tlio tokens pack big.txt -o train --shard-tokens 100000000";
+
+const WINDOWS_EXAMPLES: &str = "\
+Examples:
+  tlio tokens windows corpus.bin --seq-len 8 --batch 2
+  tlio tokens windows corpus.bin --seq-len 8 --batch 2 --batches 2 --seed 7 --save-cursor c.json
+  tlio tokens windows corpus.bin --seq-len 8 --batch 2 --cursor c.json";
+
 /// Arguments of `tokens header`.
 #[derive(Debug, Args)]
 pub struct HeaderArgs {
     /// The shard files.
-    #[arg(required = true, value_name = "FILE")]
+    #[arg(required = true, value_name = "SHARD")]
     pub files: Vec<PathBuf>,
     /// Also check every id against the recorded vocabulary (reads the whole file).
     #[arg(long)]
@@ -85,11 +109,11 @@ pub enum ShardFormat {
 pub struct PackArgs {
     /// Input files, read in order; `-` (the default) is standard input. Files ending in
     /// .gz or .zst are decompressed (text and JSONL).
-    #[arg(value_name = "INPUT")]
+    #[arg(value_name = "FILE")]
     pub inputs: Vec<PathBuf>,
-    /// The output shard; the prefix of OUT_000000.bin, ... with --shard-tokens, or of
-    /// OUT_val_000000.bin, OUT_train_000001.bin, ... with --val-tokens.
-    #[arg(short, long, value_name = "OUT")]
+    /// The output shard; the prefix of SHARD_000000.bin, ... with --shard-tokens, or of
+    /// SHARD_val_000000.bin, SHARD_train_000001.bin, ... with --val-tokens.
+    #[arg(short, long, value_name = "SHARD", alias = "out")]
     pub output: PathBuf,
     /// How to read the inputs [default: bytes, or text with --tokenizer].
     #[arg(long, value_enum)]
@@ -98,7 +122,7 @@ pub struct PackArgs {
     /// u16le or u32le.
     #[arg(long, value_name = "V")]
     pub vocab_size: Option<u64>,
-    /// Split into shards of N ids: OUT_000000.bin, OUT_000001.bin, ... [default with
+    /// Split into shards of N ids: SHARD_000000.bin, SHARD_000001.bin, ... [default with
     /// --val-tokens: 100000000]
     #[arg(long, value_name = "N")]
     pub shard_tokens: Option<u64>,
@@ -113,7 +137,7 @@ pub struct PackArgs {
     /// built-in encodings; required for a tokenizer.json].
     #[arg(long, value_name = "TOKEN")]
     pub eot: Option<String>,
-    /// The first N tokens go to OUT_val_000000.bin, the rest to OUT_train_000001.bin, ...
+    /// The first N tokens go to SHARD_val_000000.bin, the rest to SHARD_train_000001.bin, ...
     /// (llm.c's fineweb.py naming).
     #[arg(long, value_name = "N")]
     pub val_tokens: Option<u64>,
@@ -243,7 +267,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         // stays clean; an invalid file is a "no" answer in the report.
         let (row, err) = header_row(path, args.check_ids, vocab)?;
         if let Some(e) = err {
-            if e.exit_class() == ExitClass::Operational {
+            if e.kind() == FailureKind::Operational {
                 return Err(e.into());
             }
             any_invalid = true;
@@ -277,7 +301,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             ]);
         }
         let mut out = printer.out();
-        writeln!(out, "{table}")?;
+        writeln!(out, "{}", crate::output::table_text(&table))?;
         out.flush()?;
     }
     Ok(Outcome::from_ok(!any_invalid))
@@ -437,7 +461,7 @@ fn packed_shards(shards: &[(PathBuf, tokens::Header)]) -> Vec<PackedShard> {
 /// (silenced by -q), or as one JSON document on stdout with --json.
 fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome> {
     if printer.json {
-        printer.json_pretty(report)?;
+        printer.json_line(report)?;
     } else {
         for s in &report.shards {
             printer.info(format!(
@@ -600,7 +624,7 @@ fn decode(args: DecodeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         .ok_or_else(|| operational("the id range is out of the shard"))?;
     let text = tokenizer.decode(&ids).map_err(TokensError::from)?;
     if printer.json {
-        printer.json_pretty(&Decoded {
+        printer.json_line(&Decoded {
             file: args.shard.display().to_string(),
             tokenizer: tokenizer.name(),
             start: args.start,

@@ -24,8 +24,20 @@ pub const SGD_LR: f64 = 0.1;
 pub enum TrainCommand {
     /// Train the bigram model on token shards with atomic checkpoints; a run killed at
     /// any instant and resumed with --resume ends bitwise equal to an uninterrupted one.
+    // clap would show the shards as optional: they are required in one of two spellings.
+    #[command(
+        after_help = BIGRAM_EXAMPLES,
+        override_usage = "tlio train bigram [OPTIONS] <SHARD>... -o <DIR>"
+    )]
     Bigram(BigramArgs),
 }
+
+const BIGRAM_EXAMPLES: &str = "\
+Examples:
+  tlio train bigram corpus.bin -o run --max-steps 200 --ckpt-every 50
+  tlio train bigram corpus.bin -o run --max-steps 400 --ckpt-every 50 --resume
+  tlio train bigram train_*.bin -o run --optimizer sgd --lr 0.1 --keep 2
+  tlio train bigram corpus.bin -o counts --method counts";
 
 /// The optimizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -48,12 +60,21 @@ pub enum MethodArg {
 /// `tlio train bigram`.
 #[derive(Debug, Args)]
 pub struct BigramArgs {
-    /// A token shard; repeat for several (read in the order given).
-    #[arg(long = "data", value_name = "SHARD", required = true)]
+    /// The token shards, read in the order given.
+    #[arg(value_name = "SHARD", required_unless_present = "data_flag")]
     pub data: Vec<PathBuf>,
-    /// The run directory: config.json, final.json, ckpt/ (and model.safetensors for
-    /// --method counts).
-    #[arg(long, value_name = "DIR")]
+    /// The shards as `--data SHARD` (repeated): the spelling before positional
+    /// shards, kept for one release.
+    #[arg(
+        long = "data",
+        value_name = "SHARD",
+        hide = true,
+        conflicts_with = "data"
+    )]
+    pub data_flag: Vec<PathBuf>,
+    /// The run directory to create or resume: config.json, final.json, ckpt/ (and
+    /// model.safetensors for --method counts).
+    #[arg(short = 'o', long = "output", alias = "out", value_name = "DIR")]
     pub out: PathBuf,
     /// Train until this step (may be raised on --resume to extend a run).
     #[arg(long, value_name = "N", default_value_t = 1000)]
@@ -137,7 +158,11 @@ fn optim_config(args: &BigramArgs) -> anyhow::Result<OptimConfig> {
 
 fn bigram(args: BigramArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let spec = RunSpec {
-        data: args.data.clone(),
+        data: if args.data.is_empty() {
+            args.data_flag.clone()
+        } else {
+            args.data.clone()
+        },
         out: args.out.clone(),
         max_steps: args.max_steps,
         batch: args.batch,

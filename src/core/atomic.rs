@@ -8,7 +8,7 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Classify, ExitClass};
+use crate::core::failure::{Failure, FailureKind};
 
 /// Errors of an atomic write.
 #[derive(Debug, thiserror::Error)]
@@ -31,9 +31,9 @@ pub enum AtomicError {
     },
 }
 
-impl Classify for AtomicError {
-    fn exit_class(&self) -> ExitClass {
-        ExitClass::Operational
+impl Failure for AtomicError {
+    fn kind(&self) -> FailureKind {
+        FailureKind::Operational
     }
 }
 

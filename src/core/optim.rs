@@ -17,7 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Classify, ExitClass};
+use crate::core::failure::{Failure, FailureKind};
 
 /// PyTorch's AdamW defaults.
 pub const ADAMW_BETAS: (f64, f64) = (0.9, 0.999);
@@ -55,9 +55,13 @@ pub enum OptimError {
     State(String),
 }
 
-impl Classify for OptimError {
-    fn exit_class(&self) -> ExitClass {
-        ExitClass::Invalid
+impl Failure for OptimError {
+    fn kind(&self) -> FailureKind {
+        match self {
+            OptimError::Hyper { .. } | OptimError::Shape { .. } | OptimError::State(_) => {
+                FailureKind::Invalid
+            }
+        }
     }
 }
 

@@ -622,3 +622,38 @@ fn a_second_save_or_gc_fails_at_once_while_one_runs() {
     );
     assert!(!ck.join("step-000009").exists());
 }
+
+#[test]
+fn verify_json_carries_exact_names_and_the_table_escapes_them() {
+    let dir = tmp();
+    let ck = dir.path().join("ck");
+    save_cmd(&ck, dir.path(), 3).assert().success();
+    let evil = "evil\u{1b}[31m\u{202e}txt";
+    fs::write(ck.join("step-000003").join(evil), b"x").unwrap();
+    let (code, doc) = verify_json(&ck);
+    assert_eq!(code, 1);
+    let problem = doc["steps"][0]["problems"][0].as_str().unwrap();
+    assert!(problem.contains(evil), "{problem}");
+    assert!(doc["steps"][0]["status"].as_str().unwrap().contains(evil));
+    // The step directory itself, JSON and human.
+    let out = tlio()
+        .args(["ckpt", "verify", "--json"])
+        .arg(ck.join("step-000003"))
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["problems"][0].as_str().unwrap().contains(evil), "{doc}");
+    for target in [ck.clone(), ck.join("step-000003")] {
+        let out = tlio()
+            .args(["ckpt", "verify"])
+            .arg(&target)
+            .output()
+            .unwrap();
+        let text = stdout(&out);
+        assert!(text.contains("evil\\u{1b}[31m\\u{202e}txt"), "{text}");
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{202e}'),
+            "{text}"
+        );
+    }
+}

@@ -24,14 +24,14 @@ fn committed_man_pages_are_current() {
     have.sort();
     assert_eq!(
         fresh, have,
-        "man/ lists other pages: run `tlio generate man man`"
+        "man/ lists other pages: run `tlio generate man -o man`"
     );
     for name in fresh {
         let a = std::fs::read(dir.path().join(&name)).unwrap();
         let b = std::fs::read(committed.join(&name)).unwrap();
         assert!(
             a == b,
-            "man/{} is out of date: run `tlio generate man man`",
+            "man/{} is out of date: run `tlio generate man -o man`",
             name.to_string_lossy()
         );
     }

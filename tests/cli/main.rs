@@ -7,6 +7,7 @@ mod ckpt;
 mod demo;
 mod errors;
 mod generate;
+mod grammar;
 mod output;
 mod snapshots;
 mod st;

@@ -352,14 +352,8 @@ fn convert_rounds_copies_and_is_canonical() {
         .assert()
         .code(2);
     assert_eq!(std::fs::read(&input).unwrap(), before);
-    // Unknown or lowercase dtypes are usage errors.
-    tlio()
-        .args(["st", "convert"])
-        .arg(&input)
-        .arg(dir.path().join("x"))
-        .args(["--dtype", "bf16"])
-        .assert()
-        .code(2);
+    // Dtypes that are not float targets are usage errors (lowercase names are
+    // accepted: tests/cli/grammar.rs).
     tlio()
         .args(["st", "convert"])
         .arg(&input)
@@ -651,4 +645,75 @@ fn inspect_stats_and_json_totals() {
         text.contains("format = tinyllm") && text.contains("totals:"),
         "{text}"
     );
+}
+
+/// Every line of `text` is free of raw controls, bidi controls and zero-width characters.
+fn assert_displayable(text: &str) {
+    for c in text.chars() {
+        let bad = (c.is_control() && c != '\n')
+            || ('\u{202a}'..='\u{202e}').contains(&c)
+            || ('\u{2066}'..='\u{2069}').contains(&c)
+            || ('\u{200b}'..='\u{200f}').contains(&c)
+            || c == '\u{2028}'
+            || c == '\u{2029}';
+        assert!(!bad, "raw {c:?} in {text:?}");
+    }
+}
+
+#[test]
+fn names_are_escaped_in_every_human_line_and_exact_in_json() {
+    let dir = tmp();
+    // A tensor whose name holds a right-to-left override and a zero-width space, and
+    // whose size is wrong: the error line of inspect and the report of verify both
+    // name it, escaped.
+    let bidi = dir.path().join("bidi.safetensors");
+    let json = "{\"x\u{202e}y\u{200b}\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}";
+    std::fs::write(&bidi, file(json, &[0; 4])).unwrap();
+    for args in [
+        vec!["st", "inspect"],
+        vec!["st", "verify"],
+        vec!["st", "diff"],
+    ] {
+        let mut cmd = tlio();
+        cmd.args(&args).arg(&bidi);
+        if args[1] == "diff" {
+            cmd.arg(&bidi);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let text = String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap();
+        assert!(text.contains("x\\u{202e}y\\u{200b}"), "{args:?}: {text}");
+        assert_displayable(&text);
+    }
+    // JSON carries the exact name inside the message.
+    let out = tlio()
+        .args(["st", "verify", "--json"])
+        .arg(&bidi)
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let message = doc["files"][0]["failures"][0]["message"].as_str().unwrap();
+    assert!(message.contains("x\u{202e}y\u{200b}"), "{message}");
+
+    // Non-ASCII text prints as itself everywhere.
+    let cafe = dir.path().join("café.safetensors");
+    let json = "{\"__metadata__\":{\"clé\":\"thé\"},\"café\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    std::fs::write(&cafe, file(json, &[0; 4])).unwrap();
+    for args in [vec!["st", "inspect"], vec!["st", "verify"]] {
+        let out = tlio().args(&args).arg(&cafe).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains("café"), "{args:?}: {text}");
+        assert!(!text.contains('Ã'), "{text}");
+    }
+    let text = String::from_utf8(
+        tlio()
+            .args(["st", "inspect"])
+            .arg(&cafe)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(text.contains("clé = thé"), "{text}");
 }

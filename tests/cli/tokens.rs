@@ -652,6 +652,36 @@ fn windows_into_a_closed_pipe_ends_quietly() {
     );
 }
 
+#[test]
+fn pack_shows_a_non_ascii_character_as_itself() {
+    // The input "1 é 2": the error names the character, never its UTF-8 lead byte as
+    // Latin-1 ('Ã'), and a bidi control in the input is escaped.
+    let dir = tmp();
+    for (input, want) in [
+        ("1 é 2", "invalid character \"é\" at byte 2"),
+        ("1 x\u{202e}", "invalid character \"x\" at byte 2"),
+        ("1 \u{202e}", "invalid character \"\\u{202e}\" at byte 2"),
+    ] {
+        let e = fails(
+            tlio()
+                .args([
+                    "tokens",
+                    "pack",
+                    "--from",
+                    "ids",
+                    "--vocab-size",
+                    "50",
+                    "-o",
+                ])
+                .arg(dir.path().join("o.bin"))
+                .write_stdin(input),
+            1,
+        );
+        assert!(e.contains(want), "{input:?}: {e}");
+        assert!(!e.contains('Ã') && !e.contains('\u{202e}'), "{e}");
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // Real tokenizers: references from tiktoken and tokenizers (fixtures/gen_tokenizers.py)
 
@@ -759,7 +789,7 @@ fn pack_openai_encodings_match_tiktoken_byte_for_byte_but_word_3() {
         let out = dir.path().join(format!("{name}.bin"));
         pack_with(
             &["--tokenizer", name, "--from", "jsonl"],
-            &[corpus.clone()],
+            std::slice::from_ref(&corpus),
             &out,
         );
         let ours = std::fs::read(&out).unwrap();

@@ -55,6 +55,17 @@ pub enum ManifestError {
     BadSha(String),
 }
 
+impl crate::core::failure::Failure for ManifestError {
+    fn kind(&self) -> crate::core::failure::FailureKind {
+        match self {
+            ManifestError::Malformed(_)
+            | ManifestError::BadName(_)
+            | ManifestError::Unsorted(_)
+            | ManifestError::BadSha(_) => crate::core::failure::FailureKind::Invalid,
+        }
+    }
+}
+
 /// True when `name` is a plain file name a manifest may list: not empty, not `.` or
 /// `..`, no `/`, `\` or NUL.
 pub fn is_plain_name(name: &str) -> bool {

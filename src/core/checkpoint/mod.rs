@@ -10,7 +10,7 @@ use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Classify, ExitClass};
+use crate::core::failure::{Failure, FailureKind};
 
 pub mod fsops;
 pub mod gc;
@@ -114,23 +114,23 @@ fn why(reasons: &[(String, String)]) -> String {
     }
     let parts: Vec<String> = reasons
         .iter()
-        .map(|(name, reason)| format!("{}: {reason}", crate::output::escape(name)))
+        .map(|(name, reason)| format!("{name}: {reason}"))
         .collect();
     format!(" ({})", parts.join("; "))
 }
 
-impl Classify for CheckpointError {
-    fn exit_class(&self) -> ExitClass {
+impl Failure for CheckpointError {
+    fn kind(&self) -> FailureKind {
         match self {
             CheckpointError::State(_)
             | CheckpointError::Optimizer(_)
             | CheckpointError::Config(_)
             | CheckpointError::Payload { .. }
             | CheckpointError::Request(_)
-            | CheckpointError::NotFound { .. } => ExitClass::Invalid,
+            | CheckpointError::NotFound { .. } => FailureKind::Invalid,
             CheckpointError::Exists { .. }
             | CheckpointError::Locked { .. }
-            | CheckpointError::Io { .. } => ExitClass::Operational,
+            | CheckpointError::Io { .. } => FailureKind::Operational,
         }
     }
 }
@@ -223,8 +223,8 @@ fn read_latest(path: &Path) -> Result<Option<Latest>, CheckpointError> {
     Ok(Some(match parse_step_name(name) {
         Some(n) => Latest::Names(n),
         None => Latest::Malformed(format!(
-            "LATEST holds {:?}, not a step name",
-            crate::output::escape(text)
+            "LATEST holds {}, not a step name",
+            crate::core::text::quote(text)
         )),
     }))
 }

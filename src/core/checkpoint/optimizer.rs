@@ -149,11 +149,13 @@ pub enum OptimizerError {
     Safetensors(#[from] SafetensorsError),
 }
 
-impl crate::error::Classify for OptimizerError {
-    fn exit_class(&self) -> crate::error::ExitClass {
+impl crate::core::failure::Failure for OptimizerError {
+    fn kind(&self) -> crate::core::failure::FailureKind {
         match self {
-            OptimizerError::Safetensors(e) => e.exit_class(),
-            _ => crate::error::ExitClass::Invalid,
+            OptimizerError::Safetensors(e) => e.kind(),
+            OptimizerError::State(_) | OptimizerError::Layout(_) => {
+                crate::core::failure::FailureKind::Invalid
+            }
         }
     }
 }
@@ -192,7 +194,7 @@ fn check_layout(
         let (param, _) = split_name(name, keys).ok_or_else(|| {
             OptimizerError::Layout(format!(
                 "tensor {} is not <parameter>.<{}>",
-                crate::output::escape(name),
+                crate::core::text::quote(name),
                 if keys.is_empty() {
                     "nothing: SGD without momentum stores no arrays".to_string()
                 } else {
@@ -204,7 +206,7 @@ fn check_layout(
             if prev != shape {
                 return Err(OptimizerError::Layout(format!(
                     "the arrays of parameter {} have different shapes",
-                    crate::output::escape(param)
+                    crate::core::text::quote(param)
                 )));
             }
         }
@@ -224,13 +226,13 @@ fn check_layout(
                 None => {
                     return Err(OptimizerError::Layout(format!(
                         "missing tensor {}",
-                        crate::output::escape(&name)
+                        crate::core::text::quote(&name)
                     )))
                 }
                 Some(s) if s != shape => {
                     return Err(OptimizerError::Layout(format!(
                         "tensor {} has shape {s:?}, its parameter {shape:?}",
-                        crate::output::escape(&name)
+                        crate::core::text::quote(&name)
                     )))
                 }
                 Some(_) => {}
@@ -240,7 +242,7 @@ fn check_layout(
     if let Some(param) = implied.keys().find(|p| !expected.contains_key(*p)) {
         return Err(OptimizerError::Layout(format!(
             "arrays for {}, which is not a parameter of the model",
-            crate::output::escape(param)
+            crate::core::text::quote(param)
         )));
     }
     Ok(())
@@ -256,8 +258,8 @@ pub fn check_header(
         Some(v) if v == FORMAT_VALUE => {}
         other => {
             return Err(OptimizerError::Layout(format!(
-                "metadata format is {:?}, not {FORMAT_VALUE:?}",
-                other.map(|s| crate::output::escape(s))
+                "metadata format is {}, not {FORMAT_VALUE:?}",
+                other.map_or_else(|| "missing".to_string(), |s| crate::core::text::quote(s))
             )))
         }
     }
@@ -268,7 +270,7 @@ pub fn check_header(
     {
         return Err(OptimizerError::Layout(format!(
             "unknown metadata key {}",
-            crate::output::escape(extra)
+            crate::core::text::quote(extra)
         )));
     }
     let text = header
@@ -279,7 +281,7 @@ pub fn check_header(
     if let Some(t) = header.tensors.iter().find(|t| t.dtype != Dtype::F32) {
         return Err(OptimizerError::Layout(format!(
             "tensor {} is {}, not F32",
-            crate::output::escape(&t.name),
+            crate::core::text::quote(&t.name),
             t.dtype.name()
         )));
     }
@@ -313,7 +315,7 @@ impl OptimizerFile {
             if numel != Some(values.len() as u64) {
                 return Err(OptimizerError::Layout(format!(
                     "tensor {} has {} values for shape {shape:?}",
-                    crate::output::escape(name),
+                    crate::core::text::quote(name),
                     values.len()
                 )));
             }

@@ -90,6 +90,19 @@ pub enum StateError {
     },
 }
 
+impl crate::core::failure::Failure for StateError {
+    fn kind(&self) -> crate::core::failure::FailureKind {
+        match self {
+            StateError::Schema(_)
+            | StateError::Missing(_)
+            | StateError::EvenIncrement(_)
+            | StateError::BadHex { .. }
+            | StateError::NonFiniteLr(_)
+            | StateError::ConfigMismatch { .. } => crate::core::failure::FailureKind::Invalid,
+        }
+    }
+}
+
 impl TrainerState {
     /// A state at `step` with every other field at its default.
     pub fn new(step: u64) -> Self {

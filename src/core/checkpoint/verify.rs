@@ -108,6 +108,30 @@ pub enum Problem {
     },
 }
 
+impl crate::core::failure::Failure for Problem {
+    fn kind(&self) -> crate::core::failure::FailureKind {
+        use crate::core::failure::FailureKind;
+        match self {
+            // The file is there but could not be read: the operation failed, the
+            // checkpoint may be fine.
+            Problem::Unreadable { .. } => FailureKind::Operational,
+            Problem::NotADirectory
+            | Problem::MissingManifest
+            | Problem::BadManifest(_)
+            | Problem::StepMismatch { .. }
+            | Problem::NotListed(_)
+            | Problem::Missing(_)
+            | Problem::Size { .. }
+            | Problem::Sha256 { .. }
+            | Problem::Unlisted(_)
+            | Problem::Symlink(_)
+            | Problem::NotAFile(_)
+            | Problem::BadJson { .. }
+            | Problem::BadSafetensors { .. } => FailureKind::Invalid,
+        }
+    }
+}
+
 /// What verification found, with the small files it read (so a loader uses exactly
 /// the bytes that were hashed).
 #[derive(Debug, Clone, Default)]

@@ -17,7 +17,8 @@ use std::path::Path;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
 use super::dtype::{byte_len, Dtype, SizeError};
-use super::{quote, SafetensorsError};
+use super::SafetensorsError;
+use crate::core::text::quote;
 
 /// Largest header length a reader accepts (rule 1).
 pub const MAX_HEADER_SIZE: u64 = 100_000_000;

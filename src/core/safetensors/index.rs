@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::{quote, read_header, Header, SafetensorsError};
+use super::{read_header, Header, SafetensorsError};
+use crate::core::text::quote;
 
 /// Largest index file read (real indexes are a few hundred KiB).
 pub const MAX_INDEX_SIZE: u64 = 100_000_000;

@@ -12,7 +12,8 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::core::atomic::AtomicError;
-use crate::error::{Classify, ExitClass};
+use crate::core::failure::{Failure, FailureKind};
+use crate::core::text::quote;
 
 pub mod convert;
 pub mod diff;
@@ -53,22 +54,6 @@ pub enum TensorData<'a> {
     F32(&'a [f32]),
     /// f64 values, encoded to `dtype` with a single rounding.
     F64(&'a [f64]),
-}
-
-/// Quote and escape a name from a file so that a control character never reaches a
-/// terminal raw (`\u{1b}`), matching the CLI's escaping.
-pub fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        if c.is_control() {
-            out.push_str(&format!("\\u{{{:x}}}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// Everything that can go wrong reading, writing or decoding safetensors. Each
@@ -419,16 +404,45 @@ impl SafetensorsError {
     }
 }
 
-impl Classify for SafetensorsError {
-    fn exit_class(&self) -> ExitClass {
+impl Failure for SafetensorsError {
+    fn kind(&self) -> FailureKind {
         match self {
             SafetensorsError::Io { .. }
             | SafetensorsError::Write(_)
             | SafetensorsError::Atomic(_)
             | SafetensorsError::Changed { .. }
             | SafetensorsError::BadTarget { .. }
-            | SafetensorsError::SameFile { .. } => ExitClass::Operational,
-            _ => ExitClass::Invalid,
+            | SafetensorsError::SameFile { .. } => FailureKind::Operational,
+            SafetensorsError::TooShort { .. }
+            | SafetensorsError::HeaderTooLarge { .. }
+            | SafetensorsError::HeaderPastEnd { .. }
+            | SafetensorsError::Json { .. }
+            | SafetensorsError::NotUtf8 { .. }
+            | SafetensorsError::NotObject
+            | SafetensorsError::DuplicateKey { .. }
+            | SafetensorsError::TrailingCharacters { .. }
+            | SafetensorsError::MetadataNotObject
+            | SafetensorsError::MetadataNotString { .. }
+            | SafetensorsError::EntryNotObject { .. }
+            | SafetensorsError::UnknownKey { .. }
+            | SafetensorsError::MissingKey { .. }
+            | SafetensorsError::UnknownDtype { .. }
+            | SafetensorsError::BadShape { .. }
+            | SafetensorsError::BadOffsets { .. }
+            | SafetensorsError::Overflow { .. }
+            | SafetensorsError::SubByte { .. }
+            | SafetensorsError::ByteCount { .. }
+            | SafetensorsError::Tiling { .. }
+            | SafetensorsError::ReservedName
+            | SafetensorsError::DuplicateTensor { .. }
+            | SafetensorsError::DataLength { .. }
+            | SafetensorsError::RawOnly { .. }
+            | SafetensorsError::OutOfRange { .. }
+            | SafetensorsError::NotExact { .. }
+            | SafetensorsError::HeaderTooLargeToWrite { .. }
+            | SafetensorsError::NoSuchTensor { .. }
+            | SafetensorsError::CannotDecode { .. }
+            | SafetensorsError::Index { .. } => FailureKind::Invalid,
         }
     }
 }

@@ -11,7 +11,8 @@ use std::path::Path;
 use super::header::{Header, N_LEN};
 use super::stats::non_finite;
 use super::write::{canonical_header, TensorSpec};
-use super::{quote, read_header, MappedFile, SafetensorsError};
+use super::{read_header, MappedFile, SafetensorsError};
+use crate::core::text::quote;
 
 /// What to check beyond the reader rules.
 #[derive(Debug, Clone, Copy, Default)]

@@ -7,7 +7,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::error::{Classify, ExitClass};
+use crate::core::failure::{Failure, FailureKind};
 
 mod corpus;
 mod gpt2fast;
@@ -221,23 +221,33 @@ pub enum TokensError {
     Write(#[from] crate::core::atomic::AtomicError),
 }
 
-impl Classify for TokensError {
-    fn exit_class(&self) -> ExitClass {
+impl Failure for TokensError {
+    fn kind(&self) -> FailureKind {
         match self {
             TokensError::Io { .. } | TokensError::Read { .. } | TokensError::Write(_) => {
-                ExitClass::Operational
+                FailureKind::Operational
             }
-            TokensError::Tokenizer(e) => match e {
-                tokenizer::TokenizerError::Encode { .. }
-                | tokenizer::TokenizerError::Decode { .. } => ExitClass::Invalid,
-                _ => ExitClass::Operational,
-            },
+            TokensError::Tokenizer(e) => e.kind(),
             // Bad arguments are usage errors, not bad data.
             TokensError::NoShards
             | TokensError::BadArg { .. }
             | TokensError::BadVocab { .. }
-            | TokensError::BadOptions(_) => ExitClass::Operational,
-            _ => ExitClass::Invalid,
+            | TokensError::BadOptions(_) => FailureKind::Operational,
+            TokensError::Short { .. }
+            | TokensError::BadMagic { .. }
+            | TokensError::BadVersion { .. }
+            | TokensError::NegativeCount { .. }
+            | TokensError::NegativeVocab { .. }
+            | TokensError::Reserved { .. }
+            | TokensError::SizeMismatch { .. }
+            | TokensError::IdOutOfVocab { .. }
+            | TokensError::VocabMismatch { .. }
+            | TokensError::ShardTooShort { .. }
+            | TokensError::BadCursor { .. }
+            | TokensError::BadInput { .. }
+            | TokensError::Empty
+            | TokensError::BadDocument { .. }
+            | TokensError::MixedVocab { .. } => FailureKind::Invalid,
         }
     }
 }

@@ -285,6 +285,25 @@ fn check_chunk(ids: &[u32], vocab: u32, name: &str, first: u64) -> Result<(), To
     }
 }
 
+/// The character that starts at `bytes[i]`, quoted and escaped for display. A byte is
+/// not a character: showing a UTF-8 lead byte as `char::from(byte)` would print `é` as
+/// `Ã`, so the whole UTF-8 sequence is decoded, and a byte that starts no valid
+/// sequence (or one cut by the chunk boundary) is shown as a byte.
+fn describe_char_at(bytes: &[u8], i: usize, byte: u8) -> String {
+    let end = bytes.len().min(i.saturating_add(4));
+    let window = bytes.get(i..end).unwrap_or_default();
+    let valid = match std::str::from_utf8(window) {
+        Ok(s) => s,
+        // `valid_up_to` marks a prefix that is valid UTF-8.
+        Err(e) => std::str::from_utf8(window.get(..e.valid_up_to()).unwrap_or_default())
+            .unwrap_or_default(),
+    };
+    match valid.chars().next() {
+        Some(c) => crate::core::text::quote(c.encode_utf8(&mut [0; 4])),
+        None => format!("byte 0x{byte:02x}"),
+    }
+}
+
 /// Decimal ids separated by whitespace, parsed across chunk boundaries.
 struct IdText {
     current: Option<u64>,
@@ -293,7 +312,7 @@ struct IdText {
 
 impl IdText {
     fn feed(&mut self, bytes: &[u8], ids: &mut Vec<u32>, name: &str) -> Result<(), TokensError> {
-        for &b in bytes {
+        for (i, &b) in bytes.iter().enumerate() {
             match b {
                 b'0'..=b'9' => {
                     let value = self
@@ -313,8 +332,8 @@ impl IdText {
                     return Err(TokensError::BadInput {
                         input: name.to_string(),
                         reason: format!(
-                            "invalid character {:?} at byte {} (ids are decimal integers separated by whitespace)",
-                            char::from(other),
+                            "invalid character {} at byte {} (ids are decimal integers separated by whitespace)",
+                            describe_char_at(bytes, i, other),
                             self.offset
                         ),
                     })
@@ -608,9 +627,34 @@ mod tests {
             (
                 InputFormat::Ids,
                 b"1 2 x".to_vec(),
-                "invalid character 'x' at byte 4",
+                "invalid character \"x\" at byte 4",
             ),
-            (InputFormat::Ids, b"1 -2".to_vec(), "invalid character '-'"),
+            (
+                InputFormat::Ids,
+                b"1 -2".to_vec(),
+                "invalid character \"-\"",
+            ),
+            // A UTF-8 character is shown as itself, never as its lead byte ('Ã').
+            (
+                InputFormat::Ids,
+                "1 café".as_bytes().to_vec(),
+                "invalid character \"c\" at byte 2",
+            ),
+            (
+                InputFormat::Ids,
+                "1 é".as_bytes().to_vec(),
+                "invalid character \"é\" at byte 2",
+            ),
+            (
+                InputFormat::Ids,
+                "1 \u{202e}".as_bytes().to_vec(),
+                "invalid character \"\u{202e}\" at byte 2",
+            ),
+            (
+                InputFormat::Ids,
+                b"1 \xff".to_vec(),
+                "invalid character byte 0xff at byte 2",
+            ),
             (InputFormat::Ids, b"99999999999".to_vec(), "too large"),
             (InputFormat::U16le, vec![1, 0, 2], "1 trailing byte(s)"),
             (

@@ -812,11 +812,11 @@ mod tests {
         // A missing file is an I/O error, not a validation failure.
         let missing = Shard::open(&d.join("missing.bin"), None).unwrap_err();
         assert!(matches!(missing, TokensError::Io { .. }));
-        use crate::error::{Classify, ExitClass};
-        assert_eq!(missing.exit_class(), ExitClass::Operational);
+        use crate::core::failure::{Failure, FailureKind};
+        assert_eq!(missing.kind(), FailureKind::Operational);
         assert_eq!(
-            Shard::open(&short, None).unwrap_err().exit_class(),
-            ExitClass::Invalid
+            Shard::open(&short, None).unwrap_err().kind(),
+            FailureKind::Invalid
         );
         // A given vocabulary must equal the recorded one.
         let good = raw_shard(d, "good.bin", &[MAGIC, 1, 3, 256], &ok);

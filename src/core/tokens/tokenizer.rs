@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use tiktoken_rs::CoreBPE;
 
 use super::gpt2fast::Gpt2Fast;
+use crate::core::{Failure, FailureKind};
 
 /// The largest `tokenizer.json` we load (real ones are a few MB; Llama-3's is 9 MB).
 pub const MAX_TOKENIZER_JSON_BYTES: u64 = 256 << 20;
@@ -107,6 +108,25 @@ pub enum TokenizerError {
         /// What the library said.
         reason: String,
     },
+}
+
+impl Failure for TokenizerError {
+    fn kind(&self) -> FailureKind {
+        match self {
+            // Naming a tokenizer or token that does not exist, or a file that cannot be
+            // read, is a request that cannot be done; a tokenizer.json the library
+            // refuses, or text it fails on, is bad input.
+            TokenizerError::Unknown(_)
+            | TokenizerError::Read { .. }
+            | TokenizerError::NoSuchToken { .. }
+            | TokenizerError::NeedEot { .. } => FailureKind::Operational,
+            TokenizerError::TooLarge { .. }
+            | TokenizerError::Invalid { .. }
+            | TokenizerError::BadVocab { .. }
+            | TokenizerError::Encode { .. }
+            | TokenizerError::Decode { .. } => FailureKind::Invalid,
+        }
+    }
 }
 
 /// A built-in OpenAI encoding.

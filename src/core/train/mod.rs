@@ -16,10 +16,10 @@ use std::path::PathBuf;
 
 use crate::core::atomic::AtomicError;
 use crate::core::checkpoint::CheckpointError;
+use crate::core::failure::{Failure, FailureKind};
 use crate::core::optim::OptimError;
 use crate::core::safetensors::SafetensorsError;
 use crate::core::tokens::TokensError;
-use crate::error::{Classify, ExitClass};
 
 /// The most memory the model state may take: the [V, V] F32 weights plus two
 /// [V, V] F32 AdamW moments (`V * V * 3 * 4` bytes); the count model needs the same
@@ -128,26 +128,26 @@ pub enum TrainError {
     },
 }
 
-impl Classify for TrainError {
-    fn exit_class(&self) -> ExitClass {
+impl Failure for TrainError {
+    fn kind(&self) -> FailureKind {
         match self {
-            TrainError::Optim(e) => e.exit_class(),
-            TrainError::Tokens(e) => e.exit_class(),
-            TrainError::Checkpoint(e) => e.exit_class(),
-            TrainError::Safetensors(e) => e.exit_class(),
-            TrainError::Atomic(e) => e.exit_class(),
+            TrainError::Optim(e) => e.kind(),
+            TrainError::Tokens(e) => e.kind(),
+            TrainError::Checkpoint(e) => e.kind(),
+            TrainError::Safetensors(e) => e.kind(),
+            TrainError::Atomic(e) => e.kind(),
             TrainError::Io { .. }
             | TrainError::Usage(_)
             | TrainError::NoVocab
             | TrainError::Locked { .. }
             | TrainError::ExistingCheckpoints { .. }
             | TrainError::ConfigMismatch { .. }
-            | TrainError::PastMaxSteps { .. } => ExitClass::Operational,
+            | TrainError::PastMaxSteps { .. } => FailureKind::Operational,
             TrainError::VocabTooLarge { .. }
             | TrainError::EmptyVocab
             | TrainError::TokenOutOfRange { .. }
             | TrainError::Shape(_)
-            | TrainError::BadCheckpoint { .. } => ExitClass::Invalid,
+            | TrainError::BadCheckpoint { .. } => FailureKind::Invalid,
         }
     }
 }

@@ -1,0 +1,93 @@
+//! Argument types shared by several commands, so that one concept is spelled and
+//! completed the same way everywhere (docs/cli.md, "Grammar").
+//!
+//! Invariant: the canonical name of every value is what tlio prints; aliases are only
+//! ever accepted, never shown.
+
+use clap::ValueEnum;
+
+use crate::core::safetensors::Dtype;
+
+/// A float dtype tlio can encode (`st convert --dtype`): the safetensors name is
+/// canonical, and the names people type in PyTorch, NumPy and ML papers are accepted
+/// in any case. Completion offers the canonical names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FloatDtype {
+    /// IEEE binary64 (also f64, float64, double).
+    #[value(name = "F64", alias = "float64", alias = "double")]
+    F64,
+    /// IEEE binary32 (also f32, float32, float).
+    #[value(name = "F32", alias = "float32", alias = "float")]
+    F32,
+    /// bfloat16 (also bf16, bfloat16).
+    #[value(name = "BF16", alias = "bfloat16")]
+    Bf16,
+    /// IEEE binary16 (also f16, fp16, float16, half).
+    #[value(name = "F16", alias = "fp16", alias = "float16", alias = "half")]
+    F16,
+    /// fp8 E4M3 "fn", max 448, no infinity (also fp8_e4m3, float8_e4m3fn).
+    #[value(name = "F8_E4M3", alias = "fp8_e4m3", alias = "float8_e4m3fn")]
+    F8E4m3,
+    /// fp8 E5M2 (also fp8_e5m2, float8_e5m2).
+    #[value(name = "F8_E5M2", alias = "fp8_e5m2", alias = "float8_e5m2")]
+    F8E5m2,
+}
+
+impl From<FloatDtype> for Dtype {
+    fn from(d: FloatDtype) -> Dtype {
+        match d {
+            FloatDtype::F64 => Dtype::F64,
+            FloatDtype::F32 => Dtype::F32,
+            FloatDtype::Bf16 => Dtype::BF16,
+            FloatDtype::F16 => Dtype::F16,
+            FloatDtype::F8E4m3 => Dtype::F8_E4M3,
+            FloatDtype::F8E5m2 => Dtype::F8_E5M2,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Option<Dtype> {
+        FloatDtype::from_str(s, true).ok().map(Dtype::from)
+    }
+
+    #[test]
+    fn every_name_people_type_is_accepted_in_any_case() {
+        let cases: &[(&[&str], Dtype)] = &[
+            (&["bf16", "BF16", "bfloat16", "BFloat16"], Dtype::BF16),
+            (
+                &["fp16", "F16", "float16", "half", "HALF", "f16"],
+                Dtype::F16,
+            ),
+            (&["f32", "float32", "float", "F32", "Float"], Dtype::F32),
+            (&["f64", "float64", "F64", "double"], Dtype::F64),
+            (
+                &["fp8_e4m3", "float8_e4m3fn", "F8_E4M3", "f8_e4m3"],
+                Dtype::F8_E4M3,
+            ),
+            (
+                &["fp8_e5m2", "float8_e5m2", "F8_E5M2", "f8_e5m2"],
+                Dtype::F8_E5M2,
+            ),
+        ];
+        for (names, want) in cases {
+            for name in *names {
+                assert_eq!(parse(name), Some(*want), "{name}");
+            }
+        }
+        for bad in ["I32", "int8", "f8", "", "bf 16"] {
+            assert_eq!(parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_canonical_name_is_the_safetensors_name() {
+        for v in FloatDtype::value_variants() {
+            let shown = v.to_possible_value().map(|p| p.get_name().to_string());
+            assert_eq!(shown, Some(Dtype::from(*v).to_string()));
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! The grammar of docs/cli.md holds for every command: inputs positional, `-o/--output`
+//! for what a command creates, examples at the end of every `--help`, the old
+//! spellings still accepted (and hidden), dtype names accepted as people type them,
+//! `tlio` alone lists the commands.
+
+use std::fs;
+
+use clap::CommandFactory;
+
+use super::{fixture, tlio, tmp};
+
+/// Every leaf command's argument path, from the parser's own definition.
+fn leaves() -> Vec<Vec<String>> {
+    fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        let subs: Vec<_> = cmd
+            .get_subcommands()
+            .filter(|s| s.get_name() != "help")
+            .collect();
+        if subs.is_empty() {
+            out.push(path.clone());
+        }
+        for sub in subs {
+            path.push(sub.get_name().to_string());
+            walk(sub, path, out);
+            path.pop();
+        }
+    }
+    let mut out = Vec::new();
+    walk(&tlio::cmd::Cli::command(), &mut Vec::new(), &mut out);
+    out
+}
+
+fn stdout(args: &[&str]) -> String {
+    let out = tlio().args(args).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn every_help_ends_with_two_to_four_real_examples() {
+    for mut path in leaves().into_iter().chain([vec![]]) {
+        path.push("--help".into());
+        let args: Vec<&str> = path.iter().map(String::as_str).collect();
+        let help = stdout(&args);
+        let (_, examples) = help
+            .rsplit_once("\nExamples:\n")
+            .unwrap_or_else(|| panic!("{args:?}: no Examples section:\n{help}"));
+        let lines: Vec<&str> = examples.lines().collect();
+        assert!(
+            (2..=4).contains(&lines.len()),
+            "{args:?}: {} examples",
+            lines.len()
+        );
+        let command = path[..path.len() - 1].join(" ");
+        for line in lines {
+            assert!(line.starts_with("  "), "{args:?}: indented: {line:?}");
+            assert!(line.contains("tlio "), "{args:?}: runs tlio: {line:?}");
+            // Each example of a leaf command runs that command.
+            assert!(
+                line.contains(&command),
+                "{args:?}: runs {command}: {line:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn old_spellings_are_hidden_from_help() {
+    let help = stdout(&["train", "bigram", "--help"]);
+    assert!(!help.contains("--data"), "{help}");
+    assert!(!help.contains("--out "), "{help}");
+    assert!(help.contains("-o, --output <DIR>"), "{help}");
+    let help = stdout(&["st", "convert", "--help"]);
+    assert!(!help.contains("<OUTPUT>"), "{help}");
+    assert!(help.contains("-o, --output <FILE>"), "{help}");
+}
+
+#[test]
+fn the_same_placeholders_everywhere() {
+    let usage = |args: &[&str]| {
+        let help = stdout(args);
+        help.lines()
+            .find_map(|l| l.strip_prefix("Usage: ").map(str::to_string))
+            .unwrap()
+    };
+    assert!(usage(&["ckpt", "verify", "--help"]).ends_with("<DIR>"));
+    assert!(usage(&["ckpt", "latest", "--help"]).ends_with("<DIR>"));
+    assert!(usage(&["ckpt", "gc", "--help"]).ends_with("<DIR>"));
+    assert!(usage(&["ckpt", "save", "--help"]).ends_with("<DIR>"));
+    assert!(usage(&["tokens", "header", "--help"]).ends_with("<SHARD>..."));
+    assert!(usage(&["tokens", "windows", "--help"]).ends_with("<SHARD>..."));
+    assert!(usage(&["train", "bigram", "--help"]).contains("<SHARD>... -o <DIR>"));
+    assert!(usage(&["st", "inspect", "--help"]).ends_with("<MODEL>..."));
+    assert!(usage(&["st", "verify", "--help"]).ends_with("<MODEL>..."));
+    assert!(usage(&["st", "diff", "--help"]).ends_with("<MODEL> <MODEL>"));
+    assert!(usage(&["st", "convert", "--help"]).contains("<MODEL> -o <FILE>"));
+    // `ckpt latest` describes what it prints without naming a command that does not
+    // exist.
+    let help = stdout(&["ckpt", "latest", "--help"]);
+    assert!(!help.contains("`load`"), "{help}");
+}
+
+#[test]
+fn convert_accepts_the_output_both_ways_and_dtype_names_as_typed() {
+    let dir = tmp();
+    let src = fixture("safetensors/golden/dtype_F32.safetensors");
+    let canonical = dir.path().join("canonical.safetensors");
+    let out = tlio()
+        .args(["st", "convert"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&canonical)
+        .args(["--dtype", "F16"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let want = fs::read(&canonical).unwrap();
+    for (i, name) in ["half", "fp16", "FLOAT16", "f16", "Fp16"]
+        .iter()
+        .enumerate()
+    {
+        let path = dir.path().join(format!("{i}.safetensors"));
+        let mut cmd = tlio();
+        cmd.args(["st", "convert"]).arg(&src);
+        // Alternate between -o, --output and the old positional output.
+        match i % 3 {
+            0 => cmd.arg("-o").arg(&path),
+            1 => cmd.arg("--output").arg(&path),
+            _ => cmd.arg(&path),
+        };
+        let out = cmd.args(["--dtype", name]).output().unwrap();
+        assert!(out.status.success(), "{name}: {out:?}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains("to F16,"),
+            "{name}: prints the canonical name: {said}"
+        );
+        assert_eq!(fs::read(&path).unwrap(), want, "{name}");
+    }
+    // Both spellings at once is a usage error, not a silent pick.
+    let out = tlio()
+        .args(["st", "convert"])
+        .arg(&src)
+        .arg(dir.path().join("a"))
+        .arg("-o")
+        .arg(dir.path().join("b"))
+        .args(["--dtype", "F16"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    // Not a float dtype: the error lists the canonical names.
+    let out = tlio()
+        .args(["st", "convert"])
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.path().join("c"))
+        .args(["--dtype", "int8"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let line = String::from_utf8_lossy(&out.stderr);
+    assert!(line.contains("BF16, F16, F8_E4M3, F8_E5M2"), "{line}");
+}
+
+#[test]
+fn dtype_completion_offers_dtype_names_not_files() {
+    let script = stdout(&["generate", "completions", "bash"]);
+    assert!(script.contains("F64 F32 BF16 F16 F8_E4M3 F8_E5M2"), "bash");
+    let script = stdout(&["generate", "completions", "fish"]);
+    assert!(
+        script.contains("-l dtype") && script.contains("BF16"),
+        "fish"
+    );
+}
+
+#[test]
+fn train_accepts_positional_shards_and_the_old_data_out_flags() {
+    let dir = tmp();
+    let shard = dir.path().join("corpus.bin");
+    let text = "the grammar is the same for every command. ".repeat(20);
+    let out = tlio()
+        .args(["tokens", "pack", "-o"])
+        .arg(&shard)
+        .arg("-")
+        .write_stdin(text)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let flags = ["--max-steps", "4", "--batch", "2", "--seq-len", "8", "-q"];
+    let new = dir.path().join("new");
+    let out = tlio()
+        .args(["train", "bigram"])
+        .arg(&shard)
+        .arg("-o")
+        .arg(&new)
+        .args(flags)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let old = dir.path().join("old");
+    let out = tlio()
+        .args(["train", "bigram", "--data"])
+        .arg(&shard)
+        .arg("--out")
+        .arg(&old)
+        .args(flags)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        fs::read(new.join("final.json")).unwrap(),
+        fs::read(old.join("final.json")).unwrap()
+    );
+    // No shard at all is a usage error.
+    let out = tlio()
+        .args(["train", "bigram", "-o"])
+        .arg(dir.path().join("none"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn generate_man_takes_o_and_the_old_positional() {
+    let dir = tmp();
+    for args in [vec!["-o", "a"], vec!["--output", "b"], vec!["c"]] {
+        let out = tlio()
+            .current_dir(dir.path())
+            .args(["-q", "generate", "man"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let dir_name = args.last().unwrap();
+        assert!(
+            dir.path().join(dir_name).join("tlio.1").is_file(),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn tlio_alone_lists_the_commands_and_exits_2() {
+    for path in [vec![], vec!["st"], vec!["ckpt"]] {
+        let out = tlio().args(&path).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{path:?}");
+        let list = String::from_utf8_lossy(&out.stdout);
+        assert!(list.contains("Commands:"), "{path:?}: {list}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("tlio: error: a subcommand is required"));
+    }
+    let out = tlio().output().unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    for group in ["ckpt", "demo", "generate", "st", "tokens", "train"] {
+        assert!(list.contains(&format!("\n  {group} ")), "{group}: {list}");
+    }
+}
+
+#[test]
+fn global_options_have_their_own_heading() {
+    for args in [vec!["--help"], vec!["st", "inspect", "--help"]] {
+        let help = stdout(&args);
+        let (own, global) = help.split_once("\nGlobal options:\n").unwrap();
+        for flag in ["--json", "--quiet", "--color <WHEN>"] {
+            assert!(
+                global.contains(flag),
+                "{args:?}: {flag} under Global options"
+            );
+            assert!(
+                !own.contains(flag),
+                "{args:?}: {flag} not among the command's own"
+            );
+        }
+    }
+}
