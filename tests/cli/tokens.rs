@@ -289,7 +289,11 @@ fn pack_raw_inputs_from_files() {
         .assert()
         .success();
     let bytes = std::fs::read(&out).unwrap();
-    assert_eq!(&bytes[4..8], &2i32.to_le_bytes(), "V > 65536 is version 2");
+    assert_eq!(
+        (&bytes[0..4], &bytes[4..8]),
+        (&20240801i32.to_le_bytes()[..], &7i32.to_le_bytes()[..]),
+        "V > 65536 takes llm.c's Llama-3 layout"
+    );
     assert_eq!(bytes.len(), 1024 + 8 * 4);
     let odd = d.join("odd.u16");
     std::fs::write(&odd, [1, 0, 2]).unwrap();
@@ -839,6 +843,10 @@ fn pack_val_train_shards_are_fineweb_py_shards() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     ours.sort();
+    assert!(
+        ours.contains(&"fineweb_val_000000.bin".to_string()),
+        "{ours:?}"
+    );
     let mut want: Vec<String> = std::fs::read_dir(super::fixture("tokenizers"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -847,7 +855,6 @@ fn pack_val_train_shards_are_fineweb_py_shards() {
     want.sort();
     assert!(want.len() >= 3, "{want:?}");
     assert_eq!(ours, want);
-    assert_eq!(ours[0], "fineweb_val_000000.bin");
     for name in &ours {
         let o = std::fs::read(dir.path().join(name)).unwrap();
         let w = std::fs::read(tok_fixture(name)).unwrap();

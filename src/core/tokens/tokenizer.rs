@@ -224,6 +224,35 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "the tokenizer library panicked".to_string())
 }
 
+/// Refuse a tokenizer.json whose regex patterns use an interval quantifier followed by
+/// `+` (`\p{N}{1,3}+`): the Python library's engine (Oniguruma, Ruby syntax) reads it
+/// as a repetition of the interval, ours (fancy-regex) as a possessive interval, and the
+/// ids would differ. Better no ids than different ones. The tokenizer.json files of
+/// real models (GPT-2, Llama-3, Qwen2, Mistral) do not use it.
+fn check_patterns(bytes: &[u8]) -> Result<(), String> {
+    fn walk(v: &serde_json::Value) -> Result<(), String> {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(p)) = map.get("Regex") {
+                    if p.contains("}+") {
+                        return Err(format!(
+                            "the pattern {p:?} has an interval quantifier followed by '+', which the tokenizers library's two regex engines read differently (a repetition in Oniguruma, possessive in fancy-regex); tlio refuses it rather than give different ids"
+                        ));
+                    }
+                }
+                map.values().try_for_each(walk)
+            }
+            serde_json::Value::Array(items) => items.iter().try_for_each(walk),
+            _ => Ok(()),
+        }
+    }
+    // Unparsable JSON is reported by the library itself, with its own message.
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(v) => walk(&v),
+        Err(_) => Ok(()),
+    }
+}
+
 impl Tokenizer {
     /// A built-in encoding by name (`gpt2`, `r50k_base`, `p50k_base`, `cl100k_base`,
     /// `o200k_base`), else the `tokenizer.json` at that path.
@@ -290,6 +319,7 @@ impl Tokenizer {
             path: PathBuf::from(name),
             reason,
         };
+        check_patterns(bytes).map_err(invalid)?;
         let loaded = catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes))
             .map_err(|p| invalid(panic_text(p.as_ref())))?;
         let mut tokenizer = loaded.map_err(|e| invalid(e.to_string()))?;
@@ -477,6 +507,13 @@ mod tests {
             Tokenizer::load("no-such-tokenizer"),
             Err(TokenizerError::Unknown(_))
         ));
+    }
+
+    #[test]
+    fn interval_then_plus_patterns_are_refused() {
+        let json = br#"{"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}+"}}}"#;
+        let err = Tokenizer::from_json_bytes("t.json", json).unwrap_err();
+        assert!(err.to_string().contains("interval quantifier"), "{err}");
     }
 
     #[test]
