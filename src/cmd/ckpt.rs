@@ -116,6 +116,10 @@ pub struct SaveArgs {
     /// Replace step N when it already exists as a complete checkpoint.
     #[arg(long)]
     pub overwrite: bool,
+    /// Save even when N is not newer than the step LATEST names (moves LATEST back;
+    /// a later gc then removes the newer steps).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Run `tlio ckpt`.
@@ -160,9 +164,16 @@ fn save(args: SaveArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         config,
         keep,
         overwrite: args.overwrite,
+        force: args.force,
     };
-    let report = checkpoint::save(&args.dir, req)
-        .with_context(|| format!("cannot save step {} in {}", args.step, args.dir.display()))?;
+    let report = checkpoint::save_waiting(&args.dir, req, &mut |path| {
+        printer.warn(format!(
+            "waiting for {} (another tlio save or gc holds it; giving up after {} s)",
+            path.display(),
+            checkpoint::SAVE_LOCK_WAIT.as_secs()
+        ))
+    })
+    .with_context(|| format!("cannot save step {} in {}", args.step, args.dir.display()))?;
     for path in &report.removed {
         printer.info(format!("removed {}", path.display()));
     }
@@ -350,17 +361,31 @@ fn latest(dir: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
         .with_context(|| format!("cannot load a checkpoint from {}", dir.display()))?;
     if printer.json {
         #[derive(Serialize)]
-        struct Out {
+        struct Skipped<'a> {
+            name: &'a str,
+            reason: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Out<'a> {
             step: u64,
             name: String,
             path: String,
+            skipped: Vec<Skipped<'a>>,
         }
         printer.json_line(&Out {
             step: loaded.step,
             name: step_name(loaded.step),
             path: loaded.path.display().to_string(),
+            skipped: loaded
+                .skipped
+                .iter()
+                .map(|(name, reason)| Skipped { name, reason })
+                .collect(),
         })?;
     } else {
+        for (name, reason) in &loaded.skipped {
+            printer.warn(format!("skipped {name}: {reason}"));
+        }
         let mut out = printer.out();
         writeln!(out, "{}", loaded.path.display())?;
     }
@@ -393,9 +418,13 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
         struct Out<'a> {
             dry_run: bool,
             removed: Vec<Entry<'a>>,
+            kept_newer: Vec<String>,
+            latest_problem: Option<&'a str>,
         }
         printer.json_line(&Out {
             dry_run,
+            kept_newer: report.kept_newer.iter().map(|&n| step_name(n)).collect(),
+            latest_problem: report.latest_problem.as_deref(),
             removed: rows
                 .iter()
                 .map(|(name, reason)| Entry { name, reason })
@@ -406,6 +435,17 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
         let verb = if dry_run { "would remove" } else { "removed" };
         for (name, reason) in &rows {
             writeln!(out, "{verb} {} ({reason})", escape(name))?;
+        }
+        for &n in &report.kept_newer {
+            writeln!(
+                out,
+                "kept {} (newer than the newest verifying step, and LATEST cannot tell \
+                 whether it was completed)",
+                step_name(n)
+            )?;
+        }
+        if let Some(why) = &report.latest_problem {
+            writeln!(out, "{}", escape(why))?;
         }
         if rows.is_empty() {
             writeln!(out, "nothing to remove")?;

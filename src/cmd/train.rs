@@ -235,6 +235,17 @@ fn bigram(args: BigramArgs, printer: &Printer) -> anyhow::Result<Outcome> {
                 printer.info(format!("checkpoint step {step}: {}", path.display()));
             }
         }
+        Progress::Skipped { name, reason } => {
+            // Not silenced by --json: falling back past a newer step is worth knowing
+            // even when stdout is for machines (it goes to stderr).
+            printer.warn(format!("--resume: skipped {name}: {reason}"));
+        }
+        Progress::WaitingForLock { path } => {
+            printer.warn(format!(
+                "waiting for {} (another tlio save or gc holds it)",
+                path.display()
+            ));
+        }
         Progress::Counted { shard, positions } => {
             if plain {
                 printer.info(format!(

@@ -156,11 +156,14 @@ fn save_verify_latest_gc() {
         .arg(ck.join("step-000007"))
         .assert()
         .success();
-    // An existing complete step is refused.
+    // The step LATEST names is refused: a save must move LATEST forward.
     save_cmd(&ck, dir.path(), 9)
         .assert()
-        .code(2)
-        .stderr(predicates::str::contains("already exists"));
+        .code(1)
+        .stderr(predicates::str::contains(
+            "step 9 is not newer than step-000009",
+        ))
+        .stderr(predicates::str::contains("--overwrite"));
     save_cmd(&ck, dir.path(), 9)
         .arg("--overwrite")
         .assert()
@@ -575,52 +578,179 @@ fn corruption_is_named_and_load_falls_back() {
 }
 
 #[test]
-fn a_second_save_or_gc_fails_at_once_while_one_runs() {
+fn a_save_waits_for_the_lock_while_gc_fails_at_once() {
+    use std::io::{BufRead, BufReader};
     let dir = tmp();
     let ck = dir.path().join("ck");
     save_cmd(&ck, dir.path(), 5).assert().success();
-    let (model, opt) = inputs(dir.path(), 7);
-    // The first save holds the lock and sleeps at its first fsync.
-    let mut first = Command::new(assert_cmd::cargo::cargo_bin("tlio"))
-        .args(["ckpt", "save"])
-        .arg(&ck)
-        .args(["--step", "7", "--model"])
-        .arg(&model)
-        .arg("--optimizer")
-        .arg(&opt)
-        .env("FAILPOINTS", "ckpt/fsync=1*sleep(4000)")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // The tmp directory appears only once the lock is held.
-    while !ck.join("step-000007.tmp").exists() {
-        assert!(
-            first.try_wait().unwrap().is_none(),
-            "the first save ended early"
-        );
-        std::thread::yield_now();
-    }
-    save_cmd(&ck, dir.path(), 9)
-        .assert()
-        .code(2)
-        .stderr(predicates::str::contains(
-            "locked by another tlio save or gc",
-        ));
+    // This test holds the directory's lock itself, so no timing window is involved:
+    // every step below happens while the lock is certainly held.
+    let held = tlio::core::checkpoint::DirLock::acquire(&ck).unwrap();
     tlio()
         .args(["ckpt", "gc", "--keep", "1"])
         .arg(&ck)
         .assert()
         .code(2)
-        .stderr(predicates::str::contains("locked"));
-    // Both were refused while the first was still running: they did not wait.
-    assert!(first.try_wait().unwrap().is_none());
-    assert!(first.wait().unwrap().success());
+        .stderr(predicates::str::contains(
+            "locked by another tlio save or gc",
+        ));
+    // A dry run needs no lock.
+    tlio()
+        .args(["ckpt", "gc", "--dry-run", "--keep", "1"])
+        .arg(&ck)
+        .assert()
+        .success();
+    let (model, opt) = inputs(dir.path(), 9);
+    let mut saver = Command::new(assert_cmd::cargo::cargo_bin("tlio"))
+        .args(["ckpt", "save"])
+        .arg(&ck)
+        .args(["--step", "9", "--model"])
+        .arg(&model)
+        .arg("--optimizer")
+        .arg(&opt)
+        .env_remove("FAILPOINTS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Handshake: the save says that it waits (after about a second) and is still
+    // running; only then is the lock released.
+    let mut stderr = BufReader::new(saver.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("waiting for") && line.contains(".lock"),
+        "{line}"
+    );
+    assert!(saver.try_wait().unwrap().is_none(), "the save gave up");
+    assert!(!ck.join("step-000009").exists());
+    drop(held);
+    assert!(saver.wait().unwrap().success());
     assert_eq!(
         latest(&ck).unwrap(),
-        ck.join("step-000007").display().to_string()
+        ck.join("step-000009").display().to_string()
     );
-    assert!(!ck.join("step-000009").exists());
+}
+
+#[test]
+fn gc_dry_run_works_on_a_read_only_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmp();
+    let ck = dir.path().join("ck");
+    save_cmd(&ck, dir.path(), 5).assert().success();
+    save_cmd(&ck, dir.path(), 7).assert().success();
+    fs::remove_file(ck.join(".lock")).unwrap();
+    fs::set_permissions(&ck, fs::Permissions::from_mode(0o555)).unwrap();
+    let out = tlio()
+        .args(["ckpt", "gc", "--dry-run", "--keep", "1"])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    fs::set_permissions(&ck, fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout(&out).contains("would remove step-000005"));
+    assert!(!ck.join(".lock").exists());
+}
+
+#[test]
+fn a_save_behind_latest_is_refused_and_gc_keeps_unproven_steps() {
+    let dir = tmp();
+    let ck = dir.path().join("ck");
+    for n in [150, 200] {
+        save_cmd(&ck, dir.path(), n).assert().success();
+    }
+    // The reproducer: step 1 into a directory whose LATEST names 200.
+    let out = save_cmd(&ck, dir.path(), 1).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("step 1 is not newer than step-000200") && err.contains("--force"),
+        "{err}"
+    );
+    assert!(!ck.join("step-000001").exists());
+    // Nothing is lost to gc, and resume still finds 200.
+    tlio()
+        .args(["ckpt", "gc", "--keep", "1"])
+        .arg(&ck)
+        .assert()
+        .success();
+    assert_eq!(
+        latest(&ck).unwrap(),
+        ck.join("step-000200").display().to_string()
+    );
+    // With --force LATEST moves back (someone who means it).
+    save_cmd(&ck, dir.path(), 1)
+        .arg("--force")
+        .assert()
+        .success();
+    assert_eq!(
+        latest(&ck).unwrap(),
+        ck.join("step-000001").display().to_string()
+    );
+
+    // A dangling LATEST: gc removes nothing newer than the newest verifying step,
+    // and says so.
+    let ck = dir.path().join("ck2");
+    for n in [100, 150, 200] {
+        save_cmd(&ck, dir.path(), n).assert().success();
+    }
+    let model = ck.join("step-000200").join("model.safetensors");
+    let mut b = fs::read(&model).unwrap();
+    let last = b.len() - 1;
+    b[last] ^= 1;
+    fs::write(&model, b).unwrap();
+    fs::write(ck.join("LATEST"), b"step-000120\n").unwrap();
+    let out = tlio()
+        .args(["--json", "ckpt", "gc", "--keep", "1"])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        doc["kept_newer"],
+        serde_json::json!(["step-000200"]),
+        "{doc}"
+    );
+    assert!(doc["latest_problem"]
+        .as_str()
+        .unwrap()
+        .contains("step-000120"));
+    assert!(ck.join("step-000200").exists());
+    let text = stdout(
+        &tlio()
+            .args(["ckpt", "gc", "--keep", "1", "--dry-run"])
+            .arg(&ck)
+            .output()
+            .unwrap(),
+    );
+    assert!(text.contains("kept step-000200"), "{text}");
+
+    // `ckpt latest` says which newer step it refused, and why.
+    fs::write(ck.join("LATEST"), b"step-000200\n").unwrap();
+    let out = tlio().args(["ckpt", "latest"]).arg(&ck).output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("skipped step-000200") && err.contains("sha256 mismatch"),
+        "{err}"
+    );
+    let out = tlio()
+        .args(["--json", "ckpt", "latest"])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert!(out.stderr.is_empty());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["skipped"][0]["name"], "step-000200", "{doc}");
+    assert!(doc["skipped"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("sha256 mismatch"));
 }
 
 #[test]

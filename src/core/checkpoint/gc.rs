@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::fsops::{FsOps, RealFs};
 use super::verify::inspect;
-use super::{io_at, list, step_name, CheckpointError, DirLock, Listing, LATEST_TMP_NAME};
+use super::{io_at, list, step_name, CheckpointError, DirLock, Latest, Listing, LATEST_TMP_NAME};
 
 /// Why `gc` removes an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +53,11 @@ pub struct Removal {
 pub struct GcReport {
     /// The entries removed, in order; with `dry_run`, the ones that would be.
     pub removed: Vec<Removal>,
+    /// Steps newer than the newest verifying one that were kept because `LATEST` does
+    /// not name a verifying step (so nothing says they were never completed).
+    pub kept_newer: Vec<u64>,
+    /// Why `kept_newer` was kept: what is wrong with `LATEST`.
+    pub latest_problem: Option<String>,
 }
 
 /// Remove whatever sits at `path`: a directory tree (symlinks inside are unlinked,
@@ -118,8 +123,17 @@ pub fn gc_with(
         ));
     }
     fs::metadata(dir).map_err(io_at(dir))?;
-    let _lock = DirLock::acquire(dir)?;
+    // A dry run changes nothing, so it takes no lock: it must work on a read-only
+    // mount and must not create `.lock`. A real gc fails at once when a save holds
+    // the lock (a save waits instead; gc is the one that can run later).
+    let _lock = if dry_run {
+        None
+    } else {
+        Some(DirLock::acquire(dir)?)
+    };
     let listing = list(dir)?;
+    let mut kept_newer = Vec::new();
+    let mut latest_problem = None;
     let mut plan: Vec<Removal> = Vec::new();
     for t in &listing.tmps {
         plan.push(Removal {
@@ -133,12 +147,46 @@ pub fn gc_with(
             reason: GcReason::StaleLatestTmp,
         });
     }
-    if let Some(b) = listing.latest().step() {
-        for &n in listing.steps.iter().filter(|&&n| n > b) {
-            plan.push(Removal {
-                path: dir.join(step_name(n)),
-                reason: GcReason::NewerThanLatest,
-            });
+    // "Newer than LATEST" means "never declared complete" only when LATEST itself
+    // names a checkpoint that verifies; a missing, dangling, malformed or corrupt
+    // LATEST proves nothing about newer steps, so none newer than the newest verifying
+    // step is removed.
+    let latest_check = match listing.latest() {
+        Latest::Names(b) => match inspect(&dir.join(step_name(b))).problems.first() {
+            None => Ok(b),
+            Some(p) => Err(format!(
+                "LATEST names {}, which does not verify: {p}",
+                step_name(b)
+            )),
+        },
+        Latest::Missing => Err("there is no LATEST".to_string()),
+        Latest::Malformed(why) => Err(format!("LATEST is malformed: {why}")),
+    };
+    match latest_check {
+        Ok(b) => {
+            for &n in listing.steps.iter().filter(|&&n| n > b) {
+                plan.push(Removal {
+                    path: dir.join(step_name(n)),
+                    reason: GcReason::NewerThanLatest,
+                });
+            }
+        }
+        Err(why) => {
+            let newest_valid = listing
+                .steps
+                .iter()
+                .rev()
+                .copied()
+                .find(|&n| inspect(&dir.join(step_name(n))).problems.is_empty());
+            kept_newer = listing
+                .steps
+                .iter()
+                .copied()
+                .filter(|&n| newest_valid.is_none_or(|v| n > v))
+                .collect();
+            if !kept_newer.is_empty() {
+                latest_problem = Some(why);
+            }
         }
     }
     for n in plan_keep(dir, &listing, keep, None) {
@@ -152,5 +200,9 @@ pub fn gc_with(
             remove_entry(fs_ops, &r.path).map_err(io_at(&r.path))?;
         }
     }
-    Ok(GcReport { removed: plan })
+    Ok(GcReport {
+        removed: plan,
+        kept_newer,
+        latest_problem,
+    })
 }

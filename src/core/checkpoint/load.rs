@@ -29,6 +29,9 @@ pub struct Loaded {
     pub config: Option<Vec<u8>>,
     /// The manifest (which files exist, their sizes and digests).
     pub manifest: Manifest,
+    /// What `load` refused on the way to this checkpoint, newest first: a bad `LATEST`
+    /// and each newer step that did not verify, with why (names exact, not escaped).
+    pub skipped: Vec<(String, String)>,
 }
 
 impl Loaded {
@@ -63,6 +66,7 @@ fn loaded(path: PathBuf, step: u64, ins: Inspection) -> Result<Loaded, String> {
             state,
             config: ins.config,
             manifest,
+            skipped: Vec::new(),
         }),
         (first, _, _) => Err(first.unwrap_or_else(|| "incomplete".to_string())),
     }
@@ -106,7 +110,10 @@ pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {
     for n in tried {
         let path = dir.join(step_name(n));
         match loaded(path, n, inspect(&dir.join(step_name(n)))) {
-            Ok(l) => return Ok(l),
+            Ok(mut l) => {
+                l.skipped = reasons;
+                return Ok(l);
+            }
             Err(why) => reasons.push((step_name(n), why)),
         }
     }

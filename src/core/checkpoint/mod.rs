@@ -30,7 +30,7 @@ pub use gc::{gc, GcReason, GcReport, Removal};
 pub use load::{load, survey, Loaded, Survey, SurveyRow};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 pub use optimizer::{OptimizerFile, OptimizerState};
-pub use save::{save, save_with, Payload, SaveReport, SaveRequest};
+pub use save::{save, save_waiting, save_with, save_with_wait, Payload, SaveReport, SaveRequest};
 pub use state::{DataCursor, RngState, TrainerState};
 pub use verify::{verify, Problem};
 
@@ -54,6 +54,14 @@ pub const TMP_SUFFIX: &str = ".tmp";
 pub const STEP_DIGITS: usize = 6;
 /// Longest `LATEST` file read (a step name and a newline fit easily).
 pub const MAX_LATEST_BYTES: u64 = 64;
+/// How long a save waits for another save or gc to release the lock before failing.
+/// A gc from cron must not kill a training run; a save stuck for longer than this is
+/// more likely a hung process than a slow one.
+pub const SAVE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// After how long a waiting save tells the user why it is waiting.
+pub const SAVE_LOCK_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often a waiting save tries the lock again.
+const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Errors of the checkpoint protocol.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +91,16 @@ pub enum CheckpointError {
     Exists {
         /// The existing directory.
         path: PathBuf,
+    },
+    /// The save would not move LATEST forward.
+    #[error("step {step} is not newer than {latest}, which LATEST names and which verifies; a save must move LATEST forward ({hint})", latest = step_name(*.latest))]
+    NotNewer {
+        /// The step asked for.
+        step: u64,
+        /// The step LATEST names.
+        latest: u64,
+        /// How to save anyway.
+        hint: &'static str,
     },
     /// Another writer holds the directory's lock.
     #[error("{} is locked by another tlio save or gc; try again when it has finished", path.display())]
@@ -127,7 +145,8 @@ impl Failure for CheckpointError {
             | CheckpointError::Config(_)
             | CheckpointError::Payload { .. }
             | CheckpointError::Request(_)
-            | CheckpointError::NotFound { .. } => FailureKind::Invalid,
+            | CheckpointError::NotFound { .. }
+            | CheckpointError::NotNewer { .. } => FailureKind::Invalid,
             CheckpointError::Exists { .. }
             | CheckpointError::Locked { .. }
             | CheckpointError::Io { .. } => FailureKind::Operational,
@@ -279,6 +298,34 @@ impl DirLock {
             Ok(()) => Ok(DirLock { _file: file }),
             Err(TryLockError::WouldBlock) => Err(CheckpointError::Locked { path }),
             Err(TryLockError::Error(e)) => Err(io_at(&path)(e)),
+        }
+    }
+
+    /// Take the lock, waiting up to `max` while another save or gc holds it; `on_wait`
+    /// is called once, with the lock's path, when the wait has lasted `notice`.
+    pub fn acquire_waiting(
+        dir: &Path,
+        max: std::time::Duration,
+        notice: std::time::Duration,
+        on_wait: &mut dyn FnMut(&Path),
+    ) -> Result<Self, CheckpointError> {
+        let start = std::time::Instant::now();
+        let mut told = false;
+        loop {
+            match Self::acquire(dir) {
+                Err(CheckpointError::Locked { path }) => {
+                    let waited = start.elapsed();
+                    if waited >= max {
+                        return Err(CheckpointError::Locked { path });
+                    }
+                    if !told && waited >= notice {
+                        told = true;
+                        on_wait(&path);
+                    }
+                    std::thread::sleep(LOCK_POLL.min(max.saturating_sub(waited)));
+                }
+                other => return other,
+            }
         }
     }
 }

@@ -23,8 +23,9 @@ use super::optimizer::{check_header, model_params};
 use super::state::TrainerState;
 use super::verify::{hex, inspect, safetensors_problem};
 use super::{
-    io_at, list, step_name, CheckpointError, DirLock, CONFIG_NAME, LATEST_NAME, LATEST_TMP_NAME,
-    MODEL_NAME, OPTIMIZER_NAME, STATE_NAME, TMP_SUFFIX,
+    io_at, list, step_name, CheckpointError, DirLock, Listing, CONFIG_NAME, LATEST_NAME,
+    LATEST_TMP_NAME, MODEL_NAME, OPTIMIZER_NAME, SAVE_LOCK_NOTICE, SAVE_LOCK_WAIT, STATE_NAME,
+    TMP_SUFFIX,
 };
 use crate::core::safetensors::read_header;
 
@@ -72,6 +73,10 @@ pub struct SaveRequest<'a> {
     pub keep: Option<usize>,
     /// Replace a complete step of the same number instead of refusing.
     pub overwrite: bool,
+    /// Save even when the step is not newer than the verifying step LATEST names
+    /// (moving LATEST backwards). Without it such a save is refused: a later gc would
+    /// otherwise delete the newer steps as "newer than LATEST".
+    pub force: bool,
 }
 
 impl<'a> SaveRequest<'a> {
@@ -85,6 +90,7 @@ impl<'a> SaveRequest<'a> {
             config: None,
             keep: None,
             overwrite: false,
+            force: false,
         }
     }
 }
@@ -104,7 +110,17 @@ pub struct SaveReport {
 
 /// Save with the real file system (failpoints included).
 pub fn save(dir: &Path, req: SaveRequest<'_>) -> Result<SaveReport, CheckpointError> {
-    save_with(&mut RealFs, dir, req)
+    save_waiting(dir, req, &mut |_| {})
+}
+
+/// `save`, calling `on_wait` with the lock's path when the save has waited
+/// `SAVE_LOCK_NOTICE` for another save or gc to finish (it waits up to `SAVE_LOCK_WAIT`).
+pub fn save_waiting(
+    dir: &Path,
+    req: SaveRequest<'_>,
+    on_wait: &mut dyn FnMut(&Path),
+) -> Result<SaveReport, CheckpointError> {
+    save_with_wait(&mut RealFs, dir, req, on_wait)
 }
 
 /// A writer that hashes and counts what passes through.
@@ -240,16 +256,57 @@ fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
 pub fn save_with(
     fs: &mut dyn FsOps,
     dir: &Path,
+    req: SaveRequest<'_>,
+) -> Result<SaveReport, CheckpointError> {
+    save_with_wait(fs, dir, req, &mut |_| {})
+}
+
+/// Refuse a save that would move LATEST backwards (or sideways without `overwrite`):
+/// only when LATEST names a step that verifies, since a missing, dangling or corrupt
+/// LATEST is exactly what a save after a fallback repairs. The step directory is read
+/// only in that rare case, never on the usual forward save.
+fn check_forward(
+    dir: &Path,
+    listing: &Listing,
+    req: &SaveRequest<'_>,
+) -> Result<(), CheckpointError> {
+    if req.force {
+        return Ok(());
+    }
+    let Some(latest) = listing.latest().step() else {
+        return Ok(());
+    };
+    let backwards = req.step < latest || (req.step == latest && !req.overwrite);
+    if backwards && inspect(&dir.join(step_name(latest))).problems.is_empty() {
+        return Err(CheckpointError::NotNewer {
+            step: req.step,
+            latest,
+            hint: if req.step == latest {
+                "--overwrite to replace it"
+            } else {
+                "--force to save anyway and move LATEST back"
+            },
+        });
+    }
+    Ok(())
+}
+
+/// `save_with`, waiting for the lock (see `save_waiting`).
+pub fn save_with_wait(
+    fs: &mut dyn FsOps,
+    dir: &Path,
     mut req: SaveRequest<'_>,
+    on_wait: &mut dyn FnMut(&Path),
 ) -> Result<SaveReport, CheckpointError> {
     let state_bytes = validate(&mut req)?;
     fs.create_dir_all(dir).map_err(io_at(dir))?;
-    let _lock = DirLock::acquire(dir)?;
+    let _lock = DirLock::acquire_waiting(dir, SAVE_LOCK_WAIT, SAVE_LOCK_NOTICE, on_wait)?;
 
     let name = step_name(req.step);
     let final_path = dir.join(&name);
     let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
     let listing = list(dir)?;
+    check_forward(dir, &listing, &req)?;
     let exists = fs::symlink_metadata(&final_path).is_ok();
     if exists && !req.overwrite {
         // Only a checkpoint `load` could pick is protected: a directory newer than

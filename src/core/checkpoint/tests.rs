@@ -687,10 +687,15 @@ fn test_newer_than_latest_is_ignored() {
     save(dir.path(), req).unwrap();
     let l = load(dir.path(), None).unwrap();
     assert_eq!((l.step, l.state.tokens_seen), (7, 12345));
-    // A declared complete step is refused unless overwrite.
+    // A declared complete step is refused unless overwrite: it would not move LATEST
+    // forward.
     assert!(matches!(
         save(dir.path(), request(7)),
-        Err(CheckpointError::Exists { .. })
+        Err(CheckpointError::NotNewer {
+            step: 7,
+            latest: 7,
+            ..
+        })
     ));
     let mut req = request(7);
     req.overwrite = true;
@@ -964,4 +969,132 @@ fn verify_names_a_file_of_the_wrong_size() {
             actual: len - 1,
         }]
     );
+}
+
+#[test]
+fn a_save_never_moves_latest_backwards_unless_forced() {
+    use crate::core::failure::{Failure, FailureKind};
+    let dir = tempfile::tempdir().unwrap();
+    save(dir.path(), request(150)).unwrap();
+    save(dir.path(), request(200)).unwrap();
+    let err = save(dir.path(), request(1)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CheckpointError::NotNewer {
+                step: 1,
+                latest: 200,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(err.kind(), FailureKind::Invalid);
+    assert!(err.to_string().contains("--force"), "{err}");
+    assert!(!dir.path().join("step-000001").exists());
+    assert_eq!(load(dir.path(), None).unwrap().step, 200);
+    // A gc after the refused save keeps everything.
+    assert!(gc(dir.path(), 1, false)
+        .unwrap()
+        .removed
+        .iter()
+        .all(|r| r.reason != GcReason::NewerThanLatest));
+    assert!(dir.path().join("step-000200").exists());
+    // LATEST naming a step that does not verify proves nothing: saving an older step
+    // is how a run recovers after falling back.
+    flip(&dir.path().join("step-000200/model.safetensors"), 3);
+    save(dir.path(), request(160)).unwrap();
+    assert_eq!(load(dir.path(), None).unwrap().step, 160);
+    // With force, LATEST moves back.
+    save(dir.path(), request(170)).unwrap();
+    let mut req = request(2);
+    req.force = true;
+    save(dir.path(), req).unwrap();
+    assert_eq!(load(dir.path(), None).unwrap().step, 2);
+}
+
+#[test]
+fn gc_removes_newer_than_latest_only_when_latest_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    for n in [100, 150, 200] {
+        save(dir.path(), request(n)).unwrap();
+    }
+    let newer = |r: &GcReport| -> Vec<PathBuf> {
+        r.removed
+            .iter()
+            .filter(|x| x.reason == GcReason::NewerThanLatest)
+            .map(|x| x.path.clone())
+            .collect()
+    };
+    // LATEST dangling, missing, malformed, or naming a corrupt step: nothing newer
+    // than the newest verifying step is removed, and the report says why.
+    for latest in [Some(&b"step-000120\n"[..]), None, Some(&b"garbage"[..])] {
+        match latest {
+            Some(b) => fs::write(dir.path().join(LATEST_NAME), b).unwrap(),
+            None => fs::remove_file(dir.path().join(LATEST_NAME)).unwrap(),
+        }
+        let r = gc(dir.path(), 3, true).unwrap();
+        assert!(newer(&r).is_empty(), "{latest:?}: {r:?}");
+        assert!(r.kept_newer.is_empty(), "{r:?}");
+    }
+    // A corrupt newest step with LATEST naming an older corrupt step.
+    fs::write(dir.path().join(LATEST_NAME), b"step-000150\n").unwrap();
+    flip(&dir.path().join("step-000150/model.safetensors"), 3);
+    let r = gc(dir.path(), 3, true).unwrap();
+    assert!(newer(&r).is_empty(), "{r:?}");
+    assert_eq!(r.kept_newer, Vec::<u64>::new(), "200 verifies: {r:?}");
+    flip(&dir.path().join("step-000200/model.safetensors"), 3);
+    let r = gc(dir.path(), 1, false).unwrap();
+    assert!(newer(&r).is_empty(), "{r:?}");
+    assert_eq!(r.kept_newer, vec![150, 200]);
+    assert!(r.latest_problem.unwrap().contains("does not verify"));
+    assert!(dir.path().join("step-000200").exists());
+    // LATEST naming a verifying step: newer steps are removed.
+    fs::write(dir.path().join(LATEST_NAME), b"step-000100\n").unwrap();
+    let r = gc(dir.path(), 1, false).unwrap();
+    assert_eq!(newer(&r).len(), 2, "{r:?}");
+    assert!(!dir.path().join("step-000200").exists());
+}
+
+#[test]
+fn gc_dry_run_takes_no_lock_and_save_waits_for_one() {
+    let dir = tempfile::tempdir().unwrap();
+    save(dir.path(), request(1)).unwrap();
+    fs::remove_file(dir.path().join(LOCK_NAME)).unwrap();
+    gc(dir.path(), 1, true).unwrap();
+    assert!(
+        !dir.path().join(LOCK_NAME).exists(),
+        "a dry run creates no .lock"
+    );
+    // While a lock is held, gc fails at once and a save waits for its release.
+    let held = DirLock::acquire(dir.path()).unwrap();
+    let start = std::time::Instant::now();
+    assert!(matches!(
+        gc(dir.path(), 1, false),
+        Err(CheckpointError::Locked { .. })
+    ));
+    assert!(start.elapsed() < std::time::Duration::from_secs(1));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = dir.path().to_path_buf();
+    let saver = std::thread::spawn(move || {
+        crate::core::checkpoint::save_waiting(&path, request(2), &mut |p| {
+            tx.send(p.to_path_buf()).unwrap();
+        })
+        .map(|r| r.step)
+    });
+    // The notice comes after SAVE_LOCK_NOTICE: the save is waiting, not failed.
+    let noticed = rx.recv_timeout(std::time::Duration::from_secs(20)).unwrap();
+    assert!(noticed.ends_with(LOCK_NAME));
+    drop(held);
+    assert_eq!(saver.join().unwrap().unwrap(), 2);
+    // Waiting is bounded.
+    let _held = DirLock::acquire(dir.path()).unwrap();
+    let err = DirLock::acquire_waiting(
+        dir.path(),
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_millis(50),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(err, CheckpointError::Locked { .. }));
 }

@@ -149,6 +149,18 @@ pub enum Progress {
         /// Its directory.
         path: PathBuf,
     },
+    /// `--resume` refused a checkpoint (or a bad `LATEST`) on its way to an older one.
+    Skipped {
+        /// The refused entry (`LATEST` or a step directory name), exact.
+        name: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A save has been waiting a while for another save or gc to release the lock.
+    WaitingForLock {
+        /// The lock file.
+        path: PathBuf,
+    },
     /// The count model counted one shard.
     Counted {
         /// The shard's index.
@@ -527,6 +539,16 @@ impl Trainer {
     /// Save the current position as a checkpoint in `dir` (overwriting a leftover
     /// directory of the same step: its content would be identical).
     pub fn save(&self, dir: &Path, keep: Option<usize>) -> Result<SaveReport, TrainError> {
+        self.save_waiting(dir, keep, &mut |_| {})
+    }
+
+    /// `save`, calling `on_wait` when the save has to wait for the directory's lock.
+    pub fn save_waiting(
+        &self,
+        dir: &Path,
+        keep: Option<usize>,
+        on_wait: &mut dyn FnMut(&Path),
+    ) -> Result<SaveReport, TrainError> {
         let shape = self.model.shape();
         let model = &self.model;
         let opt = &self.opt;
@@ -540,8 +562,9 @@ impl Trainer {
             config: Some(Cow::Borrowed(&self.config)),
             keep,
             overwrite: true,
+            force: false,
         };
-        Ok(checkpoint::save(dir, req)?)
+        Ok(checkpoint::save_waiting(dir, req, on_wait)?)
     }
 
     /// The final line at the current position with the last step's loss.
@@ -714,6 +737,12 @@ pub fn run(spec: &RunSpec, progress: &mut dyn FnMut(Progress)) -> Result<RunOutc
     let ckpt = spec.out.join(CKPT_DIR);
     let loaded = if spec.resume && holds_checkpoints(&ckpt)? {
         let loaded = checkpoint::load(&ckpt, None)?;
+        for (name, reason) in &loaded.skipped {
+            progress(Progress::Skipped {
+                name: name.clone(),
+                reason: reason.clone(),
+            });
+        }
         check_resume_config(&loaded, &config)?;
         Some(loaded)
     } else {
@@ -799,7 +828,11 @@ fn run_gradient(
             line = Some(text);
         }
         if is_last || step % spec.ckpt_every == 0 {
-            let report = trainer.save(&ckpt, spec.keep)?;
+            let report = trainer.save_waiting(&ckpt, spec.keep, &mut |path| {
+                progress(Progress::WaitingForLock {
+                    path: path.to_path_buf(),
+                })
+            })?;
             progress(Progress::Saved {
                 step,
                 path: report.path.clone(),
@@ -888,8 +921,13 @@ fn run_counts(
         config: Some(Cow::Borrowed(&config)),
         keep: spec.keep,
         overwrite: true,
+        force: false,
     };
-    let report = checkpoint::save(&spec.out.join(CKPT_DIR), req)?;
+    let report = checkpoint::save_waiting(&spec.out.join(CKPT_DIR), req, &mut |path| {
+        progress(Progress::WaitingForLock {
+            path: path.to_path_buf(),
+        })
+    })?;
     progress(Progress::Saved {
         step: COUNTS_STEP,
         path: report.path.clone(),
