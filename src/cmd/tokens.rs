@@ -39,6 +39,7 @@ pub enum TokensCommand {
     #[command(after_help = WINDOWS_EXAMPLES)]
     Windows(WindowsArgs),
     /// Print the text of a shard's ids (what a run trains on), through a tokenizer.
+    #[command(after_help = DECODE_EXAMPLES)]
     Decode(DecodeArgs),
 }
 
@@ -51,9 +52,14 @@ Examples:
 const PACK_EXAMPLES: &str = "\
 Examples:
   tlio tokens pack corpus.txt -o corpus.bin
-  cat a.txt b.txt | tlio tokens pack -o corpus.bin
   tlio tokens pack ids.txt --from ids --vocab-size 50257 -o train.bin
-  tlio tokens pack big.txt -o train --shard-tokens 100000000";
+  tlio tokens pack docs.jsonl.zst --tokenizer gpt2 --from jsonl --val-tokens 100000000 -o data/fineweb
+  tlio tokens pack train.parquet --tokenizer model/tokenizer.json --eot '<|end_of_text|>' --from parquet -o data/llama";
+
+const DECODE_EXAMPLES: &str = "\
+Examples:
+  tlio tokens decode data/fineweb_val_000000.bin --tokenizer gpt2 --count 200
+  tlio --json tokens decode data/llama_val_000000.bin --tokenizer model/tokenizer.json --start 1000 --count 8";
 
 const WINDOWS_EXAMPLES: &str = "\
 Examples:
