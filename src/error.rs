@@ -93,16 +93,32 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 pub fn one_line(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain() {
-        let text = cause.to_string();
+        let mut text = cause.to_string();
         if !line.is_empty() {
             if line.ends_with(&text) {
                 continue;
             }
+            text = drop_repeated_file(&line, text);
             line.push_str(": ");
         }
         line.push_str(&text);
     }
     crate::core::text::escape(&line)
+}
+
+/// A file is named once per line: when the line so far ends with a file name (`cannot
+/// inspect x.safetensors`) and the next cause starts by naming it again (`cannot read
+/// x.safetensors: ...` or `x.safetensors: ...`), that first part is dropped.
+fn drop_repeated_file(line: &str, text: String) -> String {
+    let Some(named) = line.rsplit(' ').next().filter(|n| !n.is_empty()) else {
+        return text;
+    };
+    match text.split_once(": ") {
+        Some((first, rest)) if first == named || first.ends_with(&format!(" {named}")) => {
+            rest.to_string()
+        }
+        _ => text,
+    }
 }
 
 /// Print the one-line error and return the exit code.
@@ -207,10 +223,12 @@ mod tests {
     fn one_line_shows_a_repeated_cause_once() {
         let inner = io::Error::new(io::ErrorKind::NotFound, "No such file");
         let err = anyhow::Error::new(Repeats { source: inner }).context("cannot inspect x.bin");
-        assert_eq!(
-            one_line(&err),
-            "cannot inspect x.bin: cannot read x.bin: No such file"
-        );
+        assert_eq!(one_line(&err), "cannot inspect x.bin: No such file");
+        let err = anyhow::anyhow!("x.bin: bad magic 7").context("cannot open x.bin");
+        assert_eq!(one_line(&err), "cannot open x.bin: bad magic 7");
+        // A different file is kept.
+        let err = anyhow::anyhow!("cannot read y.bin: gone").context("cannot open x.bin");
+        assert_eq!(one_line(&err), "cannot open x.bin: cannot read y.bin: gone");
     }
 
     #[test]

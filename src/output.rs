@@ -102,6 +102,52 @@ pub fn paint(text: &str, tone: Tone, color: bool) -> String {
     }
 }
 
+/// A byte count for people: exact below 1 KiB (`512 B`), else three significant
+/// digits in binary units (`1.50 KiB`, `20.0 GiB`, `117 MiB`). JSON keeps exact bytes.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    scaled(n, 1024.0, &UNITS, " ")
+}
+
+/// A count for people (parameters, ids): exact below 1000, else three significant
+/// digits with K, M, B, T (`124M`, `5.37B`). JSON keeps exact counts.
+pub fn human_count(n: u64) -> String {
+    const UNITS: [&str; 5] = ["K", "M", "B", "T", "Q"];
+    if n < 1000 {
+        return n.to_string();
+    }
+    scaled(n, 1000.0, &UNITS, "")
+}
+
+/// `n` divided by `base` until below `base`, shown with three significant digits and
+/// the unit reached. Rounding can reach `base` itself (1023.9 KiB → "1024 KiB" would be
+/// wrong), in which case the next unit is used.
+fn scaled(n: u64, base: f64, units: &[&str], sep: &str) -> String {
+    // u64 to f64 loses precision only beyond 2^53, far below what three digits show.
+    let mut value = n as f64 / base;
+    let mut unit = 0;
+    loop {
+        let digits = if value >= 99.95 {
+            0
+        } else if value >= 9.995 {
+            1
+        } else {
+            2
+        };
+        let text = format!("{value:.digits$}");
+        let rounded: f64 = text.parse().unwrap_or(value);
+        if rounded >= base && unit + 1 < units.len() {
+            value /= base;
+            unit += 1;
+            continue;
+        }
+        return format!("{text}{sep}{}", units.get(unit).copied().unwrap_or(""));
+    }
+}
+
 /// A rendered table without the padding comfy-table leaves at the end of each row.
 pub fn table_text(table: &Table) -> String {
     let text = table.to_string();
@@ -266,6 +312,26 @@ mod tests {
         assert!(!Auto.enabled(false, force0));
         assert!(Always.enabled(false, no_color));
         assert!(!Never.enabled(true, force));
+    }
+
+    #[test]
+    fn human_units() {
+        use super::{human_bytes, human_count};
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1024), "1.00 KiB");
+        assert_eq!(human_bytes(1536 * 1024), "1.50 MiB");
+        assert_eq!(human_bytes(20 * (1 << 30)), "20.0 GiB");
+        assert_eq!(human_bytes(117 * (1 << 20) + 5), "117 MiB");
+        assert_eq!(human_bytes(1024 * 1024 - 1), "1.00 MiB");
+        assert_eq!(human_bytes(u64::MAX), "16.0 EiB");
+        assert_eq!(human_count(4), "4");
+        assert_eq!(human_count(999), "999");
+        assert_eq!(human_count(1000), "1.00K");
+        assert_eq!(human_count(124_439_808), "124M");
+        assert_eq!(human_count(5_368_709_120), "5.37B");
+        assert_eq!(human_count(999_999), "1.00M");
+        assert_eq!(human_count(u64::MAX), "18447Q");
     }
 
     #[test]

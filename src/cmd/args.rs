@@ -46,9 +46,44 @@ impl From<FloatDtype> for Dtype {
     }
 }
 
+/// A float flag of the trainer (`--lr`, `--weight-decay`, `--momentum`): a number that
+/// is finite in f32, where the trainer computes, and not negative. Every such flag is
+/// checked here, when the command line is parsed, so a bad value is a usage error
+/// (exit 2) naming the flag and the range, before anything is read or created.
+pub fn train_float(s: &str) -> Result<f64, String> {
+    let range = format!("a number in [0, {:e}] (finite in f32)", f32::MAX);
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a number; expected {range}"))?;
+    if !v.is_finite() || v.abs() > f64::from(f32::MAX) {
+        return Err(format!(
+            "{} is not finite in f32; expected {range}",
+            s.trim()
+        ));
+    }
+    if v < 0.0 {
+        return Err(format!("{} is negative; expected {range}", s.trim()));
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn train_floats_are_finite_in_f32_and_not_negative() {
+        assert_eq!(train_float("0.01"), Ok(0.01));
+        assert_eq!(train_float("0"), Ok(0.0));
+        for bad in ["1e39", "nan", "NaN", "inf", "-inf", "-1", "-0.5", "x", ""] {
+            assert!(train_float(bad).is_err(), "{bad}");
+        }
+        assert!(train_float("1e39")
+            .unwrap_err()
+            .contains("not finite in f32"));
+        assert!(train_float("-1").unwrap_err().contains("negative"));
+    }
 
     fn parse(s: &str) -> Option<Dtype> {
         FloatDtype::from_str(s, true).ok().map(Dtype::from)

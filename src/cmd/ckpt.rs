@@ -17,7 +17,8 @@ use crate::core::checkpoint::{
     SaveRequest, TrainerState, MANIFEST_NAME,
 };
 use crate::core::text::escape;
-use crate::output::Printer;
+use crate::output::{Printer, Tone};
+use comfy_table::Cell;
 
 /// The `ckpt` subcommands.
 #[derive(Debug, Subcommand)]
@@ -102,7 +103,7 @@ pub struct SaveArgs {
     #[arg(long, value_name = "N")]
     pub tokens_seen: Option<u64>,
     /// The learning rate (when no --state is given).
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", value_parser = super::args::train_float, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// The git commit of the training code, 40 or 64 hex digits (when no --state).
     #[arg(long, value_name = "SHA")]
@@ -265,7 +266,11 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     } else {
         let mut out = printer.out();
         if ok {
-            writeln!(out, "ok ({} bytes verified)", ins.size)?;
+            writeln!(
+                out,
+                "ok ({} verified)",
+                crate::output::human_bytes(ins.size)
+            )?;
         } else {
             for p in &problems {
                 writeln!(out, "{}", escape(p))?;
@@ -329,16 +334,19 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     let mut table = printer.table();
     table.set_header(["step", "status", "size", "LATEST", "load"]);
     for s in &steps {
-        table.add_row([
-            s.name.clone(),
-            if s.newer_than_latest && s.problems.is_empty() {
-                "ok (newer than LATEST: ignored)".to_string()
-            } else {
-                escape(&s.status)
-            },
-            s.size.to_string(),
-            if s.latest { "LATEST" } else { "" }.to_string(),
-            if s.load { "load" } else { "" }.to_string(),
+        let status = if s.newer_than_latest && s.problems.is_empty() {
+            printer.cell("ok (newer than LATEST: ignored)", Tone::Good)
+        } else if s.problems.is_empty() {
+            printer.cell(escape(&s.status), Tone::Good)
+        } else {
+            printer.cell(escape(&s.status), Tone::Bad)
+        };
+        table.add_row(vec![
+            Cell::new(&s.name),
+            status,
+            Cell::new(crate::output::human_bytes(s.size)),
+            Cell::new(if s.latest { "LATEST" } else { "" }),
+            Cell::new(if s.load { "load" } else { "" }),
         ]);
     }
     let mut out = printer.out();

@@ -548,7 +548,7 @@ fn print_report(report: &Report, printer: &Printer) -> anyhow::Result<()> {
                 Cell::new(run.loss.map_or("-".to_string(), |l| format!("{l:.6}"))),
             ]);
         }
-        writeln!(out, "{runs}")?;
+        writeln!(out, "{}", crate::output::table_text(&runs))?;
         writeln!(out)?;
     }
     let mut table = printer.table();
@@ -556,7 +556,11 @@ fn print_report(report: &Report, printer: &Printer) -> anyhow::Result<()> {
     for check in &report.checks {
         table.add_row(vec![
             Cell::new(&check.name),
-            Cell::new(if check.ok { "pass" } else { "FAIL" }),
+            if check.ok {
+                printer.cell("pass", crate::output::Tone::Good)
+            } else {
+                printer.cell("FAIL", crate::output::Tone::Bad)
+            },
             Cell::new(crate::core::text::escape(&check.detail)),
         ]);
     }

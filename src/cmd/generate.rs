@@ -115,15 +115,101 @@ fn collect(
     name: &str,
     pages: &mut Vec<(String, Vec<u8>)>,
 ) -> anyhow::Result<()> {
-    let mut bytes = Vec::new();
     let page_cmd = cmd.clone().name(name.to_string());
-    clap_mangen::Man::new(page_cmd).render(&mut bytes)?;
+    let man = clap_mangen::Man::new(page_cmd.clone());
+    let mut bytes = Vec::new();
+    // The sections clap_mangen renders, then ours; its EXTRA section (the raw
+    // `after_help`) becomes EXAMPLES instead.
+    man.render_title(&mut bytes)?;
+    man.render_name_section(&mut bytes)?;
+    man.render_synopsis_section(&mut bytes)?;
+    man.render_description_section(&mut bytes)?;
+    if page_cmd.get_arguments().any(|a| !a.is_hide_set()) {
+        man.render_options_section(&mut bytes)?;
+    }
+    let subs: Vec<&clap::Command> = cmd
+        .get_subcommands()
+        .filter(|s| s.get_name() != "help")
+        .collect();
+    if !subs.is_empty() {
+        man.render_subcommands_section(&mut bytes)?;
+    }
+    bytes.extend_from_slice(extra_sections(cmd, name, &subs).as_bytes());
+    man.render_version_section(&mut bytes)?;
     pages.push((format!("{name}.1"), bytes));
-    for sub in cmd.get_subcommands() {
-        if sub.get_name() == "help" {
-            continue;
-        }
+    for sub in subs {
         collect(sub, &format!("{name}-{}", sub.get_name()), pages)?;
     }
     Ok(())
+}
+
+/// Escape text for roff: backslashes and hyphens (so `-o` is not a typographic dash),
+/// and a leading period or apostrophe that roff would read as a request.
+fn roff(text: &str) -> String {
+    let text = text.replace('\\', "\\e").replace('-', "\\-");
+    if text.starts_with('.') || text.starts_with('\'') {
+        format!("\\&{text}")
+    } else {
+        text
+    }
+}
+
+/// EXAMPLES (from the command's `after_help`), EXIT STATUS, ENVIRONMENT and SEE ALSO.
+fn extra_sections(cmd: &clap::Command, name: &str, subs: &[&clap::Command]) -> String {
+    let mut out = String::new();
+    if let Some(help) = cmd.get_after_help() {
+        let text = help.to_string();
+        let examples: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Examples:"))
+            .skip(1)
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        if !examples.is_empty() {
+            out.push_str(".SH EXAMPLES\n.nf\n");
+            for line in examples {
+                out.push_str(&roff(line));
+                out.push('\n');
+            }
+            out.push_str(".fi\n");
+        }
+    }
+    out.push_str(concat!(
+        ".SH \"EXIT STATUS\"\n",
+        ".TP\n0\nSuccess; for a question, the answer is yes (valid, equal, found).\n",
+        ".TP\n1\nThe input is invalid, or the answer is no (verify found a problem, diff \\\n",
+        "found a difference, no loadable checkpoint, a demo check failed).\n",
+        ".TP\n2\nUsage error (unknown flag, bad value, no command) or operational error \\\n",
+        "(missing file, permission, full disk).\n",
+        ".SH ENVIRONMENT\n",
+        ".TP\nFAILPOINTS\nFault injection for crash tests, e.g. \\fBtrain/after\\-step=60*off\\->return\\fR \\\n",
+        "aborts after step 61; points: ckpt/fsync, ckpt/rename, train/after\\-step.\n",
+        ".TP\nNO_COLOR\nWhen set and not empty, \\fB\\-\\-color auto\\fR uses no colour.\n",
+        ".TP\nCLICOLOR_FORCE\nWhen set and not 0, \\fB\\-\\-color auto\\fR colours even when not on a terminal.\n",
+    ));
+    // SEE ALSO: the parent page, the sub-pages, and the top page.
+    let mut see: Vec<String> = Vec::new();
+    if let Some((parent, _)) = name.rsplit_once('-') {
+        see.push(format!("{parent}(1)"));
+    }
+    for sub in subs {
+        see.push(format!("{name}-{}(1)", sub.get_name()));
+    }
+    if name != "tlio" && !see.iter().any(|s| s == "tlio(1)") {
+        see.push("tlio(1)".to_string());
+    }
+    if !see.is_empty() {
+        out.push_str(".SH \"SEE ALSO\"\n");
+        let refs: Vec<String> = see
+            .iter()
+            .map(|s| {
+                let (page, section) = s.split_once('(').unwrap_or((s.as_str(), "1)"));
+                format!("\\fB{}\\fR({section}", roff(page))
+            })
+            .collect();
+        out.push_str(&refs.join(", "));
+        out.push('\n');
+    }
+    out
 }

@@ -15,11 +15,11 @@ use crate::core::safetensors::convert::convert;
 use crate::core::safetensors::diff::{diff, DiffReport, ValueDiff};
 use crate::core::safetensors::header::{totals, Totals};
 use crate::core::safetensors::index::read_index;
-use crate::core::safetensors::stats::{tensor_stats, TensorStats};
+use crate::core::safetensors::stats::{tensor_stats, Number, TensorStats};
 use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
 use crate::core::safetensors::{read_header, Dtype, Header, MappedFile};
 use crate::core::text::escape;
-use crate::output::Printer;
+use crate::output::{human_bytes, human_count, Printer, Tone};
 
 /// The `st` subcommands.
 #[derive(Debug, Subcommand)]
@@ -144,6 +144,25 @@ pub fn run(cmd: StCommand, printer: &Printer) -> anyhow::Result<Outcome> {
         StCommand::Verify(args) => run_verify(&args, printer),
         StCommand::Convert(args) => run_convert(&args, printer),
         StCommand::Diff(args) => run_diff(&args, printer),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::significant;
+
+    #[test]
+    fn significant_digits_for_people() {
+        assert_eq!(significant(1e-8), "1e-8");
+        assert_eq!(significant(2.5), "2.5");
+        assert_eq!(significant(4.0), "4");
+        assert_eq!(significant(1.118033988749895), "1.11803");
+        assert_eq!(significant(-0.000123456789), "-0.000123457");
+        assert_eq!(significant(123456.7), "123457");
+        assert_eq!(significant(3.3895313892515355e38), "3.38953e38");
+        assert_eq!(significant(0.0), "0");
+        assert_eq!(significant(-65504.0), "-65504");
+        assert_eq!(significant(f64::MAX), "1.79769e308");
     }
 }
 
@@ -278,7 +297,50 @@ fn shape_text(shape: &[u64]) -> String {
 }
 
 fn num(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".to_string(), |x| format!("{x:.6}"))
+    v.map_or_else(|| "-".to_string(), significant)
+}
+
+fn extreme(v: Option<Number>) -> String {
+    match v {
+        None => "-".to_string(),
+        Some(Number::Int(i)) => i.to_string(),
+        Some(Number::Float(x)) => significant(x),
+    }
+}
+
+/// Six significant digits, without trailing zeros: plain notation between 1e-4 and
+/// 1e6 (`2.5`, `0.000123`, `1.11803`), scientific outside (`1e-8`, `3.38953e38`), so a
+/// tiny value never shows as 0.000000 and a huge one never as 39 digits. JSON keeps
+/// the full f64.
+fn significant(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let magnitude = x.abs();
+    if (1e-4..1e6).contains(&magnitude) {
+        // Digits after the point so that six significant digits show.
+        let exponent = magnitude.log10().floor() as i32;
+        let decimals = usize::try_from(5 - exponent).unwrap_or(0);
+        let text = format!("{x:.decimals$}");
+        if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            text
+        }
+    } else {
+        let text = format!("{x:.5e}");
+        match text.split_once('e') {
+            Some((mantissa, exp)) => {
+                let mantissa = if mantissa.contains('.') {
+                    mantissa.trim_end_matches('0').trim_end_matches('.')
+                } else {
+                    mantissa
+                };
+                format!("{mantissa}e{exp}")
+            }
+            None => text,
+        }
+    }
 }
 
 fn meta_text(v: &serde_json::Value) -> String {
@@ -316,16 +378,16 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             writeln!(out)?;
         }
         let header = match report.header_len {
-            Some(n) => format!("header {n} bytes"),
+            Some(n) => format!("header {}", human_bytes(n)),
             None => "sharded index".to_string(),
         };
         writeln!(
             out,
-            "{}: {} tensors, {} parameters, {} bytes ({header})",
+            "{}: {} tensors, {} parameters, {} ({header})",
             escape(&report.path),
             report.total.tensors,
-            report.total.params,
-            report.file_size
+            human_count(report.total.params),
+            human_bytes(report.file_size)
         )?;
         let sharded = report.kind == "index";
         let mut table = printer.table();
@@ -342,8 +404,8 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
                 escape(&r.name),
                 r.dtype.to_string(),
                 shape_text(&r.shape),
-                r.params.to_string(),
-                r.bytes.to_string(),
+                human_count(r.params),
+                human_bytes(r.bytes),
                 format!("[{}, {})", r.data_offsets[0], r.data_offsets[1]),
             ];
             if let Some(shard) = &r.shard {
@@ -352,8 +414,8 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             if args.stats {
                 match &r.stats {
                     Some(s) => row.extend([
-                        num(s.min),
-                        num(s.max),
+                        extreme(s.min),
+                        extreme(s.max),
                         num(s.mean),
                         num(s.std),
                         s.nan.to_string(),
@@ -379,8 +441,8 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             totals_table.add_row(vec![
                 t.dtype.map_or("total".to_string(), |d| d.to_string()),
                 t.tensors.to_string(),
-                t.params.to_string(),
-                t.bytes.to_string(),
+                human_count(t.params),
+                human_bytes(t.bytes),
             ]);
         }
         writeln!(out, "totals:")?;
@@ -425,10 +487,20 @@ fn run_verify(args: &VerifyArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         let mut out = printer.out();
         for r in &reports {
             if r.ok {
-                writeln!(out, "{}: ok", escape(&r.path))?;
+                writeln!(
+                    out,
+                    "{}: {}",
+                    escape(&r.path),
+                    printer.paint("ok", Tone::Good)
+                )?;
             }
             for f in &r.failures {
-                writeln!(out, "{}: {}", escape(&r.path), escape(&f.message))?;
+                writeln!(
+                    out,
+                    "{}: {}",
+                    escape(&r.path),
+                    printer.paint(&escape(&f.message), Tone::Bad)
+                )?;
             }
         }
         out.flush()?;

@@ -250,13 +250,27 @@ fn header_row(
         Ok(_) => Ok(()),
         Err(e) => Err(e),
     };
+    // Show only the header words that passed validation: after a bad magic nothing in
+    // the header means anything, after a bad version only the magic does.
+    let trusted = match &verdict {
+        Err(TokensError::BadMagic { .. }) => 0,
+        Err(TokensError::BadVersion { .. }) => 1,
+        Err(TokensError::NegativeCount { .. }) => 2,
+        Err(TokensError::NegativeVocab { .. }) => 3,
+        _ => 4,
+    };
+    let word = |i: usize| {
+        words
+            .and_then(|w| w.get(i).copied())
+            .filter(|_| i < trusted)
+    };
     let row = HeaderRow {
         file,
-        magic: words.map(|w| w[0]),
-        version: words.map(|w| w[1]),
+        magic: word(0),
+        version: word(1),
         dtype,
-        n: words.map(|w| w[2]),
-        vocab_size: words.map(|w| w[3]),
+        n: word(2),
+        vocab_size: word(3),
         size,
         valid: verdict.is_ok(),
         error: verdict.as_ref().err().map(ToString::to_string),
@@ -292,17 +306,24 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         let show = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
         for row in &rows {
             let valid = match &row.error {
-                None => "yes".to_string(),
-                Some(e) => format!("no: {}", escape(e)),
+                None => printer.cell("yes", crate::output::Tone::Good),
+                // The row already names the file.
+                Some(e) => {
+                    let why = e
+                        .strip_prefix(row.file.as_str())
+                        .and_then(|r| r.strip_prefix(": "))
+                        .unwrap_or(e);
+                    printer.cell(format!("no: {}", escape(why)), crate::output::Tone::Bad)
+                }
             };
-            table.add_row([
-                escape(&row.file),
-                show(row.magic.map(i64::from)),
-                show(row.version.map(i64::from)),
-                row.dtype.unwrap_or("-").to_string(),
-                show(row.n.map(i64::from)),
-                show(row.vocab_size.map(i64::from)),
-                row.size.to_string(),
+            table.add_row(vec![
+                comfy_table::Cell::new(escape(&row.file)),
+                comfy_table::Cell::new(show(row.magic.map(i64::from))),
+                comfy_table::Cell::new(show(row.version.map(i64::from))),
+                comfy_table::Cell::new(row.dtype.unwrap_or("-")),
+                comfy_table::Cell::new(show(row.n.map(i64::from))),
+                comfy_table::Cell::new(show(row.vocab_size.map(i64::from))),
+                comfy_table::Cell::new(crate::output::human_bytes(row.size)),
                 valid,
             ]);
         }
@@ -674,10 +695,26 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             .restore(&cursor)
             .with_context(|| path.display().to_string())?;
     }
+    // Create the cursor's file before any batch, so an unwritable destination fails
+    // before the work rather than after every batch is printed.
+    let mut cursor_file = match &args.save_cursor {
+        Some(path) => Some(
+            atomic::AtomicFile::create(path)
+                .with_context(|| format!("cannot save cursor {}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut out = BufWriter::new(printer.out());
     let mut line_buf = Vec::new();
+    // Once the reader of stdout is gone, batches are no longer printed; the stream
+    // still advances when a cursor must be saved, so the file always holds the
+    // position after every requested batch, whoever reads stdout.
+    let mut stdout_open = true;
     for _ in 0..args.batches {
         let batch = stream.next_batch();
+        if !stdout_open {
+            continue;
+        }
         let line = WindowLine {
             inputs: (0..batch.batch)
                 .filter_map(|b| batch.input_row(b))
@@ -692,13 +729,22 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         line_buf.clear();
         serde_json::to_writer(&mut line_buf, &line).map_err(io::Error::other)?;
         line_buf.push(b'\n');
-        out.write_all(&line_buf)?;
+        match out.write_all(&line_buf) {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe && cursor_file.is_some() => {
+                stdout_open = false;
+            }
+            other => other?,
+        }
     }
-    out.flush()?;
-    if let Some(path) = &args.save_cursor {
+    match out.flush() {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe && cursor_file.is_some() => {}
+        other => other?,
+    }
+    if let (Some(path), Some(mut file)) = (&args.save_cursor, cursor_file.take()) {
         let text = format!("{}\n", stream.cursor().to_json());
-        atomic::write_file(path, text.as_bytes())
-            .with_context(|| format!("cannot save cursor {}", path.display()))?;
+        let context = || format!("cannot save cursor {}", path.display());
+        file.write_all(text.as_bytes()).with_context(context)?;
+        file.commit().with_context(context)?;
     }
     Ok(Outcome::Success)
 }

@@ -95,13 +95,13 @@ pub struct BigramArgs {
     #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
     pub optimizer: OptimizerArg,
     /// Learning rate [default: 0.01 for adamw, 0.1 for sgd].
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", value_parser = super::args::train_float, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// Weight decay [default: 0.01 for adamw (decoupled), 0 for sgd (L2)].
-    #[arg(long, value_name = "WD")]
+    #[arg(long, value_name = "WD", value_parser = super::args::train_float, allow_negative_numbers = true)]
     pub weight_decay: Option<f64>,
     /// SGD momentum (0 = plain SGD) [default: 0.9].
-    #[arg(long, value_name = "M")]
+    #[arg(long, value_name = "M", value_parser = super::args::train_float, allow_negative_numbers = true)]
     pub momentum: Option<f64>,
     /// Seed of the token stream's generator (PCG32 seed(S, 54)).
     #[arg(long, value_name = "S", default_value_t = 0)]

@@ -274,3 +274,151 @@ fn global_options_have_their_own_heading() {
         }
     }
 }
+
+#[test]
+fn colour_only_when_asked_or_on_a_terminal() {
+    let file = fixture("safetensors/golden/mixed_f32_i32_u8.safetensors");
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = tlio();
+        cmd.env_remove("NO_COLOR").env_remove("CLICOLOR_FORCE");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd
+            .args(args)
+            .arg("st")
+            .arg("verify")
+            .arg(&file)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let esc = '\u{1b}';
+    assert!(!run(&[], &[]).contains(esc), "piped: no colour");
+    assert!(run(&["--color", "always"], &[]).contains(esc));
+    assert!(run(&["--color", "always"], &[("NO_COLOR", "1")]).contains(esc));
+    assert!(run(&[], &[("CLICOLOR_FORCE", "1")]).contains(esc));
+    assert!(!run(&[], &[("CLICOLOR_FORCE", "1"), ("NO_COLOR", "1")]).contains(esc));
+    assert!(!run(&["--color", "never"], &[("CLICOLOR_FORCE", "1")]).contains(esc));
+    assert!(
+        !run(&["--json", "--color", "always"], &[]).contains(esc),
+        "JSON never"
+    );
+    // Errors: `tlio: error:` in colour only when asked.
+    let out = tlio()
+        .args(["--color", "always", "st", "inspect", "missing.safetensors"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with(&format!("{esc}[")));
+    let out = tlio()
+        .args(["st", "inspect", "missing.safetensors"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("tlio: error: "));
+}
+
+#[test]
+fn no_output_line_ends_in_whitespace() {
+    let corrupt = fixture("cli/ckpt-corrupt");
+    let cases: Vec<Vec<std::ffi::OsString>> = vec![
+        vec!["ckpt".into(), "verify".into(), corrupt.into()],
+        vec![
+            "st".into(),
+            "inspect".into(),
+            "--stats".into(),
+            fixture("safetensors/golden/mixed_every_dtype.safetensors").into(),
+        ],
+        vec![
+            "tokens".into(),
+            "header".into(),
+            fixture("cli/tiny.bin").into(),
+            fixture("cli/truncated.bin").into(),
+        ],
+    ];
+    for args in cases {
+        let out = tlio().args(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.is_empty(), "{args:?}");
+        for line in text.lines() {
+            assert_eq!(line, line.trim_end(), "{args:?}: trailing whitespace");
+        }
+    }
+}
+
+#[test]
+fn json_is_one_compact_document_per_line_everywhere() {
+    let dir = tmp();
+    let golden = |n: &str| fixture(&format!("safetensors/golden/{n}.safetensors"));
+    let out_file = dir.path().join("o.safetensors");
+    let shard = dir.path().join("s.bin");
+    let cases: Vec<Vec<std::ffi::OsString>> = vec![
+        vec![
+            "st".into(),
+            "inspect".into(),
+            golden("mixed_f32_i32_u8").into(),
+        ],
+        vec![
+            "st".into(),
+            "verify".into(),
+            golden("mixed_f32_i32_u8").into(),
+        ],
+        vec![
+            "st".into(),
+            "diff".into(),
+            golden("dtype_F32").into(),
+            golden("dtype_F32").into(),
+        ],
+        vec![
+            "st".into(),
+            "convert".into(),
+            golden("dtype_F32").into(),
+            "-o".into(),
+            out_file.into(),
+            "--dtype".into(),
+            "bf16".into(),
+        ],
+        vec![
+            "ckpt".into(),
+            "verify".into(),
+            fixture("cli/ckpt-corrupt").into(),
+        ],
+        vec!["ckpt".into(), "latest".into(), fixture("cli/ckpt").into()],
+        vec![
+            "ckpt".into(),
+            "gc".into(),
+            fixture("cli/ckpt").into(),
+            "--keep".into(),
+            "1".into(),
+            "--dry-run".into(),
+        ],
+        vec![
+            "tokens".into(),
+            "header".into(),
+            fixture("cli/tiny.bin").into(),
+            fixture("cli/truncated.bin").into(),
+        ],
+        vec![
+            "tokens".into(),
+            "pack".into(),
+            fixture("cli/README.md").into(),
+            "-o".into(),
+            shard.into(),
+        ],
+    ];
+    for args in cases {
+        let out = tlio().arg("--json").args(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(!text.is_empty(), "{args:?}: {out:?}");
+        for line in text.lines() {
+            let value: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{args:?}: a line is not a JSON document: {e}: {line}"));
+            // Compact: as long as serde_json's compact form (which may order keys
+            // differently, hence lengths rather than bytes).
+            assert_eq!(
+                line.len(),
+                serde_json::to_string(&value).unwrap().len(),
+                "{args:?}: compact: {line}"
+            );
+        }
+    }
+}

@@ -9,6 +9,7 @@ mod errors;
 mod generate;
 mod grammar;
 mod output;
+mod readme;
 mod snapshots;
 mod st;
 mod tokens;

@@ -717,3 +717,39 @@ fn names_are_escaped_in_every_human_line_and_exact_in_json() {
     .unwrap();
     assert!(text.contains("clé = thé"), "{text}");
 }
+
+#[test]
+fn diff_compares_complex_values_as_pairs() {
+    let dir = tmp();
+    let le = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let c64 = dir.path().join("c.safetensors");
+    let hdr = r#"{"t":{"dtype":"C64","shape":[2],"data_offsets":[0,16]}}"#;
+    std::fs::write(&c64, file(hdr, &le(&[1.0, 2.0, 3.0, 4.0]))).unwrap();
+    let f32s = dir.path().join("f.safetensors");
+    let hdr = r#"{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+    std::fs::write(&f32s, file(hdr, &le(&[1.0, 2.0]))).unwrap();
+    let out = tlio()
+        .args(["--json", "st", "diff"])
+        .arg(&c64)
+        .arg(&f32s)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    // Both elements differ: (1, 2) vs (1, 0) and (3, 4) vs (2, 0).
+    assert!(text.contains(r#""differing":2"#), "{text}");
+    assert!(text.contains(r#""count":2"#), "{text}");
+    // The same real parts with other imaginary parts differ too.
+    let other = dir.path().join("c2.safetensors");
+    let hdr = r#"{"t":{"dtype":"C64","shape":[2],"data_offsets":[0,16]}}"#;
+    std::fs::write(&other, file(hdr, &le(&[1.0, 2.0, 3.0, 5.0]))).unwrap();
+    let out = tlio()
+        .args(["--json", "st", "diff"])
+        .arg(&c64)
+        .arg(&other)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains(r#""differing":1"#), "{text}");
+    assert!(text.contains(r#""max_abs_diff":1.0"#), "{text}");
+}

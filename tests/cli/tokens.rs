@@ -76,7 +76,8 @@ fn pack_ids_gives_the_worked_example_header() {
     assert_eq!(v["valid"], true);
     // Human output is a table naming the same facts.
     let table = stdout_of(tlio().args(["tokens", "header"]).arg(&out));
-    assert!(table.contains("20240520") && table.contains("uint16") && table.contains("1030"));
+    // The size in human units (1030 bytes); --json above keeps the exact count.
+    assert!(table.contains("20240520") && table.contains("uint16") && table.contains("1.01 KiB"));
 }
 
 #[test]
@@ -653,6 +654,57 @@ fn windows_into_a_closed_pipe_ends_quietly() {
         out.stderr.is_empty(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn save_cursor_is_checked_before_the_work_and_written_into_a_closed_pipe() {
+    use std::io::{BufRead, BufReader};
+    let dir = tmp();
+    let shards = pack_bytes(dir.path(), &[9u8; 300], None);
+    let base = ["tokens", "windows", "--seq-len", "8", "--batch", "4"];
+    // A cursor that cannot be written fails before any batch is printed.
+    let out = tlio()
+        .args(base)
+        .args(["--batches", "5", "--save-cursor"])
+        .arg(dir.path().join("nodir").join("c.json"))
+        .args(&shards)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "no batch before the error");
+    // The reference: the cursor after 20000 batches, stdout read to the end.
+    let want = dir.path().join("want.json");
+    tlio()
+        .args(base)
+        .args(["--batches", "20000", "--save-cursor"])
+        .arg(&want)
+        .args(&shards)
+        .output()
+        .unwrap();
+    // The reader goes away after one line (`| head -1`): the file is still written,
+    // with the position after every requested batch.
+    let got = dir.path().join("got.json");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("tlio"))
+        .args(base)
+        .args(["--batches", "20000", "--save-cursor"])
+        .arg(&got)
+        .args(&shards)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stderr.is_empty());
+    assert_eq!(
+        std::fs::read(&got).unwrap(),
+        std::fs::read(&want).unwrap(),
+        "the cursor written into a closed pipe"
     );
 }
 

@@ -435,3 +435,123 @@ fn refusals_name_their_cause() {
         .code(2)
         .stderr(predicate::str::contains("--momentum"));
 }
+
+/// The exact final line (loss bits and both digests) of two fixed runs: the MS-L0 run
+/// (AdamW) and a small SGD-with-momentum run. Any change to the numerics (the AdamW
+/// `lerp` form, the order of a sum, the loss) changes these bytes and fails here; the
+/// resume tests alone cannot see it because both sides of their comparison change.
+#[test]
+fn final_lines_of_fixed_runs_are_pinned() {
+    let dir = tmp();
+    let data = text_shard(dir.path(), "text.bin", 20);
+    let line = run_ok(&ms_l0_args(&data, &dir.path().join("ms")));
+    assert_eq!(String::from_utf8(line).unwrap(), MS_L0_LINE);
+    let mut args = ms_l0_args(&data, &dir.path().join("sgd"));
+    args.retain(|a| !["--lr", "0.05", "--max-steps", "100"].contains(&a.as_str()));
+    args.extend(
+        [
+            "--max-steps",
+            "30",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.5",
+            "--momentum",
+            "0.9",
+        ]
+        .map(String::from),
+    );
+    let line = run_ok(&args);
+    assert_eq!(String::from_utf8(line).unwrap(), SGD_LINE);
+}
+
+const MS_L0_LINE: &str = concat!(
+    r#"{"step":100,"tokens_seen":6400,"loss":2.2058935,"loss_bits":"400d2d5c","#,
+    r#""model_sha256":"b56615de18bd7031d5ee90b784fe284401bce7ead064bf6de52ea5d3935c039d","#,
+    r#""optimizer_sha256":"5e5539f23df25196239de16ade22472237065521bb0171020fb8580d764504fd","#,
+    r#""cursor":{"shard":0,"offset":6403,"rng":{"state":"e63620b250c1f42a","inc":"000000000000006d"}}}"#,
+    "\n"
+);
+const SGD_LINE: &str = concat!(
+    r#"{"step":30,"tokens_seen":1920,"loss":4.2019396,"loss_bits":"4086764a","#,
+    r#""model_sha256":"85f29db2600b8fb2d277221d95084c974de6d3625292b838bb9014efc04402c9","#,
+    r#""optimizer_sha256":"e68683570ecc0cb7adc6ceae00ef0ed62ec0e2f1525fcb633d2b67f2a2b25177","#,
+    r#""cursor":{"shard":0,"offset":1923,"rng":{"state":"e63620b250c1f42a","inc":"000000000000006d"}}}"#,
+    "\n"
+);
+
+#[test]
+fn bad_float_flags_are_usage_errors_naming_the_flag_and_range() {
+    let dir = tmp();
+    let data = text_shard(dir.path(), "text.bin", 2);
+    for (flag, value, want) in [
+        ("--lr", "1e39", "not finite in f32"),
+        ("--lr", "nan", "not finite in f32"),
+        ("--lr", "-1", "negative"),
+        ("--weight-decay", "inf", "not finite in f32"),
+        ("--momentum", "-0.5", "negative"),
+        ("--lr", "abc", "not a number"),
+    ] {
+        let out = dir.path().join("run");
+        let mut args = ms_l0_args(&data, &out);
+        args.retain(|a| a != "--lr" && a != "0.05");
+        if flag == "--momentum" {
+            args.extend(["--optimizer".to_string(), "sgd".to_string()]);
+        }
+        args.extend([flag.to_string(), value.to_string()]);
+        let res = tlio().args(&args).output().unwrap();
+        let err = String::from_utf8(res.stderr).unwrap();
+        assert_eq!(res.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.starts_with("tlio: error: ") && err.contains(flag) && err.contains(want),
+            "{flag} {value}: {err}"
+        );
+        assert!(err.contains("[0, 3.4028235e38]"), "{err}");
+        assert!(!out.exists(), "nothing created for {flag} {value}");
+    }
+}
+
+#[test]
+fn a_diverging_run_stops_with_exit_1_naming_the_step() {
+    let dir = tmp();
+    let data = text_shard(dir.path(), "text.bin", 2);
+    let out = dir.path().join("run");
+    let mut args = ms_l0_args(&data, &out);
+    args.retain(|a| a != "--lr" && a != "0.05");
+    args.extend(["--lr".to_string(), "1e30".to_string()]);
+    let res = tlio().args(&args).output().unwrap();
+    let err = String::from_utf8(res.stderr).unwrap();
+    assert_eq!(res.status.code(), Some(1), "{err}");
+    assert!(res.stdout.is_empty());
+    assert!(
+        err.contains("the loss became") && err.contains("at step "),
+        "{err}"
+    );
+    assert!(!out.join("final.json").exists());
+}
+
+#[test]
+fn resume_says_which_newer_step_it_refused_and_repairs_it() {
+    let dir = tmp();
+    let data = text_shard(dir.path(), "text.bin", 20);
+    let out = dir.path().join("run");
+    let line = run_ok(&ms_l0_args(&data, &out));
+    let model = out.join("ckpt/step-000100/model.safetensors");
+    let mut b = fs::read(&model).unwrap();
+    let last = b.len() - 1;
+    b[last] ^= 1;
+    fs::write(&model, b).unwrap();
+    let mut args = ms_l0_args(&data, &out);
+    args.push("--resume".to_string());
+    let res = tlio().args(&args).output().unwrap();
+    let err = String::from_utf8(res.stderr).unwrap();
+    assert!(res.status.success(), "{err}");
+    assert!(
+        err.contains("skipped step-000100") && err.contains("sha256 mismatch"),
+        "{err}"
+    );
+    assert!(err.contains("step-000075"), "{err}");
+    // The save after the fallback is allowed (LATEST named a corrupt step) and the
+    // run ends exactly where the uninterrupted one did.
+    assert_eq!(res.stdout, line);
+}

@@ -154,6 +154,9 @@ pub fn diff(a: &MappedFile, b: &MappedFile) -> DiffReport {
 }
 
 /// Compare element by element after decoding both sides to f64, a chunk at a time.
+/// An element is a (real, imaginary) pair: complex dtypes decode to two values per
+/// element, real ones have imaginary part 0, so `[1+2i, 3+4i]` never equals `[1, 2]`
+/// (pairing A's imaginary parts with B's next real values would).
 fn compare_values(ta: &TensorInfo, ba: &[u8], tb: &TensorInfo, bb: &[u8]) -> Option<ValueDiff> {
     if !ta.dtype.decodable() || !tb.dtype.decodable() {
         return None;
@@ -171,22 +174,48 @@ fn compare_values(ta: &TensorInfo, ba: &[u8], tb: &TensorInfo, bb: &[u8]) -> Opt
         vb.clear();
         decode_f64(ta.dtype, ca, &mut va);
         decode_f64(tb.dtype, cb, &mut vb);
-        for (&x, &y) in va.iter().zip(&vb) {
+        let (la, lb) = (ta.dtype.lanes(), tb.dtype.lanes());
+        let pairs = |v: &[f64], lanes: usize| -> Vec<[f64; 2]> {
+            v.chunks(lanes)
+                .map(|c| {
+                    [
+                        c.first().copied().unwrap_or(0.0),
+                        c.get(1).copied().unwrap_or(0.0),
+                    ]
+                })
+                .collect()
+        };
+        let (pa, pb) = (pairs(&va, la), pairs(&vb, lb));
+        for (ea, eb) in pa.iter().zip(&pb) {
             out.count += 1;
-            match (x.is_nan(), y.is_nan()) {
-                (true, true) => {}
-                (true, false) | (false, true) => {
-                    out.differing += 1;
-                    out.nan_mismatch += 1;
-                }
-                (false, false) => {
-                    if x != y || x.is_sign_negative() != y.is_sign_negative() {
-                        out.differing += 1;
-                        let d = if x == y { 0.0 } else { (x - y).abs() };
-                        let d = if d.is_nan() { f64::INFINITY } else { d };
-                        out.max_abs_diff = Some(out.max_abs_diff.map_or(d, |m: f64| m.max(d)));
+            let mut nan_mismatch = false;
+            let mut differs = false;
+            let mut max = None::<f64>;
+            for (&x, &y) in ea.iter().zip(eb) {
+                match (x.is_nan(), y.is_nan()) {
+                    (true, true) => {}
+                    (true, false) | (false, true) => {
+                        differs = true;
+                        nan_mismatch = true;
+                    }
+                    (false, false) => {
+                        if x != y || x.is_sign_negative() != y.is_sign_negative() {
+                            differs = true;
+                            let d = if x == y { 0.0 } else { (x - y).abs() };
+                            let d = if d.is_nan() { f64::INFINITY } else { d };
+                            max = Some(max.map_or(d, |m: f64| m.max(d)));
+                        }
                     }
                 }
+            }
+            if differs {
+                out.differing += 1;
+            }
+            if nan_mismatch {
+                out.nan_mismatch += 1;
+            }
+            if let Some(d) = max {
+                out.max_abs_diff = Some(out.max_abs_diff.map_or(d, |m: f64| m.max(d)));
             }
         }
     }

@@ -176,6 +176,14 @@ impl Dtype {
         )
     }
 
+    /// Real values per element: 2 for complex dtypes (real, imaginary), else 1.
+    pub fn lanes(self) -> usize {
+        match self {
+            Dtype::C64 => 2,
+            _ => 1,
+        }
+    }
+
     /// True when values of this dtype can be decoded to numbers. The packed sub-byte
     /// dtypes (F6_E3M2, F6_E2M3, F4) are raw bytes only: the library defines no element
     /// order inside a byte, so any decoding would be a guess.

@@ -138,12 +138,49 @@ pub(crate) fn read_header_from(file: &mut File, size: u64) -> Result<Header, Rea
     let mut prefix = [0u8; N_LEN as usize];
     file.read_exact(&mut prefix).map_err(ReadFailure::Io)?;
     let n = u64::from_le_bytes(prefix);
-    check_n(n, size).map_err(ReadFailure::Invalid)?;
+    check_n(n, size)
+        .map_err(|e| with_sniff(e, &prefix))
+        .map_err(ReadFailure::Invalid)?;
     // n is at most MAX_HEADER_SIZE and within the file, so this allocation is bounded by
     // both the limit and the file's real size.
     let mut buf = vec![0u8; n as usize];
     file.read_exact(&mut buf).map_err(ReadFailure::Io)?;
     parse_header_bytes(&buf, size).map_err(ReadFailure::Invalid)
+}
+
+/// What eight leading bytes look like when they are not a safetensors length prefix:
+/// the formats people most often hand to a safetensors tool by mistake.
+pub fn sniff(prefix: &[u8; 8]) -> Option<&'static str> {
+    let word = i32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+    if prefix.starts_with(b"PK\x03\x04") {
+        Some("it is a zip archive (a PyTorch .pt or .bin file?)")
+    } else if prefix.starts_with(b"GGUF") {
+        Some("it is a GGUF file")
+    } else if prefix.starts_with(b"\x93NUMPY") {
+        Some("it is a NumPy .npy file")
+    } else if prefix[0] == 0x80 && (2..=5).contains(&prefix[1]) {
+        Some("it is a Python pickle")
+    } else if word == 20240520 || word == 20240801 {
+        Some("it is a token shard")
+    } else if std::str::from_utf8(prefix).is_ok_and(|t| {
+        t.chars()
+            .all(|c| !c.is_control() || c == '\n' || c == '\r' || c == '\t')
+    }) {
+        Some("it starts with text")
+    } else {
+        None
+    }
+}
+
+/// Add what the file looks like to a too-large header length.
+fn with_sniff(err: SafetensorsError, prefix: &[u8; 8]) -> SafetensorsError {
+    match err {
+        SafetensorsError::HeaderTooLarge { n, .. } => SafetensorsError::HeaderTooLarge {
+            n,
+            looks_like: sniff(prefix),
+        },
+        other => other,
+    }
 }
 
 fn check_prefix_len(size: u64) -> Result<(), SafetensorsError> {
@@ -155,7 +192,10 @@ fn check_prefix_len(size: u64) -> Result<(), SafetensorsError> {
 
 fn check_n(n: u64, size: u64) -> Result<(), SafetensorsError> {
     if n > MAX_HEADER_SIZE {
-        return Err(SafetensorsError::HeaderTooLarge { n });
+        return Err(SafetensorsError::HeaderTooLarge {
+            n,
+            looks_like: None,
+        });
     }
     match n.checked_add(N_LEN) {
         Some(end) if end <= size => Ok(()),
@@ -170,7 +210,7 @@ pub fn parse_header(file: &[u8]) -> Result<Header, SafetensorsError> {
     let mut prefix = [0u8; N_LEN as usize];
     prefix.copy_from_slice(file.get(..N_LEN as usize).unwrap_or(&[0; 8]));
     let n = u64::from_le_bytes(prefix);
-    check_n(n, size)?;
+    check_n(n, size).map_err(|e| with_sniff(e, &prefix))?;
     let end = (N_LEN + n) as usize;
     let header = file
         .get(N_LEN as usize..end)

@@ -82,13 +82,16 @@ pub enum SafetensorsError {
         /// File size.
         size: u64,
     },
-    /// Rule 1: N is larger than 100,000,000.
+    /// Rule 1: N is larger than 100,000,000 (with what the file looks like instead).
     #[error(
-        "rule 1 (header length): header length {n} exceeds the limit of {MAX_HEADER_SIZE} bytes"
+        "rule 1 (header length): {}header length {n} exceeds the limit of {MAX_HEADER_SIZE} bytes",
+        .looks_like.map(|w| format!("not a safetensors file: {w}: ")).unwrap_or_default()
     )]
     HeaderTooLarge {
         /// The header length read from the file.
         n: u64,
+        /// What the first bytes look like, when they are a well-known other format.
+        looks_like: Option<&'static str>,
     },
     /// Rule 1: 8 + N is past the end of the file.
     #[error(

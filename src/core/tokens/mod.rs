@@ -30,6 +30,22 @@ pub use shard::{
 pub use stream::{Batch, Cursor, RngState, TokenStream};
 pub use tokenizer::Tokenizer;
 
+/// What a bad magic word's four bytes look like, for the message: a file of text
+/// handed to `tokens` by mistake is the common case.
+fn magic_hint(magic: i32) -> &'static str {
+    let bytes = magic.to_le_bytes();
+    if bytes.starts_with(b"PK\x03\x04") {
+        "; it is a zip archive"
+    } else if std::str::from_utf8(&bytes).is_ok_and(|t| {
+        t.chars()
+            .all(|c| !c.is_control() || c.is_ascii_whitespace())
+    }) {
+        "; it starts with text"
+    } else {
+        ""
+    }
+}
+
 /// Errors of token shards, packing and the token stream.
 #[derive(Debug, thiserror::Error)]
 pub enum TokensError {
@@ -51,7 +67,7 @@ pub enum TokensError {
         size: u64,
     },
     /// Header word 0 is not a known magic number.
-    #[error("{}: bad magic {magic} (expected {MAGIC}, or {LLAMA3_MAGIC} for llm.c Llama-3 shards)", path.display())]
+    #[error("{}: not a token shard: bad magic {magic} (expected {MAGIC}, or {LLAMA3_MAGIC} for llm.c Llama-3 shards){}", path.display(), magic_hint(*.magic))]
     BadMagic {
         /// The file.
         path: PathBuf,

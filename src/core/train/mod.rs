@@ -126,6 +126,14 @@ pub enum TrainError {
         /// `--max-steps`.
         max_steps: u64,
     },
+    /// The loss stopped being a finite number: training diverged.
+    #[error("the loss became {loss} at step {step}: training diverged (try a smaller --lr); the checkpoints before it are kept, nothing of this step is saved")]
+    NonFiniteLoss {
+        /// The step whose loss was not finite.
+        step: u64,
+        /// That loss.
+        loss: f32,
+    },
 }
 
 impl Failure for TrainError {
@@ -147,7 +155,8 @@ impl Failure for TrainError {
             | TrainError::EmptyVocab
             | TrainError::TokenOutOfRange { .. }
             | TrainError::Shape(_)
-            | TrainError::BadCheckpoint { .. } => FailureKind::Invalid,
+            | TrainError::BadCheckpoint { .. }
+            | TrainError::NonFiniteLoss { .. } => FailureKind::Invalid,
         }
     }
 }

@@ -815,6 +815,11 @@ fn run_gradient(
         let loss = trainer.train_step()?;
         fail::fail_point!("train/after-step", |_| std::process::abort());
         let step = trainer.step_count();
+        // A diverged run must not end in success with "loss": null, nor save NaN
+        // weights over good checkpoints.
+        if !loss.is_finite() {
+            return Err(TrainError::NonFiniteLoss { step, loss });
+        }
         progress(Progress::Step {
             step,
             loss,

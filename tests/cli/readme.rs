@@ -1,0 +1,279 @@
+//! The README's tour runs as written: every ```` ```console ```` block of README.md is
+//! executed, command by command, and what each command prints must equal what the
+//! README shows under it.
+//!
+//! How to write a block this test checks (for anyone adding a README section):
+//! - Fence it with ```` ```console ````. A line starting `$ ` is a command, run by
+//!   `sh` with `tlio` (the binary under test) first on PATH; the lines after it, up to
+//!   the next `$ ` line, are its standard output and standard error together, in the
+//!   order they were written.
+//! - `[exit N]` on the line after the output means the command exits N (otherwise it
+//!   must exit 0).
+//! - Figures that change from run to run are masked on both sides: `tok/s <number>`
+//!   and `in <number> s`. Anything else must match byte for byte.
+//! - Every `###` section starts at the checkout's root (the test runs in a scratch copy
+//!   where `assets/` and `fixtures/` are the checkout's own); a `cd` inside a section
+//!   carries over to the section's later commands. Sections that write files begin
+//!   with `mkdir -p tour/<name> && cd tour/<name>` (`tour/` is git-ignored).
+//! - A block that must not run (it needs a network, a GPU, a large download) is
+//!   preceded by the line `<!-- readme-test: skip -->`, or fenced as ```` ```text ````.
+//! - After a deliberate change, `TLIO_README_UPDATE=1 cargo test --release --test cli
+//!   readme` writes each command's actual output (and `[exit N]`) into README.md in
+//!   place of the old one; review the diff before committing.
+//! - The shell's own report of a process killed by a signal (`Aborted`, printed by
+//!   `sh` and not by tlio) is not part of the output; the README shows only
+//!   `[exit 134]`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use regex::Regex;
+
+/// One command of a block: the command line, the expected output, the exit code.
+#[derive(Debug)]
+struct Step {
+    line: usize,
+    section: usize,
+    command: String,
+    expected: String,
+    code: i32,
+}
+
+/// Parse README text into steps.
+fn steps(readme: &str) -> Vec<Step> {
+    let mut out = Vec::new();
+    let mut section = 0;
+    let mut in_block = false;
+    let mut skip_next = false;
+    let mut current: Option<Step> = None;
+    for (i, line) in readme.lines().enumerate() {
+        if !in_block {
+            if line.starts_with("## ") || line.starts_with("### ") {
+                section += 1;
+            }
+            if line.trim() == "<!-- readme-test: skip -->" {
+                skip_next = true;
+                continue;
+            }
+            if line.starts_with("```") {
+                in_block = true;
+                if line.trim() != "```console" || skip_next {
+                    // Not a tested block: consume until its end.
+                    in_block = true;
+                    current = None;
+                    skip_next = false;
+                    // Mark with an impossible section to skip its lines.
+                    out.push(Step {
+                        line: usize::MAX,
+                        section,
+                        command: String::new(),
+                        expected: String::new(),
+                        code: 0,
+                    });
+                }
+                continue;
+            }
+            continue;
+        }
+        if line.starts_with("```") {
+            in_block = false;
+            if let Some(step) = current.take() {
+                out.push(step);
+            }
+            // Drop the marker of a skipped block.
+            if out.last().is_some_and(|s| s.line == usize::MAX) {
+                out.pop();
+            }
+            continue;
+        }
+        if out.last().is_some_and(|s| s.line == usize::MAX) {
+            continue;
+        }
+        if let Some(command) = line.strip_prefix("$ ") {
+            if let Some(step) = current.take() {
+                out.push(step);
+            }
+            current = Some(Step {
+                line: i + 1,
+                section,
+                command: command.to_string(),
+                expected: String::new(),
+                code: 0,
+            });
+        } else if let Some(step) = current.as_mut() {
+            if let Some(code) = line
+                .strip_prefix("[exit ")
+                .and_then(|r| r.strip_suffix(']'))
+            {
+                step.code = code.parse().expect("[exit N] holds a number");
+            } else {
+                step.expected.push_str(line);
+                step.expected.push('\n');
+            }
+        } else {
+            panic!("README.md:{}: output before any `$ ` command", i + 1);
+        }
+    }
+    out
+}
+
+/// README text with the output under each command line (by 1-based line number)
+/// replaced by the actual output and exit code.
+fn rewrite(readme: &str, actuals: &[(usize, String, i32)]) -> String {
+    let mut out = String::new();
+    let mut skipping = false;
+    for (i, line) in readme.lines().enumerate() {
+        if skipping {
+            if line.starts_with("$ ") || line.starts_with("```") {
+                skipping = false;
+            } else {
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+        if let Some((_, actual, code)) = actuals.iter().find(|(n, _, _)| *n == i + 1) {
+            out.push_str(actual);
+            if *code != 0 {
+                out.push_str(&format!("[exit {code}]\n"));
+            }
+            skipping = true;
+        }
+    }
+    out
+}
+
+/// Mask the figures that change from run to run.
+fn mask(text: &str) -> String {
+    let rate = Regex::new(r"tok/s \d+").unwrap();
+    let secs = Regex::new(r"in \d+(\.\d+)? s\b").unwrap();
+    let text = rate.replace_all(text, "tok/s [N]");
+    secs.replace_all(&text, "in [T] s").into_owned()
+}
+
+/// The shell's report of a child killed by a signal, which is not tlio's output.
+fn is_shell_signal_report(line: &str) -> bool {
+    line == "Aborted" || line.ends_with(" Aborted") || line.starts_with("Aborted (core dumped)")
+}
+
+fn link_or_copy(from: &Path, to: &Path) {
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(from, to).unwrap();
+    #[cfg(not(unix))]
+    panic!(
+        "the README test needs symlinks: {} -> {}",
+        from.display(),
+        to.display()
+    );
+}
+
+#[test]
+fn readme_tour_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let steps = steps(&readme);
+    assert!(steps.len() >= 10, "found only {} commands", steps.len());
+    let scratch = super::tmp();
+    for name in ["assets", "fixtures"] {
+        link_or_copy(&root.join(name), &scratch.path().join(name));
+    }
+    let bin = assert_cmd::cargo::cargo_bin("tlio");
+    let bin_dir = bin.parent().unwrap().to_path_buf();
+    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
+    let pwd_file = scratch.path().join(".pwd");
+    let mut cwd = scratch.path().to_path_buf();
+    let mut section = usize::MAX;
+    let mut failures = Vec::new();
+    let mut actuals = Vec::new();
+    for step in &steps {
+        if step.section != section {
+            section = step.section;
+            cwd = scratch.path().to_path_buf();
+        }
+        let script = format!(
+            "{{ {}\n}} 2>&1\nrc=$?\npwd > \"$TOUR_PWD\"\nexit $rc",
+            step.command
+        );
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(&cwd)
+            .env("PATH", &path)
+            .env("TOUR_PWD", &pwd_file)
+            .env_remove("FAILPOINTS")
+            .env_remove("NO_COLOR")
+            .env_remove("CLICOLOR_FORCE")
+            .output()
+            .unwrap();
+        if let Ok(dir) = fs::read_to_string(&pwd_file) {
+            cwd = PathBuf::from(dir.trim_end_matches('\n'));
+        }
+        let _ = fs::remove_file(&pwd_file);
+        let actual: String = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !is_shell_signal_report(l))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let code = out.status.code().unwrap_or(-1);
+        actuals.push((step.line, actual.clone(), code));
+        if mask(&actual) != mask(&step.expected) || code != step.code {
+            failures.push(format!(
+                "README.md:{}: $ {}\n--- README (exit {})\n{}--- actual (exit {code})\n{actual}",
+                step.line, step.command, step.code, step.expected
+            ));
+        }
+    }
+    if std::env::var_os("TLIO_README_UPDATE").is_some() {
+        fs::write(root.join("README.md"), rewrite(&readme, &actuals)).unwrap();
+        return;
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} README commands differ:\n\n{}",
+        failures.len(),
+        steps.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn the_parser_reads_commands_outputs_exit_codes_and_skips() {
+    let text = "### a\n```console\n$ tlio x\nout 1\nout 2\n[exit 1]\n$ tlio y\n```\n\
+                <!-- readme-test: skip -->\n```console\n$ tlio skipped\n```\n\
+                ```text\n$ not run\n```\n### b\n```console\n$ tlio z\n```\n";
+    let s = steps(text);
+    let got: Vec<(&str, &str, i32, usize)> = s
+        .iter()
+        .map(|s| (s.command.as_str(), s.expected.as_str(), s.code, s.section))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("tlio x", "out 1\nout 2\n", 1, 1),
+            ("tlio y", "", 0, 1),
+            ("tlio z", "", 0, 2)
+        ]
+    );
+    assert_eq!(mask("tok/s 123 in 1.5 s"), "tok/s [N] in [T] s");
+}
+
+#[test]
+fn ci_runs_exactly_the_readme_test_command() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let command = readme
+        .lines()
+        .find(|l| l.starts_with("cargo test"))
+        .and_then(|l| l.split('#').next())
+        .map(str::trim)
+        .expect("the README's test command");
+    let ci = fs::read_to_string(root.join(".ci/run")).unwrap();
+    assert!(
+        ci.lines().any(|l| l.trim() == command),
+        ".ci/run runs `{command}`"
+    );
+}
