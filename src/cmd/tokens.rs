@@ -53,13 +53,13 @@ const PACK_EXAMPLES: &str = "\
 Examples:
   tlio tokens pack corpus.txt -o corpus.bin
   tlio tokens pack ids.txt --from ids --vocab-size 50257 -o train.bin
-  tlio tokens pack docs.jsonl.zst --tokenizer gpt2 --from jsonl --val-tokens 100000000 -o data/fineweb
-  tlio tokens pack train.parquet --tokenizer model/tokenizer.json --eot '<|end_of_text|>' --from parquet -o data/llama";
+  tlio tokens pack docs.jsonl.zst --tokenizer gpt2 --from jsonl --val-tokens 100000000 -o fw
+  tlio tokens pack t.parquet --from parquet --tokenizer tokenizer.json --eot none -o ll";
 
 const DECODE_EXAMPLES: &str = "\
 Examples:
-  tlio tokens decode data/fineweb_val_000000.bin --tokenizer gpt2 --count 200
-  tlio --json tokens decode data/llama_val_000000.bin --tokenizer model/tokenizer.json --start 1000 --count 8";
+  tlio tokens decode fw_val_000000.bin --tokenizer gpt2 --count 200
+  tlio --json tokens decode ll.bin --tokenizer tokenizer.json --start 1000 --count 8";
 
 const WINDOWS_EXAMPLES: &str = "\
 Examples:
@@ -492,10 +492,9 @@ fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome
     } else {
         for s in &report.shards {
             printer.info(format!(
-                "wrote {}: {} ids, magic {} version {}, V {}",
+                "wrote {}: {} ids, version {}, V {}",
                 escape(&s.file),
                 s.n,
-                s.magic,
                 s.version,
                 s.vocab_size
                     .map_or("not recorded".to_string(), |v| v.to_string())
