@@ -13,8 +13,8 @@ use serde::Serialize;
 
 use super::Outcome;
 use crate::core::checkpoint::{
-    self, load::Survey, parse_step_name, step_name, verify as ckverify, Latest, Payload, Problem,
-    SaveRequest, TrainerState, MANIFEST_NAME,
+    self, load::Survey, parse_step_name, step_name, verify as ckverify, Payload, SaveRequest,
+    TrainerState, MANIFEST_NAME,
 };
 use crate::core::text::escape;
 use crate::output::{Printer, Tone};
@@ -209,13 +209,6 @@ struct StepJson {
     load: bool,
 }
 
-fn status(problems: &[Problem]) -> String {
-    problems
-        .first()
-        .map(|p| p.to_string())
-        .unwrap_or_else(|| "ok".to_string())
-}
-
 /// A path is one step directory when its name is a step name or it holds a manifest.
 fn is_step_dir(path: &Path) -> bool {
     path.file_name()
@@ -287,7 +280,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
         .map(|r| StepJson {
             step: r.step,
             name: step_name(r.step),
-            status: status(&r.problems),
+            status: r.status(),
             problems: r.problems.iter().map(|p| p.to_string()).collect(),
             size: r.size,
             latest: r.latest,
@@ -295,22 +288,9 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             load: r.picked,
         })
         .collect();
-    let (latest, latest_problem) = match &survey.latest {
-        Latest::Missing => (None, Some("no LATEST".to_string())),
-        Latest::Malformed(why) => (None, Some(why.clone())),
-        Latest::Names(n) if !survey.rows.iter().any(|r| r.step == *n) => (
-            Some(step_name(*n)),
-            Some(format!(
-                "LATEST names {}, which does not exist",
-                step_name(*n)
-            )),
-        ),
-        Latest::Names(n) => (Some(step_name(*n)), None),
-    };
-    let mut stale = survey.tmps.clone();
-    if survey.latest_tmp {
-        stale.push(checkpoint::LATEST_TMP_NAME.to_string());
-    }
+    let latest = survey.latest_name();
+    let latest_problem = survey.latest_problem();
+    let stale = survey.stale();
     if printer.json {
         #[derive(Serialize)]
         struct Out<'a> {
@@ -333,17 +313,15 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     }
     let mut table = printer.table();
     table.set_header(["step", "status", "size", "LATEST", "load"]);
-    for s in &steps {
-        let status = if s.newer_than_latest && s.problems.is_empty() {
-            printer.cell("ok (newer than LATEST: ignored)", Tone::Good)
-        } else if s.problems.is_empty() {
-            printer.cell(escape(&s.status), Tone::Good)
+    for (s, row) in steps.iter().zip(&survey.rows) {
+        let tone = if s.problems.is_empty() {
+            Tone::Good
         } else {
-            printer.cell(escape(&s.status), Tone::Bad)
+            Tone::Bad
         };
         table.add_row(vec![
             Cell::new(&s.name),
-            status,
+            printer.cell(escape(&row.verdict()), tone),
             Cell::new(crate::output::human_bytes(s.size)),
             Cell::new(if s.latest { "LATEST" } else { "" }),
             Cell::new(if s.load { "load" } else { "" }),

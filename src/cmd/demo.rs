@@ -22,6 +22,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::Outcome;
+use crate::core::checkpoint::step_name;
 use crate::output::Printer;
 
 /// The built-in corpus: an essay written for this project (same licence as the code).
@@ -230,11 +231,6 @@ fn train_args(out: &str) -> Vec<String> {
         "--lr".into(),
         LR.into(),
     ]
-}
-
-/// The step directory name of checkpoint.md (`step-` and at least six digits).
-fn step_dir(step: u64) -> String {
-    format!("step-{step:06}")
 }
 
 /// Collects checks; `need` ends the demo early when a step others depend on failed.
@@ -447,7 +443,7 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
     let out = ch.run(&latest, None)?;
     let picked = stdout_text(&out);
     let last_saved = ((ABORT_AFTER + 1) / CKPT_EVERY) * CKPT_EVERY;
-    let ok = out.status.success() && picked.ends_with(&step_dir(last_saved));
+    let ok = out.status.success() && picked.ends_with(&step_name(last_saved));
     if !checks.add(
         "ckpt latest: crash left a loadable checkpoint",
         ok,
@@ -480,7 +476,7 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
     if !checks.add(
         "train --resume: run completed",
         out.status.success() && final_b.is_some(),
-        format!("from {}", step_dir(last_saved)),
+        format!("from {}", step_name(last_saved)),
     ) {
         ch.show_failure(&resume_refs, &out);
         return Ok(false);
@@ -494,7 +490,7 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
     report.final_line_text = Some(line_a.clone());
 
     // 7. The final models and optimizer states, bitwise.
-    let last = step_dir(STEPS);
+    let last = step_name(STEPS);
     for file in ["model.safetensors", "optimizer.safetensors"] {
         let a = format!("{FULL}/ckpt/{last}/{file}");
         let b = format!("{RESUMED}/ckpt/{last}/{file}");
@@ -603,11 +599,6 @@ mod tests {
         let v: Value = serde_json::json!({"files": [{"path": "x", "n": 3}]});
         assert_eq!(find(&v, "n"), Some(&Value::from(3)));
         assert_eq!(find(&v, "missing"), None);
-    }
-
-    #[test]
-    fn step_dirs_have_six_digits() {
-        assert_eq!(step_dir(50), "step-000050");
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub enum TokensCommand {
     /// Show and validate shard headers: magic, version, dtype, n, V, size (reads only the
     /// 1024-byte header unless --check-ids). Exit 1 if any file is invalid.
     #[command(after_help = HEADER_EXAMPLES)]
-    Header(HeaderArgs),
+    ShardHeader(HeaderArgs),
     /// Build shards from standard input or files, in bounded memory.
     #[command(after_help = PACK_EXAMPLES)]
     Pack(PackArgs),
@@ -209,7 +209,7 @@ pub struct WindowsArgs {
 /// Run `tlio tokens`.
 pub fn run(cmd: TokensCommand, printer: &Printer) -> anyhow::Result<Outcome> {
     match cmd {
-        TokensCommand::Header(args) => header(args, printer),
+        TokensCommand::ShardHeader(args) => header(args, printer),
         TokensCommand::Pack(args) => pack(args, printer),
         TokensCommand::Windows(args) => windows(args, printer),
         TokensCommand::Decode(args) => decode(args, printer),
@@ -471,7 +471,7 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     report_pack(&report, printer)
 }
 
-fn packed_shards(shards: &[(PathBuf, tokens::Header)]) -> Vec<PackedShard> {
+fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
     shards
         .iter()
         .map(|(path, h)| PackedShard {

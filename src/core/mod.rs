@@ -3,12 +3,13 @@
 //! Arrows run one way: `train` uses `checkpoint`, `tokens` and `safetensors`;
 //! `checkpoint` uses `safetensors`; `tokens` uses `pcg`; `safetensors` uses `atomic`.
 //! Every area may use the small leaf modules `failure` (what kind of failure an error
-//! is) and `text` (escaping names for display). Nothing here prints, exits, looks at a
+//! is), `text` (escaping names for display) and `digest` (sha256 and hex). Nothing here prints, exits, looks at a
 //! terminal or imports `cmd`, `error` or `output`: errors say their [`FailureKind`] and
 //! the command layer alone turns that into an exit code.
 
 pub mod atomic;
 pub mod checkpoint;
+pub mod digest;
 pub mod failure;
 pub mod optim;
 pub mod pcg;

@@ -265,22 +265,27 @@ pub struct StepScalars {
     kind: StepKind,
 }
 
+/// AdamW's per-step scalars, computed once per step in f64 and rounded to f32 as
+/// torch does.
+#[derive(Debug, Clone, Copy)]
+struct AdamwScalars {
+    /// `1 - lr * weight_decay`, or `None` when weight_decay is 0 (torch skips it).
+    decay: Option<f32>,
+    /// `1 - beta1`, the lerp weight.
+    lerp_w: f32,
+    beta2: f32,
+    /// `1 - beta2`.
+    one_minus_beta2: f32,
+    /// `sqrt(1 - beta2^t)`.
+    bc2_sqrt: f32,
+    eps: f32,
+    /// `-lr / (1 - beta1^t)`.
+    neg_step_size: f32,
+}
+
 #[derive(Debug, Clone, Copy)]
 enum StepKind {
-    Adamw {
-        /// `1 - lr * weight_decay`, or `None` when weight_decay is 0 (torch skips it).
-        decay: Option<f32>,
-        /// `1 - beta1`, the lerp weight.
-        lerp_w: f32,
-        beta2: f32,
-        /// `1 - beta2`.
-        one_minus_beta2: f32,
-        /// `sqrt(1 - beta2^t)`.
-        bc2_sqrt: f32,
-        eps: f32,
-        /// `-lr / (1 - beta1^t)`.
-        neg_step_size: f32,
-    },
+    Adamw(AdamwScalars),
     Sgd {
         weight_decay: Option<f32>,
         /// Some((momentum, 1 - dampening, first step)) when momentum != 0.
@@ -361,7 +366,7 @@ impl Optimizer {
                 let bias_correction2 = 1.0 - beta2.powf(t);
                 let step_size = lr / bias_correction1;
                 let bias_correction2_sqrt = bias_correction2.powf(0.5);
-                StepKind::Adamw {
+                StepKind::Adamw(AdamwScalars {
                     decay: (weight_decay != 0.0).then_some((1.0 - lr * weight_decay) as f32),
                     lerp_w: (1.0 - beta1) as f32,
                     beta2: beta2 as f32,
@@ -369,7 +374,7 @@ impl Optimizer {
                     bc2_sqrt: bias_correction2_sqrt as f32,
                     eps: eps as f32,
                     neg_step_size: (-step_size) as f32,
-                }
+                })
             }
             OptimConfig::Sgd {
                 lr,
@@ -435,15 +440,7 @@ impl Optimizer {
             }
         };
         match scalars.kind {
-            StepKind::Adamw {
-                decay,
-                lerp_w,
-                beta2,
-                one_minus_beta2,
-                bc2_sqrt,
-                eps,
-                neg_step_size,
-            } => {
+            StepKind::Adamw(scalars) => {
                 let [m, v] = slot.state.as_mut_slice() else {
                     return Err(OptimError::State(format!("{}: missing moments", slot.name)));
                 };
@@ -451,19 +448,7 @@ impl Optimizer {
                     return Err(OptimError::State(format!("{}: short moments", slot.name)));
                 };
                 for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                    adamw_element(
-                        p,
-                        g,
-                        m,
-                        v,
-                        decay,
-                        lerp_w,
-                        beta2,
-                        one_minus_beta2,
-                        bc2_sqrt,
-                        eps,
-                        neg_step_size,
-                    );
+                    scalars.element(p, g, m, v);
                 }
             }
             StepKind::Sgd {
@@ -610,36 +595,27 @@ impl Optimizer {
 /// `exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)`;
 /// `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`;
 /// `param.addcdiv_(exp_avg, denom, value=-step_size)`.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn adamw_element(
-    p: &mut f32,
-    g: f32,
-    m: &mut f32,
-    v: &mut f32,
-    decay: Option<f32>,
-    lerp_w: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    bc2_sqrt: f32,
-    eps: f32,
-    neg_step_size: f32,
-) {
-    if let Some(decay) = decay {
-        *p *= decay;
+impl AdamwScalars {
+    /// One element of the step: parameter `p`, gradient `g`, moments `m` and `v`.
+    #[inline]
+    fn element(&self, p: &mut f32, g: f32, m: &mut f32, v: &mut f32) {
+        if let Some(decay) = self.decay {
+            *p *= decay;
+        }
+        // torch's lerp: weight < 0.5 → fmadd(w, end - self, self), else
+        // fmadd(w - 1, end - self, end) (Lerp.h, lerp_vec).
+        let lerp_w = self.lerp_w;
+        *m = if lerp_w.abs() < 0.5 {
+            lerp_w.mul_add(g - *m, *m)
+        } else {
+            (lerp_w - 1.0).mul_add(g - *m, g)
+        };
+        // addcmul: self + value * t1 * t2, left to right, unfused.
+        *v = *v * self.beta2 + self.one_minus_beta2 * g * g;
+        let denom = v.sqrt() / self.bc2_sqrt + self.eps;
+        // addcdiv: self + value * t1 / t2, left to right, unfused.
+        *p += self.neg_step_size * *m / denom;
     }
-    // torch's lerp: weight < 0.5 → fmadd(w, end - self, self), else
-    // fmadd(w - 1, end - self, end) (Lerp.h, lerp_vec).
-    *m = if lerp_w.abs() < 0.5 {
-        lerp_w.mul_add(g - *m, *m)
-    } else {
-        (lerp_w - 1.0).mul_add(g - *m, g)
-    };
-    // addcmul: self + value * t1 * t2, left to right, unfused.
-    *v = *v * beta2 + one_minus_beta2 * g * g;
-    let denom = v.sqrt() / bc2_sqrt + eps;
-    // addcdiv: self + value * t1 / t2, left to right, unfused.
-    *p += neg_step_size * *m / denom;
 }
 
 #[cfg(test)]

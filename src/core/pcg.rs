@@ -69,6 +69,30 @@ impl Pcg32 {
     }
 }
 
+/// The generator's whole position, as checkpoints and data cursors store it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RngState {
+    /// The 64-bit state.
+    pub state: u64,
+    /// The increment; always odd for a valid generator.
+    pub inc: u64,
+}
+
+impl RngState {
+    /// The position of `rng`.
+    pub fn of(rng: &Pcg32) -> RngState {
+        RngState {
+            state: rng.state(),
+            inc: rng.inc(),
+        }
+    }
+
+    /// A generator at this position; `None` when the increment is even.
+    pub fn to_rng(self) -> Option<Pcg32> {
+        Pcg32::from_parts(self.state, self.inc)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

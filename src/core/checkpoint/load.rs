@@ -161,10 +161,61 @@ pub struct Survey {
     pub latest_tmp: bool,
 }
 
+impl SurveyRow {
+    /// The row's one-word verdict: `ok`, or its first problem.
+    pub fn status(&self) -> String {
+        self.problems
+            .first()
+            .map_or_else(|| "ok".to_string(), Problem::to_string)
+    }
+
+    /// The verdict as the table shows it: a sound step newer than `LATEST` says that
+    /// `load` ignores it.
+    pub fn verdict(&self) -> String {
+        if self.newer_than_latest && self.problems.is_empty() {
+            "ok (newer than LATEST: ignored)".to_string()
+        } else {
+            self.status()
+        }
+    }
+}
+
 impl Survey {
     /// True when `LATEST` names a directory that verifies (and so `load` picks it).
     pub fn latest_is_valid(&self) -> bool {
         self.rows.iter().any(|r| r.latest && r.problems.is_empty())
+    }
+
+    /// The step name `LATEST` holds, if it holds one.
+    pub fn latest_name(&self) -> Option<String> {
+        match &self.latest {
+            Latest::Names(n) => Some(step_name(*n)),
+            Latest::Missing | Latest::Malformed(_) => None,
+        }
+    }
+
+    /// What is wrong with `LATEST` itself: missing, malformed, or naming a step
+    /// directory that does not exist; `None` when it names one that exists.
+    pub fn latest_problem(&self) -> Option<String> {
+        match &self.latest {
+            Latest::Missing => Some("no LATEST".to_string()),
+            Latest::Malformed(why) => Some(why.clone()),
+            Latest::Names(n) if !self.rows.iter().any(|r| r.step == *n) => Some(format!(
+                "LATEST names {}, which does not exist",
+                step_name(*n)
+            )),
+            Latest::Names(_) => None,
+        }
+    }
+
+    /// Leftover temporary entries (`step-N.tmp`, then `LATEST.tmp`), which the next save
+    /// or gc removes.
+    pub fn stale(&self) -> Vec<String> {
+        let mut stale = self.tmps.clone();
+        if self.latest_tmp {
+            stale.push(super::LATEST_TMP_NAME.to_string());
+        }
+        stale
     }
 }
 

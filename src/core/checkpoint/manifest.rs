@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::state::{is_lower_hex, SHA256_HEX_LEN};
+use crate::core::digest::{is_lower_hex, SHA256_HEX_LEN};
 
 /// The manifest's own file name.
 pub const MANIFEST_NAME: &str = "MANIFEST.json";

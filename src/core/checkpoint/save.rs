@@ -21,12 +21,13 @@ use super::gc::{plan_keep, remove_entry};
 use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 use super::optimizer::{check_header, model_params};
 use super::state::TrainerState;
-use super::verify::{hex, inspect, safetensors_problem};
+use super::verify::{inspect, safetensors_problem};
 use super::{
     io_at, list, step_name, CheckpointError, DirLock, Listing, CONFIG_NAME, LATEST_NAME,
     LATEST_TMP_NAME, MODEL_NAME, OPTIMIZER_NAME, SAVE_LOCK_NOTICE, SAVE_LOCK_WAIT, STATE_NAME,
     TMP_SUFFIX,
 };
+use crate::core::digest::{hex, sha256_hex};
 use crate::core::safetensors::read_header;
 
 /// Copy buffer for `Payload::Copy`.
@@ -228,7 +229,7 @@ fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
         Some(bytes) => {
             serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
                 .map_err(|e| CheckpointError::Config(e.to_string()))?;
-            Some(hex(&Sha256::digest(bytes)))
+            Some(sha256_hex(bytes))
         }
         None => None,
     };

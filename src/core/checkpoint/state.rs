@@ -7,8 +7,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// Length of a sha256 digest in lowercase hex.
-pub const SHA256_HEX_LEN: usize = 64;
+use crate::core::digest::is_lower_hex;
+pub use crate::core::digest::SHA256_HEX_LEN;
 /// Length of a sha1 git object id in hex.
 pub const GIT_SHA1_HEX_LEN: usize = 40;
 /// Length of a sha256 git object id in hex.
@@ -26,14 +26,8 @@ pub struct DataCursor {
     pub offset: u64,
 }
 
-/// The PCG32 generator's whole position (tokens.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RngState {
-    /// The 64-bit state.
-    pub state: u64,
-    /// The increment; always odd.
-    pub inc: u64,
-}
+/// The PCG32 generator's whole position (tokens.md), defined with the generator.
+pub use crate::core::pcg::RngState;
 
 /// The training loop's position, as stored in `trainer_state.json`.
 #[derive(Debug, Clone, PartialEq)]
@@ -278,9 +272,6 @@ fn parse_word(s: &str, field: &'static str) -> Result<u64, StateError> {
 }
 
 /// True when `s` is exactly `len` digits of `0-9a-f`.
-pub fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
 
 #[derive(Serialize)]
 struct WireState {

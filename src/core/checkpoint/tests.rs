@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::fsops::{Fill, FsOps, Op, RealFs, RecordingFs};
-use super::verify::hex;
 use super::*;
+use crate::core::digest::hex;
 use crate::core::safetensors::{self as st, Dtype, Tensor, TensorData};
 
 /// Section 3's Linear(2, 1) after two AdamW steps: awkward float bits on purpose.

@@ -11,15 +11,12 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
-
 use super::fsops::open_no_follow;
 use super::manifest::{Manifest, MANIFEST_NAME};
 use super::state::TrainerState;
 use super::{parse_step_name, CONFIG_NAME, MODEL_NAME, STATE_NAME};
+use crate::core::digest::{hex, sha256_stream};
 
-/// Read buffer for hashing; large so sha256 runs at the speed of its hardware path.
-const HASH_BUFFER_BYTES: usize = 4 << 20;
 /// Largest manifest read (a manifest lists a handful of files).
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Largest JSON file of a step directory kept in memory for parsing.
@@ -151,39 +148,6 @@ pub struct Inspection {
 /// The problems of one step directory (empty when it verifies).
 pub fn verify(step_dir: &Path) -> Vec<Problem> {
     inspect(step_dir).problems
-}
-
-/// sha256 of everything `reader` yields, with the byte count, through a large buffer;
-/// `keep` collects the bytes too when given.
-pub fn sha256_stream(
-    reader: &mut dyn Read,
-    mut keep: Option<&mut Vec<u8>>,
-    progress: &mut dyn FnMut(u64),
-) -> io::Result<(u64, [u8; 32])> {
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; HASH_BUFFER_BYTES];
-    let mut total: u64 = 0;
-    loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        let chunk = buf.get(..n).unwrap_or_default();
-        hasher.update(chunk);
-        if let Some(k) = keep.as_deref_mut() {
-            k.extend_from_slice(chunk);
-        }
-        total = total.saturating_add(n as u64);
-        progress(n as u64);
-    }
-    Ok((total, hasher.finalize().into()))
-}
-
-/// Lowercase hex of a digest.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Check a safetensors file against the reader rules (header and size only).

@@ -53,6 +53,11 @@ impl TensorInfo {
 }
 
 /// A validated header.
+///
+/// Invariant: `by_name` holds the positions of `tensors` ordered by name, so that
+/// [`Header::get`] is a binary search, not a scan (a diff of two 80,000-tensor files
+/// looks every name up). Build headers with [`Header::new`] and do not reorder or
+/// grow `tensors` afterwards.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     /// The tensors in data-offset order (zero-size ties in canonical order).
@@ -63,9 +68,33 @@ pub struct Header {
     pub header_len: u64,
     /// The size of the whole file.
     pub file_size: u64,
+    /// Positions into `tensors`, sorted by tensor name.
+    by_name: Vec<usize>,
 }
 
 impl Header {
+    /// A header over validated parts; indexes the tensors by name.
+    pub fn new(
+        tensors: Vec<TensorInfo>,
+        metadata: BTreeMap<String, String>,
+        header_len: u64,
+        file_size: u64,
+    ) -> Self {
+        let mut by_name: Vec<usize> = (0..tensors.len()).collect();
+        by_name.sort_by(|&a, &b| match (tensors.get(a), tensors.get(b)) {
+            (Some(a), Some(b)) => a.name.cmp(&b.name),
+            // Unreachable: every position is below tensors.len().
+            _ => std::cmp::Ordering::Equal,
+        });
+        Header {
+            tensors,
+            metadata,
+            header_len,
+            file_size,
+            by_name,
+        }
+    }
+
     /// Offset of the data buffer in the file: 8 + N.
     pub fn data_start(&self) -> u64 {
         N_LEN + self.header_len
@@ -73,7 +102,15 @@ impl Header {
 
     /// The tensor of that name.
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensors.iter().find(|t| t.name == name)
+        let tensor = |i: usize| self.tensors.get(i);
+        let at = self
+            .by_name
+            .binary_search_by(|&i| match tensor(i) {
+                Some(t) => t.name.as_str().cmp(name),
+                None => std::cmp::Ordering::Less,
+            })
+            .ok()?;
+        self.by_name.get(at).copied().and_then(tensor)
     }
 
     /// The size of the data buffer.
@@ -354,12 +391,7 @@ fn validate(raw: RawHeader, header_len: u64, file_size: u64) -> Result<Header, S
             ),
         });
     }
-    Ok(Header {
-        tensors,
-        metadata: raw.metadata,
-        header_len,
-        file_size,
-    })
+    Ok(Header::new(tensors, raw.metadata, header_len, file_size))
 }
 
 /// Holds the first typed error raised inside the visitors (serde only carries strings).
@@ -779,5 +811,42 @@ impl<'de> Visitor<'de> for IntSeed {
             "{} entry is an object, not an integer",
             self.0
         )))
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+
+    fn info(name: &str, begin: u64) -> TensorInfo {
+        TensorInfo {
+            name: name.to_string(),
+            dtype: Dtype::U8,
+            shape: vec![1],
+            data_offsets: (begin, begin + 1),
+        }
+    }
+
+    proptest::proptest! {
+        /// The name index finds exactly what a scan finds, present or absent.
+        #[test]
+        fn get_agrees_with_a_scan(
+            names in proptest::collection::btree_set("[a-z.]{0,6}", 0..40),
+            probe in "[a-z.]{0,6}",
+        ) {
+            // Data-offset order is not name order: reverse the sorted names.
+            let tensors: Vec<TensorInfo> = names
+                .iter()
+                .rev()
+                .zip(0u64..)
+                .map(|(n, i)| info(n, i))
+                .collect();
+            let header = Header::new(tensors.clone(), BTreeMap::new(), 0, 0);
+            for t in &tensors {
+                proptest::prop_assert_eq!(header.get(&t.name), Some(t));
+            }
+            let scan = tensors.iter().find(|t| t.name == probe);
+            proptest::prop_assert_eq!(header.get(&probe), scan);
+        }
     }
 }

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
 use super::pack::{ShardPlan, Sink};
-use super::shard::{Header, Layout};
+use super::shard::{Layout, ShardHeader};
 use super::tokenizer::Tokenizer;
 use super::TokensError;
 
@@ -85,7 +85,7 @@ pub struct TextPackProgress {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextPackSummary {
     /// Each shard, in order, with its header.
-    pub shards: Vec<(PathBuf, Header)>,
+    pub shards: Vec<(PathBuf, ShardHeader)>,
     /// Documents packed.
     pub documents: u64,
     /// Ids written.

@@ -24,8 +24,8 @@ pub use pack::{
     output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
 };
 pub use shard::{
-    inspect_header, read_header, Dtype, Header, HeaderReport, Layout, Shard, ShardWriter,
-    HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
+    inspect_header, read_shard_header, HeaderReport, IdDtype, Layout, Shard, ShardHeader,
+    ShardWriter, HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
 };
 pub use stream::{Batch, Cursor, RngState, TokenStream};
 pub use tokenizer::Tokenizer;
@@ -66,7 +66,7 @@ pub enum TokensError {
         /// Its size in bytes.
         size: u64,
     },
-    /// Header word 0 is not a known magic number.
+    /// ShardHeader word 0 is not a known magic number.
     #[error("{}: not a token shard: bad magic {magic} (expected {MAGIC}, or {LLAMA3_MAGIC} for llm.c Llama-3 shards){}", path.display(), magic_hint(*.magic))]
     BadMagic {
         /// The file.
@@ -74,7 +74,7 @@ pub enum TokensError {
         /// Word 0 as a signed 32-bit integer.
         magic: i32,
     },
-    /// Header word 1 is not a version this magic allows.
+    /// ShardHeader word 1 is not a version this magic allows.
     #[error("{}: unsupported version {version} for magic {magic} (expected {expected})", path.display())]
     BadVersion {
         /// The file.
@@ -86,7 +86,7 @@ pub enum TokensError {
         /// The versions this magic allows, for the message.
         expected: &'static str,
     },
-    /// Header word 2 (the id count) is negative.
+    /// ShardHeader word 2 (the id count) is negative.
     #[error("{}: negative id count {count} in header word 2", path.display())]
     NegativeCount {
         /// The file.
@@ -94,7 +94,7 @@ pub enum TokensError {
         /// Word 2.
         count: i32,
     },
-    /// Header word 3 (the vocabulary size) is negative.
+    /// ShardHeader word 3 (the vocabulary size) is negative.
     #[error("{}: negative vocabulary size {vocab} in header word 3", path.display())]
     NegativeVocab {
         /// The file.
@@ -143,7 +143,7 @@ pub enum TokensError {
     VocabMismatch {
         /// The shard.
         path: PathBuf,
-        /// Header word 3.
+        /// ShardHeader word 3.
         recorded: u32,
         /// What the caller asked for.
         expected: u32,

@@ -9,7 +9,7 @@ use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use super::shard::{check_vocab, Header, Layout, ShardWriter, MAX_COUNT};
+use super::shard::{check_shard_vocab, Layout, ShardHeader, ShardWriter, MAX_COUNT};
 use super::TokensError;
 
 /// Bytes read from an input at a time.
@@ -57,7 +57,7 @@ pub struct PackOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackSummary {
     /// Each shard written, in order, with its header.
-    pub shards: Vec<(PathBuf, Header)>,
+    pub shards: Vec<(PathBuf, ShardHeader)>,
     /// Ids written in all.
     pub tokens: u64,
 }
@@ -155,14 +155,14 @@ pub(super) struct Sink {
     vocab: u32,
     layout: Layout,
     current: Option<(ShardWriter, u64)>,
-    done: Vec<(PathBuf, Header)>,
+    done: Vec<(PathBuf, ShardHeader)>,
     tokens: u64,
 }
 
 impl Sink {
     /// A sink writing `plan`'s shards for vocabulary `vocab`.
     pub(super) fn new(plan: ShardPlan, vocab: u32, layout: Layout) -> Result<Sink, TokensError> {
-        check_vocab(u64::from(vocab))?;
+        check_shard_vocab(u64::from(vocab))?;
         plan.check()?;
         Ok(Sink {
             plan,
@@ -217,7 +217,7 @@ impl Sink {
 
     /// Commit the last shard and return every shard written. No id at all is an error
     /// (llm.c's loader aborts on an empty shard), leaving nothing behind.
-    pub(super) fn finish(mut self) -> Result<Vec<(PathBuf, Header)>, TokensError> {
+    pub(super) fn finish(mut self) -> Result<Vec<(PathBuf, ShardHeader)>, TokensError> {
         if self.tokens == 0 {
             self.abort();
             return Err(TokensError::Empty);

@@ -26,9 +26,9 @@ pub const HEADER_BYTES: usize = 1024;
 const WORD_BYTES: usize = 4;
 /// The first header word that is reserved (must be 0 in 20240520 shards).
 const FIRST_RESERVED_WORD: usize = 4;
-/// Header word 0 of the shards tlio reads and writes (llm.c's GPT-2 format).
+/// ShardHeader word 0 of the shards tlio reads and writes (llm.c's GPT-2 format).
 pub const MAGIC: i32 = 20240520;
-/// Header word 0 of llm.c's Llama-3 shards.
+/// ShardHeader word 0 of llm.c's Llama-3 shards.
 pub const LLAMA3_MAGIC: i32 = 20240801;
 /// The only version of llm.c's Llama-3 shards (uint32 ids).
 pub const LLAMA3_VERSION: i32 = 7;
@@ -45,7 +45,7 @@ const WRITE_CHUNK_IDS: usize = 1 << 16;
 
 /// How the ids of a shard are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Dtype {
+pub enum IdDtype {
     /// Little-endian uint16 (version 1).
     #[serde(rename = "uint16")]
     U16,
@@ -54,20 +54,20 @@ pub enum Dtype {
     U32,
 }
 
-impl Dtype {
+impl IdDtype {
     /// Bytes per id.
     pub fn itemsize(self) -> usize {
         match self {
-            Dtype::U16 => 2,
-            Dtype::U32 => 4,
+            IdDtype::U16 => 2,
+            IdDtype::U32 => 4,
         }
     }
 
     /// The name shown to users.
     pub fn name(self) -> &'static str {
         match self {
-            Dtype::U16 => "uint16",
-            Dtype::U32 => "uint32",
+            IdDtype::U16 => "uint16",
+            IdDtype::U32 => "uint32",
         }
     }
 }
@@ -85,42 +85,42 @@ pub enum Layout {
 
 /// A validated shard header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Header {
+pub struct ShardHeader {
     /// Word 0: `MAGIC` or `LLAMA3_MAGIC`.
     pub magic: i32,
     /// Word 1.
     pub version: i32,
     /// How the ids are stored, from magic and version.
-    pub dtype: Dtype,
+    pub dtype: IdDtype,
     /// Word 2: the number of ids.
     pub count: u64,
     /// Word 3: the vocabulary size, `None` when the file records 0 ("not recorded").
     pub vocab: Option<u32>,
 }
 
-impl Header {
+impl ShardHeader {
     /// The header tlio writes by default for `count` ids of vocabulary `vocab`:
     /// 20240520 version 1 when `vocab <= 65536`, else llm.c's Llama-3 layout.
-    pub fn for_ids(count: u64, vocab: u32) -> Result<Header, TokensError> {
-        Header::for_layout(count, vocab, Layout::default())
+    pub fn for_ids(count: u64, vocab: u32) -> Result<ShardHeader, TokensError> {
+        ShardHeader::for_layout(count, vocab, Layout::default())
     }
 
     /// The header for `count` ids of vocabulary `vocab`: 20240520 version 1 when
     /// `vocab <= 65536`, else the uint32 layout `layout`. V is recorded in word 3 either
     /// way (llm.c ignores that word).
-    pub fn for_layout(count: u64, vocab: u32, layout: Layout) -> Result<Header, TokensError> {
-        check_vocab(u64::from(vocab))?;
+    pub fn for_layout(count: u64, vocab: u32, layout: Layout) -> Result<ShardHeader, TokensError> {
+        check_shard_vocab(u64::from(vocab))?;
         if count > MAX_COUNT {
             return Err(TokensError::BadOptions(format!(
                 "{count} ids do not fit one shard (at most {MAX_COUNT})"
             )));
         }
         let (magic, version, dtype) = match layout {
-            _ if vocab <= U16_VOCAB_LIMIT => (MAGIC, VERSION_U16, Dtype::U16),
-            Layout::Llama3 => (LLAMA3_MAGIC, LLAMA3_VERSION, Dtype::U32),
-            Layout::V2 => (MAGIC, VERSION_U32, Dtype::U32),
+            _ if vocab <= U16_VOCAB_LIMIT => (MAGIC, VERSION_U16, IdDtype::U16),
+            Layout::Llama3 => (LLAMA3_MAGIC, LLAMA3_VERSION, IdDtype::U32),
+            Layout::V2 => (MAGIC, VERSION_U32, IdDtype::U32),
         };
-        Ok(Header {
+        Ok(ShardHeader {
             magic,
             version,
             dtype,
@@ -158,7 +158,7 @@ impl Header {
         path: &Path,
         bytes: &[u8; HEADER_BYTES],
         size: u64,
-    ) -> Result<Header, TokensError> {
+    ) -> Result<ShardHeader, TokensError> {
         let (words, _) = bytes.as_chunks::<WORD_BYTES>();
         let word = |i: usize| words.get(i).map_or(0, |w| i32::from_le_bytes(*w));
         let (magic, version) = (word(0), word(1));
@@ -169,9 +169,9 @@ impl Header {
             expected,
         };
         let dtype = match (magic, version) {
-            (MAGIC, VERSION_U16) => Dtype::U16,
-            (MAGIC, VERSION_U32) => Dtype::U32,
-            (LLAMA3_MAGIC, LLAMA3_VERSION) => Dtype::U32,
+            (MAGIC, VERSION_U16) => IdDtype::U16,
+            (MAGIC, VERSION_U32) => IdDtype::U32,
+            (LLAMA3_MAGIC, LLAMA3_VERSION) => IdDtype::U32,
             (MAGIC, _) => return Err(bad_version("1 or 2")),
             (LLAMA3_MAGIC, _) => return Err(bad_version("7")),
             _ => {
@@ -201,7 +201,7 @@ impl Header {
                 }
             }
         }
-        let header = Header {
+        let header = ShardHeader {
             magic,
             version,
             dtype,
@@ -231,7 +231,7 @@ pub struct HeaderReport {
     /// Words 0..4 (magic, version, count, vocabulary) when the file has 16 bytes.
     pub words: Option<[i32; 4]>,
     /// The validated header, or why it does not validate.
-    pub header: Result<Header, TokensError>,
+    pub header: Result<ShardHeader, TokensError>,
 }
 
 fn io_err(path: &Path) -> impl Fn(io::Error) -> TokensError + '_ {
@@ -242,7 +242,7 @@ fn io_err(path: &Path) -> impl Fn(io::Error) -> TokensError + '_ {
 }
 
 /// Check a vocabulary size given by a caller: 1 to `MAX_COUNT`.
-pub(crate) fn check_vocab(vocab: u64) -> Result<u32, TokensError> {
+pub(crate) fn check_shard_vocab(vocab: u64) -> Result<u32, TokensError> {
     match u32::try_from(vocab) {
         Ok(v) if v >= 1 && u64::from(v) <= MAX_COUNT => Ok(v),
         _ => Err(TokensError::BadVocab { vocab }),
@@ -271,7 +271,7 @@ fn read_header_bytes(
 }
 
 /// Open `path` and validate its header against the file size, reading only the header.
-fn open_and_parse(path: &Path) -> Result<(File, u64, Header), TokensError> {
+fn open_and_parse(path: &Path) -> Result<(File, u64, ShardHeader), TokensError> {
     let report_and_file = read_report(path)?;
     let (file, report) = report_and_file;
     let header = report.header?;
@@ -297,7 +297,7 @@ fn read_report(path: &Path) -> Result<(File, HeaderReport), TokensError> {
             size: got as u64,
         })
     } else {
-        Header::parse(path, &buf, size)
+        ShardHeader::parse(path, &buf, size)
     };
     Ok((
         file,
@@ -317,7 +317,7 @@ pub fn inspect_header(path: &Path) -> Result<HeaderReport, TokensError> {
 }
 
 /// The validated header of `path`, reading only its 1024 header bytes.
-pub fn read_header(path: &Path) -> Result<Header, TokensError> {
+pub fn read_shard_header(path: &Path) -> Result<ShardHeader, TokensError> {
     inspect_header(path)?.header
 }
 
@@ -325,7 +325,7 @@ pub fn read_header(path: &Path) -> Result<Header, TokensError> {
 #[derive(Debug)]
 pub struct Shard {
     path: PathBuf,
-    header: Header,
+    header: ShardHeader,
     vocab: Option<u32>,
     map: Mmap,
 }
@@ -334,7 +334,7 @@ impl Shard {
     /// Open and validate `path`: header, exact size, and every id below the vocabulary
     /// (the recorded one, else `vocab`; a given `vocab` must equal a recorded one).
     pub fn open(path: &Path, vocab: Option<u32>) -> Result<Shard, TokensError> {
-        let vocab = vocab.map(|v| check_vocab(u64::from(v))).transpose()?;
+        let vocab = vocab.map(|v| check_shard_vocab(u64::from(v))).transpose()?;
         let (file, size, header) = open_and_parse(path)?;
         if let (Some(recorded), Some(expected)) = (header.vocab, vocab) {
             if recorded != expected {
@@ -377,12 +377,12 @@ impl Shard {
     pub(crate) fn check_ids(&self, limit: u32) -> Result<(), TokensError> {
         let bytes = self.id_bytes();
         let max = match self.header.dtype {
-            Dtype::U16 if limit >= U16_VOCAB_LIMIT => return Ok(()),
-            Dtype::U16 => {
+            IdDtype::U16 if limit >= U16_VOCAB_LIMIT => return Ok(()),
+            IdDtype::U16 => {
                 let (ids, _) = bytes.as_chunks::<2>();
                 u32::from(ids.iter().fold(0u16, |m, c| m.max(u16::from_le_bytes(*c))))
             }
-            Dtype::U32 => {
+            IdDtype::U32 => {
                 let (ids, _) = bytes.as_chunks::<4>();
                 ids.iter().fold(0u32, |m, c| m.max(u32::from_le_bytes(*c)))
             }
@@ -412,7 +412,7 @@ impl Shard {
     }
 
     /// The validated header.
-    pub fn header(&self) -> &Header {
+    pub fn header(&self) -> &ShardHeader {
         &self.header
     }
 
@@ -438,8 +438,8 @@ impl Shard {
         let start = index.checked_mul(size)?;
         let bytes = self.id_bytes().get(start..start.checked_add(size)?)?;
         Some(match self.header.dtype {
-            Dtype::U16 => u32::from(u16::from_le_bytes(bytes.try_into().ok()?)),
-            Dtype::U32 => u32::from_le_bytes(bytes.try_into().ok()?),
+            IdDtype::U16 => u32::from(u16::from_le_bytes(bytes.try_into().ok()?)),
+            IdDtype::U32 => u32::from_le_bytes(bytes.try_into().ok()?),
         })
     }
 
@@ -455,13 +455,13 @@ impl Shard {
     pub fn copy_to_i64(&self, start: usize, out: &mut [i64]) -> Option<()> {
         let bytes = self.range_bytes(start, out.len())?;
         match self.header.dtype {
-            Dtype::U16 => {
+            IdDtype::U16 => {
                 let (ids, _) = bytes.as_chunks::<2>();
                 for (o, c) in out.iter_mut().zip(ids) {
                     *o = i64::from(u16::from_le_bytes(*c));
                 }
             }
-            Dtype::U32 => {
+            IdDtype::U32 => {
                 let (ids, _) = bytes.as_chunks::<4>();
                 for (o, c) in out.iter_mut().zip(ids) {
                     *o = i64::from(u32::from_le_bytes(*c));
@@ -476,13 +476,13 @@ impl Shard {
         let len = range.end.checked_sub(range.start)?;
         let bytes = self.range_bytes(range.start, len)?;
         Some(match self.header.dtype {
-            Dtype::U16 => {
+            IdDtype::U16 => {
                 let (ids, _) = bytes.as_chunks::<2>();
                 ids.iter()
                     .map(|c| u32::from(u16::from_le_bytes(*c)))
                     .collect()
             }
-            Dtype::U32 => {
+            IdDtype::U32 => {
                 let (ids, _) = bytes.as_chunks::<4>();
                 ids.iter().map(|c| u32::from_le_bytes(*c)).collect()
             }
@@ -498,7 +498,7 @@ pub struct ShardWriter {
     path: PathBuf,
     vocab: u32,
     layout: Layout,
-    dtype: Dtype,
+    dtype: IdDtype,
     count: u64,
     buf: Vec<u8>,
 }
@@ -516,7 +516,7 @@ impl ShardWriter {
         vocab: u32,
         layout: Layout,
     ) -> Result<ShardWriter, TokensError> {
-        let header = Header::for_layout(0, vocab, layout)?;
+        let header = ShardHeader::for_layout(0, vocab, layout)?;
         let mut file = AtomicFile::create(path)?;
         file.write_all(&[0u8; HEADER_BYTES]).map_err(io_err(path))?;
         Ok(ShardWriter {
@@ -570,14 +570,14 @@ impl ShardWriter {
             self.buf.resize(chunk.len().saturating_mul(size), 0);
             // Plain zipped loops over fixed-size chunks: the compiler vectorizes them.
             match self.dtype {
-                Dtype::U16 => {
+                IdDtype::U16 => {
                     let (out, _) = self.buf.as_chunks_mut::<2>();
                     for (o, &id) in out.iter_mut().zip(chunk) {
                         // Below vocab <= 65536 (checked above), so it fits in u16.
                         *o = (id as u16).to_le_bytes();
                     }
                 }
-                Dtype::U32 => {
+                IdDtype::U32 => {
                     let (out, _) = self.buf.as_chunks_mut::<4>();
                     for (o, &id) in out.iter_mut().zip(chunk) {
                         *o = id.to_le_bytes();
@@ -591,8 +591,8 @@ impl ShardWriter {
     }
 
     /// Patch the header with the final count and commit the file under its name.
-    pub fn finish(mut self) -> Result<Header, TokensError> {
-        let header = Header::for_layout(self.count, self.vocab, self.layout)?;
+    pub fn finish(mut self) -> Result<ShardHeader, TokensError> {
+        let header = ShardHeader::for_layout(self.count, self.vocab, self.layout)?;
         let w = self.file.writer();
         w.seek(SeekFrom::Start(0))
             .and_then(|_| w.write_all(&header.to_bytes()))
@@ -626,7 +626,7 @@ mod tests {
         ids.iter().flat_map(|i| i.to_le_bytes()).collect()
     }
 
-    fn write_shard(path: &Path, ids: &[u32], vocab: u32) -> Header {
+    fn write_shard(path: &Path, ids: &[u32], vocab: u32) -> ShardHeader {
         let mut w = ShardWriter::create(path, vocab).unwrap();
         w.push(ids).unwrap();
         w.finish().unwrap()
@@ -646,7 +646,7 @@ mod tests {
         assert!(bytes[16..1024].iter().all(|&b| b == 0), "1008 zero bytes");
         assert_eq!(&bytes[1024..], &[1, 0, 2, 0, 3, 0]);
         assert_eq!(header.version, 1);
-        assert_eq!(read_header(&path).unwrap(), header);
+        assert_eq!(read_shard_header(&path).unwrap(), header);
         let shard = Shard::open(&path, None).unwrap();
         assert_eq!(shard.ids(0..3).unwrap(), [1, 2, 3]);
         assert_eq!(shard.vocab(), Some(256));
@@ -662,12 +662,15 @@ mod tests {
         let header = w.finish().unwrap();
         assert_eq!(
             (header.magic, header.version, header.dtype),
-            (MAGIC, 2, Dtype::U32)
+            (MAGIC, 2, IdDtype::U32)
         );
         // By default, V > 65536 takes llm.c's Llama-3 layout, read back the same way.
         let llama = dir.path().join("llama3.bin");
         let h = write_shard(&llama, &ids, 100_000);
-        assert_eq!((h.magic, h.version, h.dtype), (LLAMA3_MAGIC, 7, Dtype::U32));
+        assert_eq!(
+            (h.magic, h.version, h.dtype),
+            (LLAMA3_MAGIC, 7, IdDtype::U32)
+        );
         let bytes = std::fs::read(&llama).unwrap();
         assert_eq!(
             bytes[12..16],
@@ -689,7 +692,7 @@ mod tests {
         assert_eq!(out, [65536, 70000, 99_999]);
         // A vocabulary up to 65536 still fits uint16.
         let h = write_shard(&dir.path().join("v1.bin"), &[65535], 65536);
-        assert_eq!((h.version, h.dtype), (1, Dtype::U16));
+        assert_eq!((h.version, h.dtype), (1, IdDtype::U16));
         // llm.c's Llama-3 shards: magic 20240801, version 7, uint32, V not recorded.
         let path = raw_shard(
             dir.path(),
@@ -698,7 +701,7 @@ mod tests {
             &u32_payload(&[128_000, 5]),
         );
         let shard = Shard::open(&path, None).unwrap();
-        assert_eq!(shard.header().dtype, Dtype::U32);
+        assert_eq!(shard.header().dtype, IdDtype::U32);
         assert_eq!(shard.vocab(), None);
         assert_eq!(shard.ids(0..2).unwrap(), [128_000, 5]);
         // The caller's vocabulary is checked when the file records none.
@@ -806,9 +809,9 @@ mod tests {
         assert!(matches!(err, TokensError::Short { size: 6, .. }), "{err}");
         let report = inspect_header(&short).unwrap();
         assert_eq!((report.size, report.words), (6, None));
-        // Header-only reading does not scan ids: the out-of-vocabulary file's header is
+        // ShardHeader-only reading does not scan ids: the out-of-vocabulary file's header is
         // fine, its ids are not.
-        assert!(read_header(&cases[5].0).is_ok());
+        assert!(read_shard_header(&cases[5].0).is_ok());
         // A missing file is an I/O error, not a validation failure.
         let missing = Shard::open(&d.join("missing.bin"), None).unwrap_err();
         assert!(matches!(missing, TokensError::Io { .. }));

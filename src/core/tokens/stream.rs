@@ -11,7 +11,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::shard::{check_vocab, Shard};
+use super::shard::{check_shard_vocab, Shard};
 use super::TokensError;
 use crate::core::pcg::Pcg32;
 
@@ -48,30 +48,12 @@ fn row(values: &[i64], b: usize, t: usize) -> Option<&[i64]> {
     values.get(start..start.checked_add(t)?)
 }
 
-/// The PCG32 position as it travels in JSON: two 64-bit words as exactly 16 lowercase
-/// hex digits each (no JSON reader rounds a string), the increment odd.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RngState {
-    /// The generator's state.
-    pub state: u64,
-    /// Its (odd) increment.
-    pub inc: u64,
-}
+/// The PCG32 position travels in JSON as two 64-bit words of exactly 16 lowercase hex
+/// digits each (no JSON reader rounds a string), the increment odd.
+pub use crate::core::pcg::RngState;
 
+/// Reading the position from a cursor's JSON (tokens.md), where it is validated.
 impl RngState {
-    /// The position of `rng`.
-    pub fn of(rng: &Pcg32) -> RngState {
-        RngState {
-            state: rng.state(),
-            inc: rng.inc(),
-        }
-    }
-
-    /// A generator at this position; `None` when the increment is even.
-    pub fn to_rng(self) -> Option<Pcg32> {
-        Pcg32::from_parts(self.state, self.inc)
-    }
-
     /// Parse `{"state": "<16 hex>", "inc": "<16 hex>"}` strictly; `prefix` names the
     /// field in errors (`rng` inside a cursor, `rng_state` in a checkpoint).
     pub fn from_json_value(value: &Value, prefix: &str) -> Result<RngState, TokensError> {
@@ -266,7 +248,9 @@ impl TokenStream {
                 value: batch,
             });
         }
-        let vocab = vocab_size.map(|v| check_vocab(u64::from(v))).transpose()?;
+        let vocab = vocab_size
+            .map(|v| check_shard_vocab(u64::from(v)))
+            .transpose()?;
         // One stream, one vocabulary: shards recording different ones (a GPT-2 shard
         // next to a Llama-3 one) are never mixed.
         let mut first_recorded: Option<(&Shard, u32)> = None;

@@ -26,7 +26,7 @@ impl Bigram {
     /// All-zero weights (every row uniform, loss ln V), after checking the vocabulary
     /// against the memory limit.
     pub fn zeros(vocab: u32) -> Result<Self, TrainError> {
-        super::check_vocab(vocab)?;
+        super::check_model_vocab(vocab)?;
         let vocab = vocab as usize;
         Ok(Bigram {
             vocab,
@@ -36,7 +36,7 @@ impl Bigram {
 
     /// A model from existing weights (row-major [V, V]).
     pub fn from_weights(vocab: u32, weight: Vec<f32>) -> Result<Self, TrainError> {
-        super::check_vocab(vocab)?;
+        super::check_model_vocab(vocab)?;
         let v = vocab as usize;
         if weight.len() != v * v {
             return Err(TrainError::Shape(format!(

@@ -37,7 +37,7 @@ impl CountsBuilder {
     /// Zero counts for vocabulary `vocab`, after checking it against the memory limit
     /// (u64 counts and f32 weights: 12 bytes per entry, the limit's figure).
     pub fn new(vocab: u32) -> Result<Self, TrainError> {
-        super::check_vocab(vocab)?;
+        super::check_model_vocab(vocab)?;
         let v = vocab as usize;
         Ok(CountsBuilder {
             vocab: v,

@@ -170,7 +170,7 @@ pub fn state_bytes(vocab: u32) -> u64 {
 }
 
 /// Refuse an empty vocabulary or one whose state exceeds [`MAX_STATE_BYTES`].
-pub fn check_vocab(vocab: u32) -> Result<(), TrainError> {
+pub fn check_model_vocab(vocab: u32) -> Result<(), TrainError> {
     if vocab == 0 {
         return Err(TrainError::EmptyVocab);
     }
@@ -191,9 +191,9 @@ mod tests {
 
     #[test]
     fn vocabulary_limit_is_checked_before_allocating() {
-        assert!(check_vocab(256).is_ok());
-        assert!(check_vocab(18_918).is_ok());
-        let err = check_vocab(50_257).unwrap_err();
+        assert!(check_model_vocab(256).is_ok());
+        assert!(check_model_vocab(18_918).is_ok());
+        let err = check_model_vocab(50_257).unwrap_err();
         assert!(matches!(
             err,
             TrainError::VocabTooLarge {
@@ -205,6 +205,6 @@ mod tests {
         assert!(err.to_string().contains("30309192588 bytes"), "{err}");
         assert!(bigram::Bigram::zeros(u32::MAX).is_err());
         assert!(counts::CountsBuilder::new(100_000).is_err());
-        assert!(matches!(check_vocab(0), Err(TrainError::EmptyVocab)));
+        assert!(matches!(check_model_vocab(0), Err(TrainError::EmptyVocab)));
     }
 }

@@ -38,11 +38,11 @@ use super::bigram::{Bigram, Workspace, WEIGHT_NAME};
 use super::config::{DataId, RunConfig, CONFIG_FORMAT, CONFIG_VERSION};
 use super::counts::CountsBuilder;
 use super::TrainError;
-use crate::core::checkpoint::verify::{hex, sha256_stream};
 use crate::core::checkpoint::{
     self, DataCursor, Loaded, OptimizerFile, OptimizerState, Payload, SaveReport, SaveRequest,
     TrainerState,
 };
+use crate::core::digest::{hex, sha256_hex, sha256_stream};
 use crate::core::optim::{OptimConfig, OptimHeader, Optimizer};
 use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
 use crate::core::safetensors::{self, Dtype, Tensor, TensorData};
@@ -58,10 +58,9 @@ pub const FINAL_FILE: &str = "final.json";
 pub const MODEL_FILE: &str = "model.safetensors";
 /// The lock a training run holds on `--out` for its whole life.
 pub const LOCK_FILE: &str = ".train.lock";
-/// The metadata of every model and optimizer file.
-pub const FORMAT_KEY: &str = "format";
-/// Its value.
-pub const FORMAT_VALUE: &str = "tinyllm";
+/// The metadata of every model and optimizer file: defined once, with the optimizer
+/// file's rules in checkpoint.
+pub use crate::core::checkpoint::optimizer::{FORMAT_KEY, FORMAT_VALUE};
 /// The step a count model is saved at: one pass over the data.
 pub const COUNTS_STEP: u64 = 1;
 /// Ids read per chunk when counting or hashing a shard.
@@ -236,10 +235,6 @@ pub fn sha256_file(path: &Path) -> Result<String, TrainError> {
     Ok(hex(&digest))
 }
 
-fn sha256_bytes(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
 /// The metadata of model and optimizer files' `format` key.
 fn format_meta() -> BTreeMap<String, String> {
     BTreeMap::from([(FORMAT_KEY.to_string(), FORMAT_VALUE.to_string())])
@@ -400,7 +395,7 @@ impl Trainer {
         let tokens_per_step = (stream.batch() as u64)
             .checked_mul(stream.seq_len() as u64)
             .ok_or_else(|| TrainError::Usage("--batch times --seq-len overflows".into()))?;
-        let config_sha256 = sha256_bytes(&config);
+        let config_sha256 = sha256_hex(&config);
         Ok(Trainer {
             model,
             opt,
@@ -643,7 +638,7 @@ fn decide_vocab(spec: &RunSpec) -> Result<u32, TrainError> {
         None => {
             let mut found = None;
             for path in &spec.data {
-                if let Some(v) = tokens::read_header(path)?.vocab {
+                if let Some(v) = tokens::read_shard_header(path)?.vocab {
                     found = Some(v);
                     break;
                 }
@@ -651,7 +646,7 @@ fn decide_vocab(spec: &RunSpec) -> Result<u32, TrainError> {
             found.ok_or(TrainError::NoVocab)?
         }
     };
-    super::check_vocab(vocab)?;
+    super::check_model_vocab(vocab)?;
     Ok(vocab)
 }
 
@@ -916,7 +911,7 @@ fn run_counts(
     write_atomic(&spec.out.join(FINAL_FILE), line.as_bytes())?;
     let mut state = TrainerState::new(COUNTS_STEP);
     state.tokens_seen = fit.positions;
-    state.config_sha256 = Some(sha256_bytes(&config));
+    state.config_sha256 = Some(sha256_hex(&config));
     let model = &fit.model;
     let req = SaveRequest {
         step: COUNTS_STEP,
@@ -1098,7 +1093,7 @@ mod tests {
         ] {
             let bytes = fs::read(report.path.join(file)).unwrap();
             let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-            assert_eq!(&sha256_bytes(&bytes[8 + n..]), sha, "{file}");
+            assert_eq!(&sha256_hex(&bytes[8 + n..]), sha, "{file}");
         }
         let text = line.to_line();
         assert!(
