@@ -7,4 +7,5 @@
 pub mod cmd;
 pub mod core;
 pub mod error;
+pub mod interrupt;
 pub mod output;

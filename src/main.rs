@@ -4,9 +4,13 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    // Failpoints come from the FAILPOINTS environment variable; the scenario must live
-    // for the whole run so that every evaluated point sees it.
-    let _failpoints = fail::FailScenario::setup();
+    // First, before any thread exists: every thread must inherit the blocked signals.
+    tlio::interrupt::install();
+    // Failpoints come from the FAILPOINTS environment variable, checked whole before
+    // anything runs: a malformed value is a usage error, never a panic.
+    if let Err(err) = tlio::core::failpoints::configure_from_env() {
+        return tlio::error::report(&err.into());
+    }
     let cli = match tlio::cmd::parse() {
         Ok(cli) => cli,
         Err(err) => return tlio::error::report_usage(&err),

@@ -134,7 +134,9 @@ pub fn run(cmd: CkptCommand, printer: &Printer) -> anyhow::Result<Outcome> {
 }
 
 fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
-    fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    // A JSON input of a save (state, config): bounded like the JSON a verify reads.
+    crate::core::files::read_limited(path, crate::core::checkpoint::verify::MAX_JSON_BYTES)
+        .with_context(|| format!("cannot read {}", path.display()))
 }
 
 fn save(args: SaveArgs, printer: &Printer) -> anyhow::Result<Outcome> {

@@ -261,6 +261,8 @@ pub fn run(args: DemoArgs, printer: &Printer) -> anyhow::Result<Outcome> {
                 .prefix("tlio-demo-")
                 .tempdir()
                 .context("cannot create a temporary directory")?;
+            // Registered, so that Ctrl-C during the demo removes it too.
+            let tmp = crate::core::atomic::TempDir::adopt(tmp.keep())?;
             (tmp.path().to_path_buf(), Some(tmp))
         }
     };

@@ -75,11 +75,24 @@ pub fn run(cmd: GenerateCommand, printer: &Printer) -> anyhow::Result<Outcome> {
                 crate::core::atomic::write_file(&path, bytes)
                     .with_context(|| format!("cannot write {}", path.display()))?;
             }
-            printer.info(format!(
-                "wrote {} man pages to {}",
-                pages.len(),
-                dir.display()
-            ));
+            if printer.json {
+                // cli.md: with --json every command prints a JSON summary.
+                #[derive(serde::Serialize)]
+                struct Out<'a> {
+                    dir: String,
+                    pages: Vec<&'a str>,
+                }
+                printer.json_line(&Out {
+                    dir: dir.display().to_string(),
+                    pages: pages.iter().map(|(name, _)| name.as_str()).collect(),
+                })?;
+            } else {
+                printer.info(format!(
+                    "wrote {} man pages to {}",
+                    pages.len(),
+                    dir.display()
+                ));
+            }
             Ok(Outcome::Success)
         }
         GenerateCommand::Completions { shell } => {

@@ -291,9 +291,35 @@ fn inspect_one(
     })
 }
 
+/// Dimensions a human-readable shape lists before it abbreviates (`--json` has all).
+const MAX_SHAPE_DIMS_SHOWN: usize = 16;
+/// Characters a table cell shows before it abbreviates: the table library measures
+/// every cell at a cost that grows faster than its length, and a crafted header can
+/// hold a name of 100 MB (`--json` carries every name exactly).
+const MAX_CELL_CHARS: usize = 1024;
+
 fn shape_text(shape: &[u64]) -> String {
-    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
-    format!("[{}]", dims.join(", "))
+    let shown = shape.len().min(MAX_SHAPE_DIMS_SHOWN);
+    let dims: Vec<String> = shape.iter().take(shown).map(u64::to_string).collect();
+    if shown < shape.len() {
+        format!("[{}, … ({} dims)]", dims.join(", "), shape.len())
+    } else {
+        format!("[{}]", dims.join(", "))
+    }
+}
+
+/// `text` for one table cell: whole when short, else its start and how much is cut.
+fn cell(text: String) -> String {
+    match text.char_indices().nth(MAX_CELL_CHARS) {
+        None => text,
+        Some((cut, _)) => {
+            let rest = text.len().saturating_sub(cut);
+            format!(
+                "{}… ({rest} more bytes)",
+                text.get(..cut).unwrap_or_default()
+            )
+        }
+    }
 }
 
 fn num(v: Option<f64>) -> String {
@@ -401,7 +427,7 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         table.set_header(head);
         for r in &report.tensors {
             let mut row = vec![
-                escape(&r.name),
+                cell(escape(&r.name)),
                 r.dtype.to_string(),
                 shape_text(&r.shape),
                 human_count(r.params),
@@ -409,7 +435,7 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
                 format!("[{}, {})", r.data_offsets[0], r.data_offsets[1]),
             ];
             if let Some(shard) = &r.shard {
-                row.push(escape(shard));
+                row.push(cell(escape(shard)));
             }
             if args.stats {
                 match &r.stats {
@@ -472,38 +498,40 @@ fn run_verify(args: &VerifyArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             bar.set_position(done);
         };
         let failures = verify_with_progress(path, opts, &mut progress)
-            .with_context(|| format!("cannot verify {}", path.display()))?;
+            .with_context(|| format!("cannot verify {}", path.display()));
         bar.finish_and_clear();
-        reports.push(VerifyReport {
+        let report = VerifyReport {
             path: path.display().to_string(),
-            ok: failures.is_empty(),
-            failures,
-        });
+            ok: failures.as_ref().is_ok_and(|f| f.is_empty()),
+            failures: failures?,
+        };
+        if !printer.json {
+            // Each file's lines as soon as it is read: a later file that cannot be
+            // read must not hide the verdicts already reached (cli.md).
+            let mut out = printer.out();
+            if report.ok {
+                writeln!(
+                    out,
+                    "{}: {}",
+                    escape(&report.path),
+                    printer.paint("ok", Tone::Good)
+                )?;
+            }
+            for f in &report.failures {
+                writeln!(
+                    out,
+                    "{}: {}",
+                    escape(&report.path),
+                    printer.paint(&escape(&f.message), Tone::Bad)
+                )?;
+            }
+            out.flush()?;
+        }
+        reports.push(report);
     }
     let ok = reports.iter().all(|r| r.ok);
     if printer.json {
         printer.json_line(&serde_json::json!({ "ok": ok, "files": reports }))?;
-    } else {
-        let mut out = printer.out();
-        for r in &reports {
-            if r.ok {
-                writeln!(
-                    out,
-                    "{}: {}",
-                    escape(&r.path),
-                    printer.paint("ok", Tone::Good)
-                )?;
-            }
-            for f in &r.failures {
-                writeln!(
-                    out,
-                    "{}: {}",
-                    escape(&r.path),
-                    printer.paint(&escape(&f.message), Tone::Bad)
-                )?;
-            }
-        }
-        out.flush()?;
     }
     Ok(Outcome::from_ok(ok))
 }

@@ -22,7 +22,7 @@ use crate::core::tokens::{
     DEFAULT_SHARD_TOKENS,
 };
 use crate::core::{Failure, FailureKind};
-use crate::error::operational;
+use crate::error::{invalid, operational};
 use crate::output::Printer;
 
 /// The `tokens` subcommands.
@@ -31,7 +31,7 @@ pub enum TokensCommand {
     /// Show and validate shard headers: magic, version, dtype, n, V, size (reads only the
     /// 1024-byte header unless --check-ids). Exit 1 if any file is invalid.
     #[command(after_help = HEADER_EXAMPLES)]
-    ShardHeader(HeaderArgs),
+    Header(HeaderArgs),
     /// Build shards from standard input or files, in bounded memory.
     #[command(after_help = PACK_EXAMPLES)]
     Pack(PackArgs),
@@ -209,7 +209,7 @@ pub struct WindowsArgs {
 /// Run `tlio tokens`.
 pub fn run(cmd: TokensCommand, printer: &Printer) -> anyhow::Result<Outcome> {
     match cmd {
-        TokensCommand::ShardHeader(args) => header(args, printer),
+        TokensCommand::Header(args) => header(args, printer),
         TokensCommand::Pack(args) => pack(args, printer),
         TokensCommand::Windows(args) => windows(args, printer),
         TokensCommand::Decode(args) => decode(args, printer),
@@ -283,19 +283,34 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let mut rows = Vec::new();
     let mut any_invalid = false;
     for path in &args.files {
-        // A file that cannot be read is an error (exit 2) before any report, so stdout
-        // stays clean; an invalid file is a "no" answer in the report.
-        let (row, err) = header_row(path, args.check_ids, vocab)?;
-        if let Some(e) = err {
-            if e.kind() == FailureKind::Operational {
-                return Err(e.into());
+        // A file that cannot be read is an error (exit 2); an invalid file is a "no"
+        // answer in the report. The files read before the error are still reported
+        // (cli.md: a report line for every file read), then the error.
+        let failed = match header_row(path, args.check_ids, vocab) {
+            // The row of an unreadable file is not a verdict: it is left out.
+            Ok((_, Some(e))) if e.kind() == FailureKind::Operational => Some(e),
+            Ok((row, err)) => {
+                any_invalid |= err.is_some();
+                rows.push(row);
+                None
             }
-            any_invalid = true;
+            Err(e) => Some(e),
+        };
+        if let Some(e) = failed {
+            print_header_rows(&rows, printer)?;
+            return Err(e.into());
         }
-        rows.push(row);
+    }
+    print_header_rows(&rows, printer)?;
+    Ok(Outcome::from_ok(!any_invalid))
+}
+
+fn print_header_rows(rows: &[HeaderRow], printer: &Printer) -> anyhow::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
     }
     if printer.json {
-        for row in &rows {
+        for row in rows {
             printer.json_line(row)?;
         }
     } else {
@@ -304,7 +319,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             "file", "magic", "version", "dtype", "n", "V", "size", "valid",
         ]);
         let show = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
-        for row in &rows {
+        for row in rows {
             let valid = match &row.error {
                 None => printer.cell("yes", crate::output::Tone::Good),
                 // The row already names the file.
@@ -331,7 +346,7 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         writeln!(out, "{}", crate::output::table_text(&table))?;
         out.flush()?;
     }
-    Ok(Outcome::from_ok(!any_invalid))
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -684,11 +699,20 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         .iter()
         .map(|p| Shard::open(p, vocab))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(path) = &args.save_cursor {
+        // Checked before any batch is printed: the cursor must never replace a shard
+        // (the cursor file read with --cursor may be rewritten: it was read whole).
+        let inputs: Vec<&Path> = args.shards.iter().map(PathBuf::as_path).collect();
+        atomic::refuse_inputs(path, &inputs)?;
+        atomic::check_target(path)?;
+    }
     let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
     let mut stream = TokenStream::new(shards, args.seq_len, args.batch, rng, vocab)?;
     if let Some(path) = &args.cursor {
-        let text = std::fs::read_to_string(path)
+        let bytes = crate::core::files::read_limited(path, tokens::MAX_CURSOR_BYTES)
             .with_context(|| format!("cannot read cursor {}", path.display()))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| invalid(format!("cursor {}: not UTF-8", path.display())))?;
         let cursor = Cursor::from_json(&text).with_context(|| path.display().to_string())?;
         stream
             .restore(&cursor)

@@ -55,9 +55,14 @@ pub fn sha256_stream(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        let chunk = buf
-            .get(..n)
-            .expect("invariant: Read::read returns at most the buffer's length");
+        // A reader that claims more bytes than the buffer holds breaks Read's contract;
+        // report it rather than trust it.
+        let chunk = buf.get(..n).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "reader returned more bytes than the buffer holds",
+            )
+        })?;
         hasher.update(chunk);
         if let Some(k) = keep.as_deref_mut() {
             k.extend_from_slice(chunk);

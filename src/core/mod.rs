@@ -10,7 +10,9 @@
 pub mod atomic;
 pub mod checkpoint;
 pub mod digest;
+pub mod failpoints;
 pub mod failure;
+pub mod files;
 pub mod optim;
 pub mod pcg;
 pub mod safetensors;

@@ -4,29 +4,7 @@
 
 use clap::CommandFactory;
 
-use super::{tlio, tmp};
-
-/// Every leaf command as its argument path, e.g. `["st", "inspect"]`, from the same
-/// clap definition the binary parses with, so a new command is covered automatically.
-fn leaf_commands() -> Vec<Vec<String>> {
-    fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
-        let subs: Vec<_> = cmd
-            .get_subcommands()
-            .filter(|s| s.get_name() != "help")
-            .collect();
-        if subs.is_empty() {
-            out.push(path.clone());
-        }
-        for sub in subs {
-            path.push(sub.get_name().to_string());
-            walk(sub, path, out);
-            path.pop();
-        }
-    }
-    let mut out = Vec::new();
-    walk(&tlio::cmd::Cli::command(), &mut Vec::new(), &mut out);
-    out
-}
+use super::{leaf_commands, tlio, tmp};
 
 /// Assert the one-line error contract on a finished command.
 pub fn assert_one_error_line(out: &std::process::Output, code: i32, what: &str) {

@@ -56,3 +56,22 @@ fn bad_shell_is_a_usage_error() {
         .assert()
         .code(2);
 }
+
+#[test]
+fn json_generate_man_prints_a_summary() {
+    let dir = crate::tmp();
+    let out = crate::tlio()
+        .args(["--json", "generate", "man", "-o"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pages = doc["pages"].as_array().unwrap();
+    assert!(pages.iter().any(|p| p == "tlio.1"), "{doc}");
+    assert_eq!(
+        pages.len(),
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        "{doc}"
+    );
+}

@@ -5,30 +5,7 @@
 
 use std::fs;
 
-use clap::CommandFactory;
-
-use super::{fixture, tlio, tmp};
-
-/// Every leaf command's argument path, from the parser's own definition.
-fn leaves() -> Vec<Vec<String>> {
-    fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
-        let subs: Vec<_> = cmd
-            .get_subcommands()
-            .filter(|s| s.get_name() != "help")
-            .collect();
-        if subs.is_empty() {
-            out.push(path.clone());
-        }
-        for sub in subs {
-            path.push(sub.get_name().to_string());
-            walk(sub, path, out);
-            path.pop();
-        }
-    }
-    let mut out = Vec::new();
-    walk(&tlio::cmd::Cli::command(), &mut Vec::new(), &mut out);
-    out
-}
+use super::{fixture, leaf_commands, tlio, tmp};
 
 fn stdout(args: &[&str]) -> String {
     let out = tlio().args(args).output().unwrap();
@@ -38,7 +15,7 @@ fn stdout(args: &[&str]) -> String {
 
 #[test]
 fn every_help_ends_with_two_to_four_real_examples() {
-    for mut path in leaves().into_iter().chain([vec![]]) {
+    for mut path in leaf_commands().into_iter().chain([vec![]]) {
         path.push("--help".into());
         let args: Vec<&str> = path.iter().map(String::as_str).collect();
         let help = stdout(&args);

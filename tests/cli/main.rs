@@ -8,6 +8,7 @@ mod demo;
 mod errors;
 mod generate;
 mod grammar;
+mod hardening;
 mod output;
 mod readme;
 mod snapshots;
@@ -33,4 +34,27 @@ pub fn fixture(rel: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")
         .join(rel)
+}
+
+/// Every leaf command's argument path (`["st", "inspect"]`, ...), from the parser's own
+/// definition, so a new command is covered by every test that walks them.
+pub fn leaf_commands() -> Vec<Vec<String>> {
+    fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        let subs: Vec<_> = cmd
+            .get_subcommands()
+            .filter(|s| s.get_name() != "help")
+            .collect();
+        if subs.is_empty() {
+            out.push(path.clone());
+        }
+        for sub in subs {
+            path.push(sub.get_name().to_string());
+            walk(sub, path, out);
+            path.pop();
+        }
+    }
+    let mut out = Vec::new();
+    let root = <tlio::cmd::Cli as clap::CommandFactory>::command();
+    walk(&root, &mut Vec::new(), &mut out);
+    out
 }

@@ -753,3 +753,21 @@ fn diff_compares_complex_values_as_pairs() {
     assert!(text.contains(r#""differing":1"#), "{text}");
     assert!(text.contains(r#""max_abs_diff":1.0"#), "{text}");
 }
+
+#[test]
+fn verify_reports_every_file_read_before_the_error() {
+    let dir = tmp();
+    let good = dir.path().join("good.safetensors");
+    write_f32(&good, &[("w", &[1.0, 2.0])], &[]);
+    let out = tlio()
+        .args(["st", "verify"])
+        .arg(&good)
+        .arg(dir.path().join("missing.safetensors"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("good.safetensors: ok"), "{text}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.starts_with("tlio: error: ") && err.contains("missing.safetensors"));
+}

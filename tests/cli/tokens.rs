@@ -663,11 +663,14 @@ fn save_cursor_is_checked_before_the_work_and_written_into_a_closed_pipe() {
     let dir = tmp();
     let shards = pack_bytes(dir.path(), &[9u8; 300], None);
     let base = ["tokens", "windows", "--seq-len", "8", "--batch", "4"];
-    // A cursor that cannot be written fails before any batch is printed.
+    // A cursor that cannot be written (here a directory: a missing parent would be
+    // created, as for every output) fails before any batch is printed.
+    let blocked = dir.path().join("adir");
+    std::fs::create_dir(&blocked).unwrap();
     let out = tlio()
         .args(base)
         .args(["--batches", "5", "--save-cursor"])
-        .arg(dir.path().join("nodir").join("c.json"))
+        .arg(&blocked)
         .args(&shards)
         .output()
         .unwrap();
@@ -736,6 +739,26 @@ fn pack_shows_a_non_ascii_character_as_itself() {
         assert!(e.contains(want), "{input:?}: {e}");
         assert!(!e.contains('Ã') && !e.contains('\u{202e}'), "{e}");
     }
+}
+
+#[test]
+fn header_reports_every_file_read_before_the_error() {
+    let dir = tmp();
+    let good = raw_shard(dir.path(), "good.bin", &[20240520, 1, 2, 10], &[1, 0, 2, 0]);
+    let out = tlio()
+        .args(["tokens", "header"])
+        .arg(&good)
+        .arg(dir.path().join("missing.bin"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("good.bin") && text.contains("yes"), "{text}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.starts_with("tlio: error: ") && err.contains("missing.bin"),
+        "{err}"
+    );
 }
 
 // ---------------------------------------------------------------------------------

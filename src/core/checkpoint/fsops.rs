@@ -38,19 +38,66 @@ pub trait FsOps {
     fn remove_file(&mut self, path: &Path) -> io::Result<()>;
 }
 
-/// Open options that refuse to follow a symlink at the final component.
+/// Open options that refuse to follow a symlink at the final component and never
+/// block in `open` (a FIFO planted in a checkpoint directory would otherwise wait for a
+/// writer forever; on a regular file `O_NONBLOCK` changes nothing).
 pub(crate) fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
-        opts.custom_flags(libc::O_NOFOLLOW);
+        opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
     }
     opts
 }
 
-/// Open a regular file for reading without following a symlink.
+/// Check that an opened file is a regular file: `Err(kind)` names what it is instead.
+pub(crate) fn check_regular(file: File) -> io::Result<Result<File, &'static str>> {
+    let ft = file.metadata()?.file_type();
+    Ok(match crate::core::atomic::irregular_kind(&ft) {
+        None => Ok(file),
+        Some(kind) => Err(kind),
+    })
+}
+
+/// The error for an entry that is not a regular file.
+pub(crate) fn not_regular(kind: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("not a regular file but a {kind}"),
+    )
+}
+
+/// Open (creating it if absent) a lock file for reading and writing, without following a
+/// symlink or blocking on a FIFO planted at its name, and only when it is a regular
+/// file: a symlink or directory there is named as such rather than as an obscure "too
+/// many levels of symbolic links".
+pub(crate) fn open_lock_file(path: &Path) -> io::Result<File> {
+    let opened = no_follow(
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false),
+    )
+    .open(path)
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => not_regular("symbolic link"),
+        Some(libc::EISDIR) => not_regular("directory"),
+        _ => e,
+    })?;
+    check_regular(opened)?.map_err(not_regular)
+}
+
+/// Open a regular file for reading without following a symlink and without blocking;
+/// `Err(kind)` inside when the entry is something else (a FIFO, a directory...).
+pub fn open_regular(path: &Path) -> io::Result<Result<File, &'static str>> {
+    check_regular(no_follow(OpenOptions::new().read(true)).open(path)?)
+}
+
+/// Open a regular file for reading without following a symlink and without blocking;
+/// any other kind of entry is an `InvalidData` error.
 pub fn open_no_follow(path: &Path) -> io::Result<File> {
-    no_follow(OpenOptions::new().read(true)).open(path)
+    open_regular(path)?.map_err(not_regular)
 }
 
 /// The real file system, with the protocol's failpoints.

@@ -6,7 +6,7 @@
 //! one of them (the save protocol in `save`); every file-system effect of a save goes
 //! through `fsops::FsOps`; nothing reads or deletes outside the checkpoint directory.
 
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -222,8 +222,15 @@ impl Listing {
 /// Read `LATEST` (without following a symlink).
 fn read_latest(path: &Path) -> Result<Option<Latest>, CheckpointError> {
     use std::io::Read;
-    let file = match fsops::open_no_follow(path) {
-        Ok(f) => f,
+    let file = match fsops::open_regular(path) {
+        Ok(Ok(f)) => f,
+        // A FIFO, directory, socket or device named LATEST was not written by a save:
+        // malformed, so loading falls back (and never blocks on a FIFO).
+        Ok(Err(kind)) => {
+            return Ok(Some(Latest::Malformed(format!(
+                "LATEST is a {kind}, not a regular file"
+            ))))
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Ok(Some(Latest::Malformed("LATEST is a symbolic link".into())))
@@ -273,6 +280,23 @@ pub fn list(dir: &Path) -> Result<Listing, CheckpointError> {
     Ok(listing)
 }
 
+/// Check, without creating or locking anything, that `<dir>/.lock` is absent or a
+/// regular file, so a run can refuse a bad lock before it computes anything.
+pub fn check_lock_file(dir: &Path) -> Result<(), CheckpointError> {
+    let path = dir.join(LOCK_NAME);
+    match fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_at(&path)(e)),
+        Ok(meta) => match crate::core::atomic::irregular_kind(&meta.file_type()) {
+            None => Ok(()),
+            Some(_) if meta.file_type().is_symlink() => {
+                Err(io_at(&path)(fsops::not_regular("symbolic link")))
+            }
+            Some(kind) => Err(io_at(&path)(fsops::not_regular(kind))),
+        },
+    }
+}
+
 /// The exclusive advisory lock writers hold on `<dir>/.lock`; released on drop.
 #[derive(Debug)]
 pub struct DirLock {
@@ -285,15 +309,7 @@ impl DirLock {
         let path = dir.join(LOCK_NAME);
         // Never follow a symlink planted at `.lock`: creating its target would write
         // outside the directory.
-        let file = fsops::no_follow(
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false),
-        )
-        .open(&path)
-        .map_err(io_at(&path))?;
+        let file = fsops::open_lock_file(&path).map_err(io_at(&path))?;
         match file.try_lock() {
             Ok(()) => Ok(DirLock { _file: file }),
             Err(TryLockError::WouldBlock) => Err(CheckpointError::Locked { path }),

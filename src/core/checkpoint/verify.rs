@@ -20,7 +20,7 @@ use crate::core::digest::{hex, sha256_stream};
 /// Largest manifest read (a manifest lists a handful of files).
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Largest JSON file of a step directory kept in memory for parsing.
-const MAX_JSON_BYTES: u64 = 64 << 20;
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
 /// Files a checkpoint cannot be loaded without.
 const REQUIRED: [&str; 2] = [MODEL_NAME, STATE_NAME];
 

@@ -5,7 +5,7 @@
 //! Invariant: two files are identical for `diff` exactly when every list of the report
 //! is empty; values are compared chunk by chunk, in fixed memory.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::dtype::Dtype;
 use super::float::decode_f64;
@@ -97,8 +97,14 @@ impl DiffReport {
 /// Compare two mapped files.
 pub fn diff(a: &MappedFile, b: &MappedFile) -> DiffReport {
     let (ha, hb) = (a.header(), b.header());
-    let names_a: BTreeSet<&str> = ha.tensors.iter().map(|t| t.name.as_str()).collect();
-    let names_b: BTreeSet<&str> = hb.tensors.iter().map(|t| t.name.as_str()).collect();
+    // One map per side: every lookup below is O(log n), so the whole diff is
+    // O(n log n) in the tensor count (a linear search per name was quadratic).
+    let by_name_a: BTreeMap<&str, &TensorInfo> =
+        ha.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let by_name_b: BTreeMap<&str, &TensorInfo> =
+        hb.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let names_a: BTreeSet<&str> = by_name_a.keys().copied().collect();
+    let names_b: BTreeSet<&str> = by_name_b.keys().copied().collect();
     let mut report = DiffReport {
         only_in_a: names_a
             .difference(&names_b)
@@ -111,7 +117,7 @@ pub fn diff(a: &MappedFile, b: &MappedFile) -> DiffReport {
         ..DiffReport::default()
     };
     for name in names_a.intersection(&names_b) {
-        let (Some(ta), Some(tb)) = (ha.get(name), hb.get(name)) else {
+        let (Some(&ta), Some(&tb)) = (by_name_a.get(name), by_name_b.get(name)) else {
             continue;
         };
         let (Some(ba), Some(bb)) = (a.info_bytes(ta), b.info_bytes(tb)) else {

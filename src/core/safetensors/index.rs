@@ -87,7 +87,12 @@ pub fn read_index(path: &Path) -> Result<ShardedHeader, SafetensorsError> {
             format!("the index is {size} bytes, over the limit"),
         ));
     }
-    let text = std::fs::read(path).map_err(io)?;
+    let text = crate::core::files::read_limited(path, MAX_INDEX_SIZE).map_err(io)?;
+    // serde reads a struct from a JSON array too (fields by position); an index is an
+    // object, so anything else is refused before parsing.
+    if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(bad(path, "the index must be a JSON object".to_string()));
+    }
     let index: IndexFile = serde_json::from_slice(&text).map_err(|e| bad(path, e.to_string()))?;
     let weight_map = index.weight_map.0;
     let dir = match path.parent() {

@@ -27,7 +27,9 @@ pub use shard::{
     inspect_header, read_shard_header, HeaderReport, IdDtype, Layout, Shard, ShardHeader,
     ShardWriter, HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
 };
-pub use stream::{Batch, Cursor, RngState, TokenStream};
+pub use stream::{
+    check_batch_shape, Batch, Cursor, RngState, TokenStream, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES,
+};
 pub use tokenizer::Tokenizer;
 
 /// What a bad magic word's four bytes look like, for the message: a file of text
@@ -177,6 +179,18 @@ pub enum TokensError {
         /// The value given.
         value: usize,
     },
+    /// B × (T + 1) ids per batch exceed [`MAX_BATCH_TOKENS`].
+    #[error(
+        "batch {batch} × (seq_len {seq_len} + 1) ids exceed the limit of {limit} ids per batch"
+    )]
+    BatchTooLarge {
+        /// B.
+        batch: usize,
+        /// T.
+        seq_len: usize,
+        /// The limit.
+        limit: u64,
+    },
     /// A shard holds fewer than T + 1 ids, so not even one window fits.
     #[error("{}: shard {shard} holds {count} ids, too short for one window of seq_len {seq_len} (needs {})", path.display(), seq_len.saturating_add(1))]
     ShardTooShort {
@@ -247,6 +261,7 @@ impl Failure for TokensError {
             // Bad arguments are usage errors, not bad data.
             TokensError::NoShards
             | TokensError::BadArg { .. }
+            | TokensError::BatchTooLarge { .. }
             | TokensError::BadVocab { .. }
             | TokensError::BadOptions(_) => FailureKind::Operational,
             TokensError::Short { .. }

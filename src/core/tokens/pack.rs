@@ -1,16 +1,18 @@
 //! `tokens pack`: turn byte streams, decimal id text or raw little-endian id arrays into
 //! shards, streaming in bounded memory.
 //!
-//! Invariants: every id is checked against the vocabulary before it is written; each
-//! shard is written atomically; on any error every shard this call already committed
-//! is removed again, so a failed pack leaves no output.
+//! Invariants: every id is checked against the vocabulary before it is written; every
+//! shard is written under a temporary name and no final shard name appears before the
+//! whole input has been read (all are renamed at the end, so a crash mid-pack never
+//! leaves `OUT_000000..2.bin` that look like a complete dataset); on any error nothing
+//! is left under any output name.
 
-use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use super::shard::{check_shard_vocab, Layout, ShardHeader, ShardWriter, MAX_COUNT};
 use super::TokensError;
+use crate::core::atomic::{self, Prepared};
 
 /// Bytes read from an input at a time.
 const READ_CHUNK: usize = 1 << 20;
@@ -148,14 +150,17 @@ impl ShardPlan {
     }
 }
 
-/// Where ids go: the current shard, rotated as the plan says. Shards are committed as
-/// they fill; `abort` removes every one this sink committed.
+/// Where ids go: the current shard, rotated as the plan says. Each shard is made
+/// durable under its temporary name as it fills; only `finish` renames them all into
+/// place, so until then no final shard name exists, and `abort` (or a drop) removes
+/// every temporary file.
 pub(super) struct Sink {
     plan: ShardPlan,
     vocab: u32,
     layout: Layout,
     current: Option<(ShardWriter, u64)>,
     done: Vec<(PathBuf, ShardHeader)>,
+    ready: Vec<Prepared>,
     tokens: u64,
 }
 
@@ -170,6 +175,7 @@ impl Sink {
             layout,
             current: None,
             done: Vec::new(),
+            ready: Vec::new(),
             tokens: 0,
         })
     }
@@ -179,7 +185,7 @@ impl Sink {
         self.tokens
     }
 
-    /// Append ids, committing each shard as it fills.
+    /// Append ids, preparing each shard (durable under its temporary name) as it fills.
     pub(super) fn push(&mut self, mut ids: &[u32]) -> Result<(), TokensError> {
         while !ids.is_empty() {
             let (writer, limit) = match self.current.take() {
@@ -209,14 +215,16 @@ impl Sink {
     fn finish_current(&mut self) -> Result<(), TokensError> {
         if let Some((writer, _)) = self.current.take() {
             let path = writer.path().to_path_buf();
-            let header = writer.finish()?;
+            let (header, ready) = writer.prepare()?;
             self.done.push((path, header));
+            self.ready.push(ready);
         }
         Ok(())
     }
 
-    /// Commit the last shard and return every shard written. No id at all is an error
-    /// (llm.c's loader aborts on an empty shard), leaving nothing behind.
+    /// Prepare the last shard, then rename every shard into place and return them.
+    /// No id at all is an error (llm.c's loader aborts on an empty shard), leaving
+    /// nothing behind.
     pub(super) fn finish(mut self) -> Result<Vec<(PathBuf, ShardHeader)>, TokensError> {
         if self.tokens == 0 {
             self.abort();
@@ -226,16 +234,18 @@ impl Sink {
             self.abort();
             return Err(e);
         }
+        // Every shard is complete and durable under its temporary name: only now do the
+        // final names appear, one rename each (publish_all removes the ones it renamed
+        // if a later rename fails).
+        atomic::publish_all(std::mem::take(&mut self.ready))?;
         Ok(self.done)
     }
 
-    /// Remove every shard this sink wrote (the unfinished one's temporary file goes
-    /// with its writer), so a failed pack leaves nothing.
+    /// Drop every temporary file this sink wrote (the unfinished shard's and the
+    /// prepared ones'), so a failed pack leaves nothing under any name.
     pub(super) fn abort(&mut self) {
         drop(self.current.take());
-        for (path, _) in &self.done {
-            let _ = fs::remove_file(path);
-        }
+        self.ready.clear();
         self.done.clear();
     }
 }
@@ -450,6 +460,7 @@ pub fn pack(
             progress,
         );
         if let Err(e) = result {
+            // The unfinished shard and the finished ones go with their temporary names.
             sink.abort();
             return Err(e);
         }

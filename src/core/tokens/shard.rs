@@ -18,7 +18,7 @@ use memmap2::Mmap;
 use serde::Serialize;
 
 use super::TokensError;
-use crate::core::atomic::AtomicFile;
+use crate::core::atomic::{AtomicFile, Prepared};
 
 /// Bytes in the header.
 pub const HEADER_BYTES: usize = 1024;
@@ -591,14 +591,22 @@ impl ShardWriter {
     }
 
     /// Patch the header with the final count and commit the file under its name.
-    pub fn finish(mut self) -> Result<ShardHeader, TokensError> {
+    pub fn finish(self) -> Result<ShardHeader, TokensError> {
+        let (header, ready) = self.prepare()?;
+        ready.publish()?;
+        Ok(header)
+    }
+
+    /// Patch the header with the final count and make the file durable under its
+    /// temporary name; the caller renames it into place (with others, see
+    /// [`atomic::publish_all`](crate::core::atomic::publish_all)).
+    pub fn prepare(mut self) -> Result<(ShardHeader, Prepared), TokensError> {
         let header = ShardHeader::for_layout(self.count, self.vocab, self.layout)?;
         let w = self.file.writer();
         w.seek(SeekFrom::Start(0))
             .and_then(|_| w.write_all(&header.to_bytes()))
             .map_err(io_err(&self.path))?;
-        self.file.commit()?;
-        Ok(header)
+        Ok((header, self.file.prepare()?))
     }
 }
 

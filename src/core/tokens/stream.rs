@@ -219,6 +219,41 @@ fn draw_phase(rng: &mut Pcg32, n: usize, seq_len: usize) -> usize {
     rng.below(u32::try_from(bound).unwrap_or(u32::MAX)) as usize
 }
 
+/// Largest cursor file read (a cursor is about 100 bytes of JSON).
+pub const MAX_CURSOR_BYTES: u64 = 1 << 16;
+
+/// Most ids one batch may span, B × (T + 1): each batch allocates two [B, T] arrays of
+/// i64 (256 MiB together at the limit), so a size from a flag can never ask for more.
+pub const MAX_BATCH_TOKENS: u64 = 1 << 24;
+
+/// Check T >= 1, B >= 1 and B × (T + 1) <= [`MAX_BATCH_TOKENS`], with checked
+/// arithmetic, before anything is allocated or created.
+pub fn check_batch_shape(seq_len: usize, batch: usize) -> Result<(), TokensError> {
+    if seq_len < 1 {
+        return Err(TokensError::BadArg {
+            name: "seq_len",
+            value: seq_len,
+        });
+    }
+    if batch < 1 {
+        return Err(TokensError::BadArg {
+            name: "batch",
+            value: batch,
+        });
+    }
+    let ids = (seq_len as u64)
+        .checked_add(1)
+        .and_then(|w| w.checked_mul(batch as u64));
+    match ids {
+        Some(n) if n <= MAX_BATCH_TOKENS => Ok(()),
+        _ => Err(TokensError::BatchTooLarge {
+            batch,
+            seq_len,
+            limit: MAX_BATCH_TOKENS,
+        }),
+    }
+}
+
 impl TokenStream {
     /// A stream over `shards` with windows of `seq_len` (T) inputs and `batch` (B)
     /// windows per batch. Checks: at least one shard, T >= 1, B >= 1, every shard holds
@@ -236,18 +271,7 @@ impl TokenStream {
         if shards.is_empty() {
             return Err(TokensError::NoShards);
         }
-        if seq_len < 1 {
-            return Err(TokensError::BadArg {
-                name: "seq_len",
-                value: seq_len,
-            });
-        }
-        if batch < 1 {
-            return Err(TokensError::BadArg {
-                name: "batch",
-                value: batch,
-            });
-        }
+        check_batch_shape(seq_len, batch)?;
         let vocab = vocab_size
             .map(|v| check_shard_vocab(u64::from(v)))
             .transpose()?;

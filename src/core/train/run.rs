@@ -27,7 +27,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, TryLockError};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -586,16 +586,13 @@ struct RunLock {
 impl RunLock {
     fn acquire(out: &Path) -> Result<Self, TrainError> {
         let path = out.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|source| TrainError::Io {
-                path: path.clone(),
-                source,
-            })?;
+        let io = |source| TrainError::Io {
+            path: path.clone(),
+            source,
+        };
+        // Never follow a symlink or block on a FIFO planted at the lock's name, and
+        // lock only a regular file.
+        let file = checkpoint::fsops::open_lock_file(&path).map_err(io)?;
         match file.try_lock() {
             Ok(()) => Ok(RunLock { _file: file }),
             Err(TryLockError::WouldBlock) => Err(TrainError::Locked { path }),
@@ -622,6 +619,8 @@ fn check_spec(spec: &RunSpec) -> Result<(), TrainError> {
         if spec.seq_len == 0 {
             return usage("--seq-len must be at least 1");
         }
+        // Before anything is created or allocated: a huge --batch is one error line.
+        tokens::check_batch_shape(spec.seq_len, spec.batch)?;
     }
     if spec.keep == Some(0) {
         return usage("--keep must be at least 1");
@@ -724,12 +723,22 @@ pub fn run(spec: &RunSpec, progress: &mut dyn FnMut(Progress)) -> Result<RunOutc
         shards.push(Shard::open(path, Some(vocab))?);
     }
     let config = build_config(spec, vocab, &shards)?;
+    // No output may replace a data shard (compared by device and inode).
+    let inputs: Vec<&Path> = spec.data.iter().map(PathBuf::as_path).collect();
+    for name in [CONFIG_FILE, FINAL_FILE, MODEL_FILE] {
+        let path = spec.out.join(name);
+        crate::core::atomic::refuse_inputs(&path, &inputs)?;
+        crate::core::atomic::check_target(&path)?;
+    }
     fs::create_dir_all(&spec.out).map_err(|source| TrainError::Io {
         path: spec.out.clone(),
         source,
     })?;
     let _lock = RunLock::acquire(&spec.out)?;
     let ckpt = spec.out.join(CKPT_DIR);
+    // A `.lock` that is a directory, symlink or FIFO would fail the first save: refuse
+    // it now, before any step is computed.
+    checkpoint::check_lock_file(&ckpt)?;
     let loaded = if spec.resume && holds_checkpoints(&ckpt)? {
         let loaded = checkpoint::load(&ckpt, None)?;
         for (name, reason) in &loaded.skipped {

@@ -1,0 +1,156 @@
+//! The `FAILPOINTS` environment variable, parsed and validated before anything runs.
+//!
+//! Invariant: a value is applied whole or not at all. A malformed entry, an unknown
+//! failpoint name or an action the `fail` crate rejects is an error (the process exits
+//! 2 before doing anything), so a typo can never silently change, or fail to change, a
+//! run.
+
+use crate::core::{Failure, FailureKind};
+
+/// The environment variable read.
+pub const ENV_VAR: &str = "FAILPOINTS";
+
+/// Every failpoint compiled into tlio (a unit test checks the sources against it).
+pub const KNOWN: &[&str] = &["ckpt/fsync", "ckpt/rename", "train/after-step"];
+
+/// Errors of the `FAILPOINTS` value.
+#[derive(Debug, thiserror::Error)]
+pub enum FailpointsError {
+    /// The value is not valid UTF-8.
+    #[error("{ENV_VAR} is not valid UTF-8")]
+    NotUtf8,
+    /// An entry is not `NAME=ACTIONS`.
+    #[error("{ENV_VAR}: '{entry}' is not NAME=ACTIONS (entries are separated by ';')")]
+    Malformed {
+        /// The entry.
+        entry: String,
+    },
+    /// The name is not one of tlio's failpoints.
+    #[error("{ENV_VAR}: unknown failpoint '{name}' (known: {})", KNOWN.join(", "))]
+    Unknown {
+        /// The name given.
+        name: String,
+    },
+    /// The `fail` crate refused the actions.
+    #[error("{ENV_VAR}: bad actions for '{name}': {reason}")]
+    BadActions {
+        /// The failpoint.
+        name: String,
+        /// The crate's reason.
+        reason: String,
+    },
+}
+
+impl Failure for FailpointsError {
+    fn kind(&self) -> FailureKind {
+        // A bad environment is a usage error.
+        FailureKind::Operational
+    }
+}
+
+/// Split `spec` into `(name, actions)` pairs, checking names; nothing is applied.
+pub fn parse(spec: &str) -> Result<Vec<(&str, &str)>, FailpointsError> {
+    let mut out = Vec::new();
+    for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, actions) = entry
+            .split_once('=')
+            .map(|(n, a)| (n.trim(), a.trim()))
+            .filter(|(n, a)| !n.is_empty() && !a.is_empty())
+            .ok_or_else(|| FailpointsError::Malformed {
+                entry: entry.to_string(),
+            })?;
+        if !KNOWN.contains(&name) {
+            return Err(FailpointsError::Unknown {
+                name: name.to_string(),
+            });
+        }
+        out.push((name, actions));
+    }
+    Ok(out)
+}
+
+/// Configure the failpoints `spec` names; on error none stays configured.
+pub fn configure(spec: &str) -> Result<(), FailpointsError> {
+    let entries = parse(spec)?;
+    for (i, (name, actions)) in entries.iter().enumerate() {
+        if let Err(reason) = fail::cfg(*name, actions) {
+            for (done, _) in entries.iter().take(i) {
+                fail::remove(*done);
+            }
+            return Err(FailpointsError::BadActions {
+                name: (*name).to_string(),
+                reason,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Configure from the environment; an unset or empty variable configures nothing.
+pub fn configure_from_env() -> Result<(), FailpointsError> {
+    match std::env::var_os(ENV_VAR) {
+        None => Ok(()),
+        Some(value) => configure(value.to_str().ok_or(FailpointsError::NotUtf8)?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_accepts_the_documented_forms_and_refuses_the_rest() {
+        assert_eq!(parse("").unwrap(), []);
+        assert_eq!(
+            parse("train/after-step=60*off->return; ckpt/fsync=return").unwrap(),
+            [
+                ("train/after-step", "60*off->return"),
+                ("ckpt/fsync", "return")
+            ]
+        );
+        assert!(matches!(
+            parse("garbage"),
+            Err(FailpointsError::Malformed { .. })
+        ));
+        assert!(matches!(
+            parse("ckpt/fsync="),
+            Err(FailpointsError::Malformed { .. })
+        ));
+        assert!(matches!(
+            parse("ckpt/fsnyc=return"),
+            Err(FailpointsError::Unknown { .. })
+        ));
+        assert!(matches!(
+            configure("ckpt/rename=bogus(1)"),
+            Err(FailpointsError::BadActions { .. })
+        ));
+    }
+
+    #[test]
+    fn every_failpoint_in_the_sources_is_known() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let re = regex::Regex::new(r#"fail_point!\(\s*"([^"]+)""#).unwrap();
+        let mut stack = vec![root];
+        let mut found = 0;
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for cap in re.captures_iter(&text) {
+                        found += 1;
+                        assert!(
+                            KNOWN.contains(&&cap[1]),
+                            "{} in {}",
+                            &cap[1],
+                            path.display()
+                        );
+                    }
+                }
+            }
+        }
+        assert!(found >= KNOWN.len());
+    }
+}
