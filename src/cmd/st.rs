@@ -11,13 +11,16 @@ use serde::Serialize;
 
 use super::args::FloatDtype;
 use super::Outcome;
-use crate::core::safetensors::convert::convert;
-use crate::core::safetensors::diff::{diff, DiffReport, ValueDiff};
+use crate::core::model::arch::{summary, Summary};
+use crate::core::model::int4::DEFAULT_GROUP;
+use crate::core::model::transform::{self, Op, Report as TransformReport};
+use crate::core::model::view::{diff_models, verify_model, ModelView};
+use crate::core::model::{Kind, Model, Storage};
+use crate::core::safetensors::diff::{DiffReport, ValueDiff};
 use crate::core::safetensors::header::{totals, Totals};
-use crate::core::safetensors::index::read_index;
-use crate::core::safetensors::stats::{tensor_stats, Number, TensorStats};
-use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
-use crate::core::safetensors::{read_header, Dtype, Header, MappedFile};
+use crate::core::safetensors::stats::{Number, TensorStats};
+use crate::core::safetensors::verify::{Finding, VerifyOptions};
+use crate::core::safetensors::Dtype;
 use crate::core::text::escape;
 use crate::output::{human_bytes, human_count, Printer, Tone};
 
@@ -25,56 +28,89 @@ use crate::output::{human_bytes, human_count, Printer, Tone};
 #[derive(Debug, Subcommand)]
 pub enum StCommand {
     /// Show tensors (name, dtype, shape, parameters, bytes, offsets), metadata and
-    /// totals by dtype, from the header alone. Accepts sharded `*.index.json` files.
+    /// totals by dtype, from the headers alone; for an index or a model directory also
+    /// the architecture summary and each tensor's shard. int4 pairs show as one tensor.
     #[command(after_help = INSPECT_EXAMPLES)]
     Inspect(InspectArgs),
-    /// Check every reader rule; print one line per failure naming the file, the rule
-    /// and the tensor; exit 1 when any file fails.
+    /// Check every reader rule, and for models the index, architecture and int4 rules;
+    /// print one line per failure naming the file, the rule and the tensor or shard;
+    /// exit 1 when any model fails.
     #[command(after_help = VERIFY_EXAMPLES)]
     Verify(VerifyArgs),
-    /// Convert every float tensor to another float dtype, copying the rest, into a
-    /// canonical file written atomically.
+    /// Convert every float tensor to another float dtype, copying the rest: a file into
+    /// a canonical file, an index or directory into a new directory (same sharding,
+    /// index and config.json updated), written atomically.
     // clap would show the output as optional: it is required in one of two spellings.
     #[command(
         after_help = CONVERT_EXAMPLES,
-        override_usage = "tlio st convert [OPTIONS] <MODEL> -o <FILE> --dtype <DTYPE>"
+        override_usage = "tlio st convert [OPTIONS] <MODEL> -o <OUT> --dtype <DTYPE>"
     )]
     Convert(ConvertArgs),
-    /// Compare two files: tensors only in one, dtype and shape changes, value
-    /// differences, metadata; exit 0 when identical, 1 when they differ.
+    /// Compare two models tensor by tensor, whatever their sharding: tensors only in
+    /// one, dtype and shape changes, value differences, metadata; exit 0 when
+    /// identical, 1 when they differ.
     #[command(after_help = DIFF_EXAMPLES)]
     Diff(DiffArgs),
+    /// Quantize the selected 2-D float weights to int4-gG-sym pairs (`<name>.qweight`
+    /// U8 + `<name>.scales` F16), copying the rest: file in, file out; index or
+    /// directory in, directory out.
+    #[command(
+        after_help = QUANTIZE_EXAMPLES,
+        override_usage = "tlio st quantize [OPTIONS] <MODEL> -o <OUT> --int4"
+    )]
+    Quantize(QuantizeArgs),
+    /// Turn every int4 pair back into one tensor of the requested dtype, removing the
+    /// `quant` metadata: file in, file out; index or directory in, directory out.
+    #[command(
+        after_help = DEQUANTIZE_EXAMPLES,
+        override_usage = "tlio st dequantize [OPTIONS] <MODEL> -o <OUT>"
+    )]
+    Dequantize(DequantizeArgs),
 }
 
 const INSPECT_EXAMPLES: &str = "\
 Examples:
   tlio st inspect model.safetensors
-  tlio st inspect model.safetensors.index.json
+  tlio st inspect path/to/model-dir
   tlio st inspect --stats model.safetensors
-  tlio --json st inspect model.safetensors";
+  tlio --json st inspect model.safetensors.index.json";
 
 const VERIFY_EXAMPLES: &str = "\
 Examples:
   tlio st verify model.safetensors
+  tlio st verify path/to/model-dir
   tlio st verify --canonical --finite *.safetensors
   tlio --json st verify model.safetensors";
 
 const CONVERT_EXAMPLES: &str = "\
 Examples:
   tlio st convert model.safetensors -o model-bf16.safetensors --dtype bf16
+  tlio st convert path/to/model-dir -o model-dir-bf16 --dtype bf16
   tlio st convert model.safetensors -o half.safetensors --dtype fp16 --exclude 'norm'
-  tlio st convert model.safetensors -o f8.safetensors --dtype fp8_e5m2 --only '^layers\\.'";
+  tlio st convert model.safetensors -o f8.safetensors --dtype fp8_e4m3 --saturate";
 
 const DIFF_EXAMPLES: &str = "\
 Examples:
   tlio st diff before.safetensors after.safetensors
+  tlio st diff path/to/model-dir model.safetensors
   tlio --json st diff a.safetensors b.safetensors
   tlio -q st diff a.safetensors b.safetensors && echo identical";
+
+const QUANTIZE_EXAMPLES: &str = "\
+Examples:
+  tlio st quantize model.safetensors -o model-int4.safetensors --int4
+  tlio st quantize path/to/model-dir -o model-dir-int4 --int4 --group 64
+  tlio st quantize model.safetensors -o q.safetensors --int4 --exclude 'down_proj'";
+
+const DEQUANTIZE_EXAMPLES: &str = "\
+Examples:
+  tlio st dequantize model-int4.safetensors -o model.safetensors
+  tlio st dequantize model-dir-int4 -o model-dir-bf16 --dtype bf16";
 
 /// Arguments of `st inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// Safetensors files or sharded `*.index.json` indexes.
+    /// Models: safetensors files, sharded `*.index.json` indexes or model directories.
     #[arg(required = true, value_name = "MODEL")]
     pub files: Vec<PathBuf>,
     /// Also read the data: min, max, mean, std, NaN and inf counts per tensor.
@@ -85,7 +121,7 @@ pub struct InspectArgs {
 /// Arguments of `st verify`.
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// Safetensors files to check.
+    /// Models to check: files, indexes or model directories.
     #[arg(required = true, value_name = "MODEL")]
     pub files: Vec<PathBuf>,
     /// Also require the exact bytes of the canonical writer (order, compact JSON,
@@ -100,14 +136,15 @@ pub struct VerifyArgs {
 /// Arguments of `st convert`.
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// The safetensors file to convert.
+    /// Input model: a file, an index or a model directory.
     #[arg(value_name = "MODEL")]
     pub input: PathBuf,
-    /// The file to write (never the input).
+    /// Output: a file for a file, a new directory for an index or a directory (written
+    /// atomically as a whole; an existing non-empty directory is refused).
     #[arg(
         short,
         long,
-        value_name = "FILE",
+        value_name = "OUT",
         required_unless_present = "legacy_output"
     )]
     pub output: Option<PathBuf>,
@@ -124,17 +161,99 @@ pub struct ConvertArgs {
     /// Do not convert tensors whose name matches this regular expression.
     #[arg(long, value_name = "REGEX")]
     pub exclude: Option<String>,
+    /// For F8_E4M3: clamp |x| > 448 (and infinities) to +-448 as torch does, instead
+    /// of failing; NaN stays NaN.
+    #[arg(long)]
+    pub saturate: bool,
+    /// Shards converted at once (default: the number of CPUs, at most 4).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
 }
 
 /// Arguments of `st diff`.
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// The first file (A).
+    /// The first model (A): a file, an index or a model directory.
     #[arg(value_name = "MODEL")]
     pub a: PathBuf,
-    /// The second file (B).
+    /// The second model (B), compared tensor by tensor whatever the sharding.
     #[arg(value_name = "MODEL")]
     pub b: PathBuf,
+}
+
+/// Arguments of `st quantize`.
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    /// Input model: a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
+    pub input: PathBuf,
+    /// Output: a file for a file, a new directory otherwise (written atomically).
+    #[arg(
+        short,
+        long,
+        value_name = "OUT",
+        required_unless_present = "legacy_output"
+    )]
+    pub output: Option<PathBuf>,
+    /// The output as a second positional (the spelling of the spec), also accepted.
+    #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
+    pub legacy_output: Option<PathBuf>,
+    /// Quantize to int4-gG-sym (the only scheme; required so the command says what it
+    /// does).
+    #[arg(long, required = true)]
+    pub int4: bool,
+    /// Group size G: an even number that divides each selected weight's columns.
+    #[arg(long, value_name = "G", default_value_t = DEFAULT_GROUP)]
+    pub group: u64,
+    /// Quantize only 2-D float tensors whose name matches this regular expression
+    /// (default: names ending in `_proj.weight`).
+    #[arg(long, value_name = "REGEX")]
+    pub only: Option<String>,
+    /// Do not quantize tensors whose name matches this regular expression.
+    #[arg(long, value_name = "REGEX")]
+    pub exclude: Option<String>,
+    /// Shards processed at once (default: the number of CPUs, at most 4).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+}
+
+/// Arguments of `st dequantize`.
+#[derive(Debug, Args)]
+pub struct DequantizeArgs {
+    /// Input model with int4 pairs: a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
+    pub input: PathBuf,
+    /// Output: a file for a file, a new directory otherwise (written atomically).
+    #[arg(
+        short,
+        long,
+        value_name = "OUT",
+        required_unless_present = "legacy_output"
+    )]
+    pub output: Option<PathBuf>,
+    /// The output as a second positional (the spelling of the spec), also accepted.
+    #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
+    pub legacy_output: Option<PathBuf>,
+    /// Dtype of the dequantized weights (aliases as for convert's --dtype).
+    #[arg(long, value_enum, ignore_case = true, default_value = "F32")]
+    pub dtype: FloatDtype,
+    /// Shards processed at once (default: the number of CPUs, at most 4).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+}
+
+/// The default selection of `st quantize`: the linear projections.
+const DEFAULT_QUANTIZE: &str = "_proj\\.weight$";
+/// Default shard workers when `--jobs` is not given (the CPUs, capped).
+const DEFAULT_JOBS_CAP: usize = 4;
+
+fn jobs(j: Option<usize>) -> usize {
+    j.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(DEFAULT_JOBS_CAP)
+    })
+    .max(1)
 }
 
 /// Run `tlio st`.
@@ -144,6 +263,8 @@ pub fn run(cmd: StCommand, printer: &Printer) -> anyhow::Result<Outcome> {
         StCommand::Verify(args) => run_verify(&args, printer),
         StCommand::Convert(args) => run_convert(&args, printer),
         StCommand::Diff(args) => run_diff(&args, printer),
+        StCommand::Quantize(args) => run_quantize(&args, printer),
+        StCommand::Dequantize(args) => run_dequantize(&args, printer),
     }
 }
 
@@ -169,7 +290,7 @@ mod tests {
 #[derive(Serialize)]
 struct TensorRow {
     name: String,
-    dtype: Dtype,
+    dtype: String,
     shape: Vec<u64>,
     params: u64,
     bytes: u64,
@@ -187,45 +308,12 @@ struct FileReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     header_len: Option<u64>,
     file_size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    architecture: Option<Summary>,
     metadata: BTreeMap<String, serde_json::Value>,
     tensors: Vec<TensorRow>,
     totals: Vec<Totals>,
     total: Totals,
-}
-
-fn is_index(path: &Path) -> bool {
-    path.to_string_lossy().ends_with(".json")
-}
-
-fn rows(
-    header: &Header,
-    shard: Option<&str>,
-    mapped: Option<&MappedFile>,
-    bar: &indicatif::ProgressBar,
-) -> Vec<TensorRow> {
-    header
-        .tensors
-        .iter()
-        .map(|t| {
-            let stats = mapped
-                .and_then(|m| m.info_bytes(t))
-                .and_then(|bytes| tensor_stats(t, bytes));
-            if mapped.is_some() {
-                bar.inc(t.byte_len());
-            }
-            (t, stats)
-        })
-        .map(|(t, stats)| TensorRow {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            params: t.numel(),
-            bytes: t.byte_len(),
-            data_offsets: [t.data_offsets.0, t.data_offsets.1],
-            shard: shard.map(str::to_string),
-            stats,
-        })
-        .collect()
 }
 
 fn inspect_one(
@@ -234,61 +322,117 @@ fn inspect_one(
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<FileReport> {
     let context = || format!("cannot inspect {}", path.display());
-    if is_index(path) {
-        let index = read_index(path).with_context(context)?;
-        let dir = path.parent().unwrap_or(Path::new(""));
-        let mut tensors = Vec::new();
-        let mut file_size = 0u64;
-        for (shard, header) in &index.shards {
-            let mapped = if stats {
-                Some(MappedFile::open(&dir.join(shard)).with_context(context)?)
-            } else {
-                None
-            };
-            file_size = file_size.saturating_add(header.file_size);
-            if stats {
-                bar.inc_length(header.data_len());
-            }
-            tensors.extend(rows(header, Some(shard), mapped.as_ref(), bar));
-        }
-        tensors.sort_by(|a, b| a.name.cmp(&b.name));
-        let infos: Vec<_> = index.shards.iter().flat_map(|(_, h)| &h.tensors).collect();
-        let (by, total) = totals(infos);
-        return Ok(FileReport {
-            path: path.display().to_string(),
-            kind: "index",
-            header_len: None,
-            file_size,
-            metadata: index.metadata,
-            tensors,
-            totals: by,
-            total,
-        });
-    }
-    let (header, mapped) = if stats {
-        let m = MappedFile::open(path).with_context(context)?;
-        (m.header().clone(), Some(m))
+    let model = Model::open(path).with_context(context)?;
+    let mut values = BTreeMap::new();
+    let model = if stats {
+        let view = ModelView::map(model).with_context(context)?;
+        bar.inc_length(view.model.shards.iter().map(|s| s.header.data_len()).sum());
+        values = view.stats(&mut |n| bar.inc(n));
+        view.model
     } else {
-        (read_header(path).with_context(context)?, None)
+        model
     };
-    if stats {
-        bar.inc_length(header.data_len());
+    let sharded = model.kind != Kind::File;
+    let mut tensors: Vec<TensorRow> = model
+        .logical
+        .iter()
+        .map(|l| {
+            let (dtype, bytes) = model.stored(l);
+            let first = match l.storage {
+                Storage::Plain(i) => i,
+                Storage::Int4 { qweight, .. } => qweight,
+            };
+            let offsets = model.entry(first).map_or((0, 0), |e| e.info.data_offsets);
+            TensorRow {
+                name: l.name.clone(),
+                dtype,
+                shape: l.shape.clone(),
+                params: crate::core::safetensors::dtype::numel(&l.shape).unwrap_or(0),
+                bytes,
+                data_offsets: [offsets.0, offsets.1],
+                shard: sharded
+                    .then(|| model.shard_of(l).map(|s| s.name.clone()))
+                    .flatten(),
+                stats: values.get(&l.name).copied().flatten(),
+            }
+        })
+        .collect();
+    if !sharded {
+        // A single file lists its tensors in file order, as its header lays them out.
+        tensors.sort_by_key(|r| r.data_offsets);
     }
-    let (by, total) = totals(&header.tensors);
+    let (by, total) = totals(model.entries.iter().map(|e| &e.info));
+    let file_size = model
+        .shards
+        .iter()
+        .fold(0u64, |acc, s| acc.saturating_add(s.header.file_size));
+    let metadata = if model.kind == Kind::File || model.index_path.is_none() {
+        model
+            .shards
+            .first()
+            .map(|s| {
+                s.header
+                    .metadata
+                    .iter()
+                    .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        model.index_metadata.clone()
+    };
     Ok(FileReport {
         path: path.display().to_string(),
-        kind: "file",
-        header_len: Some(header.header_len),
-        file_size: header.file_size,
-        metadata: header
-            .metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect(),
-        tensors: rows(&header, None, mapped.as_ref(), bar),
+        kind: match model.kind {
+            Kind::File => "file",
+            Kind::Index => "index",
+            Kind::Directory => "directory",
+        },
+        header_len: (model.kind == Kind::File)
+            .then(|| model.shards.first().map(|s| s.header.header_len))
+            .flatten(),
+        file_size,
+        architecture: sharded.then(|| summary(&model)),
+        metadata,
+        tensors,
         totals: by,
         total,
     })
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |x| x.to_string())
+}
+
+fn summary_lines(a: &Summary) -> Vec<String> {
+    let mix: Vec<String> = a
+        .dtypes
+        .iter()
+        .map(|(d, b)| format!("{} {b} bytes", escape(d)))
+        .collect();
+    vec![
+        format!(
+            "architecture: {}, {} layers, hidden {}, {} heads, {} kv heads, intermediate {}, vocab {}, tied embeddings {}",
+            escape(&a.arch),
+            opt(a.layers),
+            opt(a.hidden),
+            opt(a.heads),
+            opt(a.kv_heads),
+            opt(a.intermediate),
+            opt(a.vocab),
+            opt(a.tied_embeddings.map(|t| if t { "yes" } else { "no" }))
+        ),
+        format!(
+            "parameters {}, {} bytes in {} shard{}, dtypes: {}, quantization: {}, config dtype: {}",
+            a.params,
+            a.bytes,
+            a.shards,
+            if a.shards == 1 { "" } else { "s" },
+            mix.join(", "),
+            a.quantization.as_deref().map_or("none".to_string(), escape),
+            a.torch_dtype.as_deref().map_or("-".to_string(), escape),
+        ),
+    ]
 }
 
 /// Dimensions a human-readable shape lists before it abbreviates (`--json` has all).
@@ -403,9 +547,24 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         if i > 0 {
             writeln!(out)?;
         }
-        let header = match report.header_len {
-            Some(n) => format!("header {}", human_bytes(n)),
-            None => "sharded index".to_string(),
+        let header = match (report.header_len, &report.architecture) {
+            (Some(n), _) => format!("header {}", human_bytes(n)),
+            (None, Some(a)) if report.kind == "directory" => {
+                format!(
+                    "model directory, {} safetensors file{}",
+                    a.shards,
+                    if a.shards == 1 { "" } else { "s" }
+                )
+            }
+            (None, a) => format!(
+                "sharded index, {} shard{}",
+                opt(a.as_ref().map(|a| a.shards)),
+                if a.as_ref().is_some_and(|a| a.shards == 1) {
+                    ""
+                } else {
+                    "s"
+                }
+            ),
         };
         writeln!(
             out,
@@ -415,7 +574,12 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             human_count(report.total.params),
             human_bytes(report.file_size)
         )?;
-        let sharded = report.kind == "index";
+        if let Some(a) = &report.architecture {
+            for line in summary_lines(a) {
+                writeln!(out, "{line}")?;
+            }
+        }
+        let sharded = report.kind != "file";
         let mut table = printer.table();
         let mut head = vec!["name", "dtype", "shape", "params", "bytes", "offsets"];
         if sharded {
@@ -428,14 +592,18 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         for r in &report.tensors {
             let mut row = vec![
                 cell(escape(&r.name)),
-                r.dtype.to_string(),
+                escape(&r.dtype),
                 shape_text(&r.shape),
                 human_count(r.params),
                 human_bytes(r.bytes),
                 format!("[{}, {})", r.data_offsets[0], r.data_offsets[1]),
             ];
-            if let Some(shard) = &r.shard {
-                row.push(cell(escape(shard)));
+            if sharded {
+                row.push(
+                    r.shard
+                        .as_deref()
+                        .map_or("-".to_string(), |s| cell(escape(s))),
+                );
             }
             if args.stats {
                 match &r.stats {
@@ -497,7 +665,7 @@ fn run_verify(args: &VerifyArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             bar.set_length(total);
             bar.set_position(done);
         };
-        let failures = verify_with_progress(path, opts, &mut progress)
+        let failures = verify_model(path, opts, &mut progress)
             .with_context(|| format!("cannot verify {}", path.display()));
         bar.finish_and_clear();
         let report = VerifyReport {
@@ -545,40 +713,167 @@ fn compile(re: &Option<String>, flag: &str) -> anyhow::Result<Option<regex::Rege
         .transpose()
 }
 
-fn run_convert(args: &ConvertArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    // clap guarantees one of the two spellings (required_unless_present/conflicts_with).
-    let output = args
-        .output
-        .as_ref()
-        .or(args.legacy_output.as_ref())
-        .ok_or_else(|| crate::error::operational("an output file is required: -o FILE"))?;
-    let dtype = Dtype::from(args.dtype);
-    let only = compile(&args.only, "only")?;
-    let exclude = compile(&args.exclude, "exclude")?;
-    let select = |name: &str| {
+fn selector(
+    only: &Option<String>,
+    exclude: &Option<String>,
+) -> anyhow::Result<impl Fn(&str) -> bool + Sync> {
+    let only = compile(only, "only")?;
+    let exclude = compile(exclude, "exclude")?;
+    Ok(move |name: &str| {
         only.as_ref().is_none_or(|r| r.is_match(name))
             && !exclude.as_ref().is_some_and(|r| r.is_match(name))
-    };
-    let bar = printer.bytes_bar(0, "convert");
-    let mut progress = |done: u64, total: u64| {
+    })
+}
+
+/// Open the model and run one transformation with a progress bar.
+fn transform_model(
+    input: &Path,
+    output: &Path,
+    op: &Op<'_>,
+    jobs: usize,
+    printer: &Printer,
+    verb: &str,
+) -> anyhow::Result<(Model, TransformReport)> {
+    let context = || format!("cannot {verb} {} to {}", input.display(), output.display());
+    let model = Model::open(input).with_context(context)?;
+    let bar = printer.bytes_bar(0, verb);
+    let progress = |done: u64, total: u64| {
         bar.set_length(total);
         bar.set_position(done);
     };
-    let report =
-        convert(&args.input, output, dtype, &select, &mut progress).with_context(|| {
-            format!(
-                "cannot convert {} to {}",
-                args.input.display(),
-                output.display()
-            )
-        })?;
+    let report = transform::run(&model, output, op, jobs, &progress).with_context(context)?;
     bar.finish_and_clear();
+    Ok((model, report))
+}
+
+/// The output path, given as -o/--output or as the second positional.
+fn output_of<'a>(
+    output: &'a Option<PathBuf>,
+    legacy: &'a Option<PathBuf>,
+) -> anyhow::Result<&'a Path> {
+    // clap guarantees one of the two spellings (required_unless_present/conflicts_with).
+    output
+        .as_deref()
+        .or(legacy.as_deref())
+        .ok_or_else(|| crate::error::operational("an output is required: -o OUT"))
+}
+
+fn run_convert(args: &ConvertArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let output = output_of(&args.output, &args.legacy_output)?;
+    let dtype = Dtype::from(args.dtype);
+    let select = selector(&args.only, &args.exclude)?;
+    let op = Op::Convert {
+        target: dtype,
+        saturate: args.saturate,
+        select: &select,
+    };
+    let (model, report) = transform_model(
+        &args.input,
+        output,
+        &op,
+        jobs(args.jobs),
+        printer,
+        "convert",
+    )?;
+    if printer.json {
+        if model.kind == Kind::File {
+            printer.json_line(&serde_json::json!({
+                "converted": report.transformed,
+                "copied": report.copied,
+                "bytes_in": report.bytes_in,
+                "bytes_out": report.bytes_out,
+            }))?;
+        } else {
+            printer.json_line(&report)?;
+        }
+    } else {
+        printer.info(format!(
+            "converted {} tensors to {dtype}, copied {}: {} -> {} bytes{}",
+            report.transformed,
+            report.copied,
+            report.bytes_in,
+            report.bytes_out,
+            dir_text(&report, output)
+        ));
+    }
+    Ok(Outcome::Success)
+}
+
+fn dir_text(report: &TransformReport, output: &Path) -> String {
+    if !report.directory {
+        return String::new();
+    }
+    let mut s = format!(
+        " in {} shard{}, directory {}",
+        report.shards,
+        if report.shards == 1 { "" } else { "s" },
+        escape(&output.display().to_string())
+    );
+    if !report.files_copied.is_empty() {
+        let names: Vec<String> = report.files_copied.iter().map(|n| escape(n)).collect();
+        s.push_str(&format!(" (also copied {})", names.join(", ")));
+    }
+    s
+}
+
+fn run_quantize(args: &QuantizeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let output = output_of(&args.output, &args.legacy_output)?;
+    let only = Some(
+        args.only
+            .clone()
+            .unwrap_or_else(|| DEFAULT_QUANTIZE.to_string()),
+    );
+    let select = selector(&only, &args.exclude)?;
+    let op = Op::Quantize {
+        group: args.group,
+        select: &select,
+    };
+    let (_, report) = transform_model(
+        &args.input,
+        output,
+        &op,
+        jobs(args.jobs),
+        printer,
+        "quantize",
+    )?;
     if printer.json {
         printer.json_line(&report)?;
     } else {
         printer.info(format!(
-            "converted {} tensors to {dtype}, copied {}: {} -> {} bytes",
-            report.converted, report.copied, report.bytes_in, report.bytes_out
+            "quantized {} tensors to int4-g{}-sym, copied {}: {} -> {} bytes{}",
+            report.transformed,
+            args.group,
+            report.copied,
+            report.bytes_in,
+            report.bytes_out,
+            dir_text(&report, output)
+        ));
+    }
+    Ok(Outcome::Success)
+}
+
+fn run_dequantize(args: &DequantizeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let output = output_of(&args.output, &args.legacy_output)?;
+    let dtype = Dtype::from(args.dtype);
+    let op = Op::Dequantize { target: dtype };
+    let (_, report) = transform_model(
+        &args.input,
+        output,
+        &op,
+        jobs(args.jobs),
+        printer,
+        "dequantize",
+    )?;
+    if printer.json {
+        printer.json_line(&report)?;
+    } else {
+        printer.info(format!(
+            "dequantized {} tensors to {dtype}, copied {}: {} -> {} bytes{}",
+            report.transformed,
+            report.copied,
+            report.bytes_in,
+            report.bytes_out,
+            dir_text(&report, output)
         ));
     }
     Ok(Outcome::Success)
@@ -603,9 +898,9 @@ fn value_text(v: &Option<ValueDiff>) -> String {
 
 fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let open =
-        |p: &PathBuf| MappedFile::open(p).with_context(|| format!("cannot diff {}", p.display()));
+        |p: &PathBuf| ModelView::open(p).with_context(|| format!("cannot diff {}", p.display()));
     let (a, b) = (open(&args.a)?, open(&args.b)?);
-    let report: DiffReport = diff(&a, &b);
+    let report: DiffReport = diff_models(&a, &b);
     let identical = report.identical();
     if printer.json {
         printer.json_line(&serde_json::json!({

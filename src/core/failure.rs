@@ -55,6 +55,7 @@ registry![
     super::checkpoint::optimizer::OptimizerError,
     super::checkpoint::state::StateError,
     super::checkpoint::verify::Problem,
+    super::model::ModelError,
     super::failpoints::FailpointsError,
     super::optim::OptimError,
     super::safetensors::SafetensorsError,

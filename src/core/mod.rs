@@ -13,6 +13,7 @@ pub mod digest;
 pub mod failpoints;
 pub mod failure;
 pub mod files;
+pub mod model;
 pub mod optim;
 pub mod pcg;
 pub mod safetensors;

@@ -49,7 +49,7 @@ fn old_spellings_are_hidden_from_help() {
     assert!(help.contains("-o, --output <DIR>"), "{help}");
     let help = stdout(&["st", "convert", "--help"]);
     assert!(!help.contains("<OUTPUT>"), "{help}");
-    assert!(help.contains("-o, --output <FILE>"), "{help}");
+    assert!(help.contains("-o, --output <OUT>"), "{help}");
 }
 
 #[test]
@@ -70,7 +70,9 @@ fn the_same_placeholders_everywhere() {
     assert!(usage(&["st", "inspect", "--help"]).ends_with("<MODEL>..."));
     assert!(usage(&["st", "verify", "--help"]).ends_with("<MODEL>..."));
     assert!(usage(&["st", "diff", "--help"]).ends_with("<MODEL> <MODEL>"));
-    assert!(usage(&["st", "convert", "--help"]).contains("<MODEL> -o <FILE>"));
+    assert!(usage(&["st", "convert", "--help"]).contains("<MODEL> -o <OUT>"));
+    assert!(usage(&["st", "quantize", "--help"]).contains("<MODEL> -o <OUT>"));
+    assert!(usage(&["st", "dequantize", "--help"]).contains("<MODEL> -o <OUT>"));
     // `ckpt latest` describes what it prints without naming a command that does not
     // exist.
     let help = stdout(&["ckpt", "latest", "--help"]);

@@ -9,6 +9,7 @@ mod errors;
 mod generate;
 mod grammar;
 mod hardening;
+mod models;
 mod output;
 mod readme;
 mod snapshots;

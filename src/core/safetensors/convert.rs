@@ -11,7 +11,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use super::dtype::Dtype;
-use super::float::{decode_f32, decode_f64, encode_f32, encode_f64, EncodeFailure};
+use super::float::{decode_f32, decode_f64, encode_f32, encode_f64, EncodeFailure, E4M3_MAX};
 use super::header::{read_header_from, ReadFailure};
 use super::write::{canonical_header, TensorSpec};
 use super::SafetensorsError;
@@ -51,6 +51,21 @@ pub fn convert(
     select: &dyn Fn(&str) -> bool,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertReport, SafetensorsError> {
+    convert_saturating(input, output, target, false, select, progress)
+}
+
+/// [`convert`], where `saturate` makes F8_E4M3 clamp magnitudes beyond 448 (infinities
+/// included) to +-448 as torch's saturating cast does, instead of the default error;
+/// NaN stays NaN.
+pub fn convert_saturating(
+    input: &Path,
+    output: &Path,
+    target: Dtype,
+    saturate: bool,
+    select: &dyn Fn(&str) -> bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ConvertReport, SafetensorsError> {
+    let saturate = saturate && target == Dtype::F8_E4M3;
     if !is_convert_target(target) {
         return Err(SafetensorsError::BadTarget { dtype: target });
     }
@@ -128,10 +143,16 @@ pub fn convert(
                 let result = if t.dtype == Dtype::F64 {
                     v64.clear();
                     decode_f64(t.dtype, chunk, &mut v64);
+                    if saturate {
+                        saturate_f64(&mut v64);
+                    }
                     encode_f64(to, &v64, &mut encoded).map(|()| v64.len())
                 } else {
                     v32.clear();
                     decode_f32(t.dtype, chunk, &mut v32);
+                    if saturate {
+                        saturate_f32(&mut v32);
+                    }
                     encode_f32(to, &v32, &mut encoded).map(|()| v32.len())
                 };
                 let count = result.map_err(|e| {
@@ -163,4 +184,23 @@ pub fn convert(
     }
     out.commit()?;
     Ok(report)
+}
+
+/// Clamp |x| > 448 to +-448 (F8_E4M3's largest finite value), leaving NaN alone.
+pub fn saturate_f32(values: &mut [f32]) {
+    let max = E4M3_MAX as f32;
+    for v in values {
+        if v.abs() > max {
+            *v = max.copysign(*v);
+        }
+    }
+}
+
+/// [`saturate_f32`] for f64 values.
+pub fn saturate_f64(values: &mut [f64]) {
+    for v in values {
+        if v.abs() > E4M3_MAX {
+            *v = E4M3_MAX.copysign(*v);
+        }
+    }
 }

@@ -94,17 +94,47 @@ impl DiffReport {
     }
 }
 
+/// One side of a comparison: tensors by name with their bytes, and the metadata. A
+/// side may gather the tensors of several files (a sharded model).
+#[derive(Debug, Default)]
+pub struct Side<'a> {
+    /// Tensor name to its info and bytes.
+    pub tensors: BTreeMap<&'a str, (&'a TensorInfo, &'a [u8])>,
+    /// The metadata.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl<'a> Side<'a> {
+    /// The side of one mapped file.
+    pub fn of_file(f: &'a MappedFile) -> Side<'a> {
+        let mut side = Side {
+            metadata: f.header().metadata.clone(),
+            ..Side::default()
+        };
+        side.add_file(f);
+        side
+    }
+
+    /// Add every tensor of `f` (a later file's tensor of the same name replaces an
+    /// earlier one; callers pass files whose names are disjoint).
+    pub fn add_file(&mut self, f: &'a MappedFile) {
+        for t in &f.header().tensors {
+            if let Some(bytes) = f.info_bytes(t) {
+                self.tensors.insert(t.name.as_str(), (t, bytes));
+            }
+        }
+    }
+}
+
 /// Compare two mapped files.
 pub fn diff(a: &MappedFile, b: &MappedFile) -> DiffReport {
-    let (ha, hb) = (a.header(), b.header());
-    // One map per side: every lookup below is O(log n), so the whole diff is
-    // O(n log n) in the tensor count (a linear search per name was quadratic).
-    let by_name_a: BTreeMap<&str, &TensorInfo> =
-        ha.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let by_name_b: BTreeMap<&str, &TensorInfo> =
-        hb.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let names_a: BTreeSet<&str> = by_name_a.keys().copied().collect();
-    let names_b: BTreeSet<&str> = by_name_b.keys().copied().collect();
+    diff_sides(&Side::of_file(a), &Side::of_file(b))
+}
+
+/// Compare two sides tensor by tensor, whatever files they came from.
+pub fn diff_sides(a: &Side<'_>, b: &Side<'_>) -> DiffReport {
+    let names_a: BTreeSet<&str> = a.tensors.keys().copied().collect();
+    let names_b: BTreeSet<&str> = b.tensors.keys().copied().collect();
     let mut report = DiffReport {
         only_in_a: names_a
             .difference(&names_b)
@@ -117,10 +147,7 @@ pub fn diff(a: &MappedFile, b: &MappedFile) -> DiffReport {
         ..DiffReport::default()
     };
     for name in names_a.intersection(&names_b) {
-        let (Some(&ta), Some(&tb)) = (by_name_a.get(name), by_name_b.get(name)) else {
-            continue;
-        };
-        let (Some(ba), Some(bb)) = (a.info_bytes(ta), b.info_bytes(tb)) else {
+        let (Some(&(ta, ba)), Some(&(tb, bb))) = (a.tensors.get(name), b.tensors.get(name)) else {
             continue;
         };
         if ta.dtype != tb.dtype || ta.shape != tb.shape {
@@ -145,9 +172,9 @@ pub fn diff(a: &MappedFile, b: &MappedFile) -> DiffReport {
             });
         }
     }
-    let keys: BTreeSet<&String> = ha.metadata.keys().chain(hb.metadata.keys()).collect();
+    let keys: BTreeSet<&String> = a.metadata.keys().chain(b.metadata.keys()).collect();
     for key in keys {
-        let (va, vb) = (ha.metadata.get(key), hb.metadata.get(key));
+        let (va, vb) = (a.metadata.get(key), b.metadata.get(key));
         if va != vb {
             report.metadata.push(MetaChange {
                 key: key.clone(),

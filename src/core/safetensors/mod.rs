@@ -20,7 +20,6 @@ pub mod diff;
 pub mod dtype;
 pub mod float;
 pub mod header;
-pub mod index;
 pub mod mmap;
 pub mod stats;
 pub mod verify;
@@ -319,14 +318,6 @@ pub enum SafetensorsError {
         /// The path.
         path: PathBuf,
     },
-    /// A sharded index is malformed or disagrees with its shards.
-    #[error("index {}: {detail}", .path.display())]
-    Index {
-        /// The index file.
-        path: PathBuf,
-        /// What is wrong.
-        detail: String,
-    },
     /// The file changed size between reading its header and mapping it.
     #[error("{} changed size while being read ({expected} then {actual} bytes)", .path.display())]
     Changed {
@@ -351,7 +342,6 @@ impl SafetensorsError {
             | E::Changed { .. }
             | E::BadTarget { .. }
             | E::SameFile { .. } => return None,
-            E::Index { .. } => "index",
             E::TooShort { .. } | E::HeaderTooLarge { .. } | E::HeaderPastEnd { .. } => {
                 "rule-1-header-length"
             }
@@ -444,8 +434,7 @@ impl Failure for SafetensorsError {
             | SafetensorsError::NotExact { .. }
             | SafetensorsError::HeaderTooLargeToWrite { .. }
             | SafetensorsError::NoSuchTensor { .. }
-            | SafetensorsError::CannotDecode { .. }
-            | SafetensorsError::Index { .. } => FailureKind::Invalid,
+            | SafetensorsError::CannotDecode { .. } => FailureKind::Invalid,
         }
     }
 }

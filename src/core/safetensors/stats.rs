@@ -74,7 +74,7 @@ pub struct TensorStats {
 /// largest magnitude) come back into range when multiplied out. Scaling by a power of
 /// two is exact.
 #[derive(Default)]
-struct Acc {
+pub struct Acc {
     n: u64,
     scale: f64,
     mean: f64,
@@ -102,7 +102,8 @@ fn pow2_at_least(x: f64) -> f64 {
 }
 
 impl Acc {
-    fn add_chunk(&mut self, values: &[f64]) {
+    /// Add a chunk of values.
+    pub fn add_chunk(&mut self, values: &[f64]) {
         let mut n = 0u64;
         let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
         for &v in values {
@@ -161,7 +162,8 @@ impl Acc {
         self.n = total;
     }
 
-    fn finish(self) -> TensorStats {
+    /// The statistics of everything added.
+    pub fn finish(self) -> TensorStats {
         let any = self.n > 0;
         TensorStats {
             count: self.count,

@@ -1,0 +1,567 @@
+//! Models as users meet them: one safetensors file, a Hugging Face sharded index
+//! (`*.index.json` + shards), or a model directory (`config.json` and either
+//! `model.safetensors.index.json` or `model.safetensors`). [`Model`] opens any of the
+//! three and yields logical tensors whatever the sharding; int4 pairs
+//! (`<name>.qweight` + `<name>.scales`) are one logical `[out, in]` tensor.
+//!
+//! Invariants: opening reads headers and small JSON files only; every index rule,
+//! reader rule, architecture rule and int4 rule that fails becomes one [`Finding`]
+//! naming the tensor, shard or key and the rule, never a panic; shard names from an
+//! index are plain file names beside the index (so an index cannot direct tlio to
+//! another path), while a shard that is itself a symlink is followed, as the Hugging
+//! Face cache needs.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::core::failure::{Failure, FailureKind};
+use crate::core::safetensors::verify::Finding;
+use crate::core::safetensors::{Dtype, Header, SafetensorsError, TensorInfo};
+use crate::core::text::quote;
+
+pub mod arch;
+pub mod index;
+pub mod int4;
+pub mod outdir;
+pub mod transform;
+pub mod view;
+
+/// The index file name of a sharded Hugging Face model directory.
+pub const INDEX_NAME: &str = "model.safetensors.index.json";
+/// The single-file model of a model directory.
+pub const SINGLE_NAME: &str = "model.safetensors";
+/// The configuration file of a model directory.
+pub const CONFIG_NAME: &str = "config.json";
+/// The tokenizer file of a model directory.
+pub const TOKENIZER_NAME: &str = "tokenizer.json";
+/// Largest `config.json` read (real ones are a few KiB).
+pub const MAX_CONFIG_SIZE: u64 = 16 << 20;
+
+/// Errors of opening and transforming models.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file or directory could not be read.
+    #[error("cannot read {}: {source}", .path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A directory holds neither an index nor `model.safetensors`.
+    #[error("{} is not a model directory: it holds neither {INDEX_NAME} nor {SINGLE_NAME}", .path.display())]
+    NotAModel {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The model breaks one or more rules (the first is shown; `st verify` lists all).
+    #[error("{first}{}", more_text(*.more))]
+    Invalid {
+        /// The first problem found.
+        first: String,
+        /// How many more problems there are.
+        more: usize,
+    },
+    /// A safetensors error while reading or writing a shard.
+    #[error("{}{source}", shard_prefix(.shard))]
+    Shard {
+        /// The shard concerned, when the model has several.
+        shard: Option<String>,
+        /// The cause.
+        source: SafetensorsError,
+    },
+    /// A weight to quantize is NaN or infinite.
+    #[error("quantize: tensor {}: row {row}, column {col}: the weight {value} is not finite", quote(.tensor))]
+    NonFinite {
+        /// Tensor name.
+        tensor: String,
+        /// Row.
+        row: u64,
+        /// Column.
+        col: u64,
+        /// The value.
+        value: f32,
+    },
+    /// A group's scale amax / 7 overflows F16.
+    #[error("quantize: tensor {}: row {row}, group {group}: the scale {amax}/7 overflows F16", quote(.tensor))]
+    ScaleOverflow {
+        /// Tensor name.
+        tensor: String,
+        /// Row.
+        row: u64,
+        /// Group index within the row.
+        group: u64,
+        /// The group's largest magnitude.
+        amax: f32,
+    },
+    /// A tensor cannot be quantized as asked (F64, odd column count, group not dividing).
+    #[error("quantize: tensor {}: {detail}", quote(.tensor))]
+    CannotQuantize {
+        /// Tensor name.
+        tensor: String,
+        /// Why.
+        detail: String,
+    },
+    /// The group size is not an even number >= 2.
+    #[error("the group size must be an even number >= 2, not {group}")]
+    BadGroup {
+        /// The group size given.
+        group: u64,
+    },
+    /// The output already exists and is not an empty directory.
+    #[error("refusing to write {}: it already exists and is not an empty directory", .path.display())]
+    OutputExists {
+        /// The output path.
+        path: PathBuf,
+    },
+    /// The output would be (or be inside) the input.
+    #[error("refusing to write over the input {}", .path.display())]
+    SameAsInput {
+        /// The output path.
+        path: PathBuf,
+    },
+    /// Writing the output failed.
+    #[error("cannot write {}: {source}", .path.display())]
+    Write {
+        /// The path being written.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A file in, a directory out (or the reverse) is not what the command does.
+    #[error("{detail}")]
+    Usage {
+        /// What was asked.
+        detail: String,
+    },
+}
+
+fn more_text(more: usize) -> String {
+    match more {
+        0 => String::new(),
+        1 => " (and 1 more problem; st verify lists them all)".to_string(),
+        n => format!(" (and {n} more problems; st verify lists them all)"),
+    }
+}
+
+fn shard_prefix(shard: &Option<String>) -> String {
+    shard
+        .as_ref()
+        .map_or(String::new(), |s| format!("shard {}: ", quote(s)))
+}
+
+impl Failure for ModelError {
+    fn kind(&self) -> FailureKind {
+        match self {
+            ModelError::Io { .. }
+            | ModelError::Write { .. }
+            | ModelError::OutputExists { .. }
+            | ModelError::SameAsInput { .. }
+            | ModelError::BadGroup { .. }
+            | ModelError::Usage { .. } => FailureKind::Operational,
+            ModelError::Shard { source, .. } => source.kind(),
+            ModelError::NotAModel { .. }
+            | ModelError::Invalid { .. }
+            | ModelError::NonFinite { .. }
+            | ModelError::ScaleOverflow { .. }
+            | ModelError::CannotQuantize { .. } => FailureKind::Invalid,
+        }
+    }
+}
+
+/// What the model argument was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// One safetensors file.
+    File,
+    /// A sharded index file.
+    Index,
+    /// A model directory.
+    Directory,
+}
+
+/// One safetensors file of the model.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    /// Its file name (as the index names it, or the file's own name).
+    pub name: String,
+    /// Where it is read from.
+    pub path: PathBuf,
+    /// Its validated header.
+    pub header: Header,
+}
+
+/// One physical tensor and the shard holding it.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Index into [`Model::shards`].
+    pub shard: usize,
+    /// The tensor.
+    pub info: TensorInfo,
+}
+
+/// How a logical tensor is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// One tensor (index into [`Model::entries`]).
+    Plain(usize),
+    /// An int4 pair: the `.qweight` and `.scales` entries and the group size.
+    Int4 {
+        /// The `.qweight` entry.
+        qweight: usize,
+        /// The `.scales` entry.
+        scales: usize,
+        /// Group size G.
+        group: u64,
+    },
+}
+
+/// A tensor as the model means it.
+#[derive(Debug, Clone)]
+pub struct Logical {
+    /// Its name (`<name>` for an int4 pair).
+    pub name: String,
+    /// Its logical shape (`[out, in]` for an int4 pair).
+    pub shape: Vec<u64>,
+    /// How it is stored.
+    pub storage: Storage,
+}
+
+/// An opened model: its files, its tensors and its configuration.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// The argument as given.
+    pub path: PathBuf,
+    /// What it was.
+    pub kind: Kind,
+    /// The index file, for a sharded model.
+    pub index_path: Option<PathBuf>,
+    /// The index's `metadata` object (empty for unsharded models).
+    pub index_metadata: BTreeMap<String, serde_json::Value>,
+    /// The directory of `config.json` and the other files (directories and indexes).
+    pub dir: Option<PathBuf>,
+    /// `config.json`, when present and an object.
+    pub config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The safetensors files in name order.
+    pub shards: Vec<Shard>,
+    /// Every physical tensor once, by name.
+    pub entries: Vec<Entry>,
+    /// Logical tensors by name.
+    pub logical: Vec<Logical>,
+    /// The `quant` value shared by the shards (int4 models).
+    pub quant: Option<String>,
+}
+
+impl Model {
+    /// Open `path` (a file, an index or a directory), failing on the first broken rule
+    /// (exit 1) or an unreadable path (exit 2).
+    pub fn open(path: &Path) -> Result<Model, ModelError> {
+        let (model, problems) = Model::scan(path)?;
+        let mut it = problems.into_iter();
+        match it.next() {
+            None => Ok(model),
+            Some(first) => Err(ModelError::Invalid {
+                first: first.message,
+                more: it.count(),
+            }),
+        }
+    }
+
+    /// Open `path` and list every broken rule (index, reader, int4, architecture,
+    /// tokenizer) found from the headers and JSON files; an error only when nothing can
+    /// be read at all.
+    pub fn scan(path: &Path) -> Result<(Model, Vec<Finding>), ModelError> {
+        let io = |source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        let mut problems = Vec::new();
+        let (kind, index_path, single, dir) = if meta.is_dir() {
+            let index = path.join(INDEX_NAME);
+            let single = path.join(SINGLE_NAME);
+            if index.exists() {
+                (Kind::Directory, Some(index), None, Some(path.to_path_buf()))
+            } else if single.exists() {
+                (
+                    Kind::Directory,
+                    None,
+                    Some(single),
+                    Some(path.to_path_buf()),
+                )
+            } else {
+                return Err(ModelError::NotAModel {
+                    path: path.to_path_buf(),
+                });
+            }
+        } else if path.to_string_lossy().ends_with(".json") {
+            (
+                Kind::Index,
+                Some(path.to_path_buf()),
+                None,
+                Some(parent(path)),
+            )
+        } else {
+            (Kind::File, None, Some(path.to_path_buf()), None)
+        };
+
+        let mut shards = Vec::new();
+        let mut index_metadata = BTreeMap::new();
+        let mut weight_map = None;
+        let before = problems.len();
+        if let Some(index_path) = &index_path {
+            let parsed = index::read(index_path, &mut problems)?;
+            if let Some(parsed) = parsed {
+                index_metadata = parsed.metadata;
+                shards = parsed.shards;
+                weight_map = Some(parsed.weight_map);
+            }
+        } else if let Some(single) = &single {
+            let name = single
+                .file_name()
+                .map_or_else(|| SINGLE_NAME.to_string(), |n| n.to_string_lossy().into());
+            match crate::core::safetensors::read_header(single) {
+                Ok(header) => shards.push(Shard {
+                    name,
+                    path: single.clone(),
+                    header,
+                }),
+                Err(e) => match e.rule() {
+                    Some(rule) => problems.push(Finding {
+                        rule: rule.to_string(),
+                        tensor: e.tensor().map(str::to_string),
+                        message: e.to_string(),
+                    }),
+                    None => {
+                        return Err(ModelError::Shard {
+                            shard: None,
+                            source: e,
+                        })
+                    }
+                },
+            }
+        }
+
+        // total_size is only meaningful when every shard could be read.
+        let complete = problems.len() == before;
+        let entries = index::entries(&shards, weight_map.as_ref(), &mut problems);
+        let config = match &dir {
+            Some(d) => read_config(&d.join(CONFIG_NAME), &mut problems)?,
+            None => None,
+        };
+        let quant = int4::quant_of(&shards, &mut problems);
+        let logical = int4::logical(&entries, quant.as_deref(), &mut problems);
+        let mut model = Model {
+            path: path.to_path_buf(),
+            kind,
+            index_path,
+            index_metadata,
+            dir,
+            config,
+            shards,
+            entries,
+            logical,
+            quant,
+        };
+        if let (Some(total), true) = (model.index_metadata.get("total_size"), complete) {
+            index::check_total_size(total, &model, &mut problems);
+        }
+        // Names are only worth checking when every file could be read.
+        if complete {
+            arch::check(&model, &mut problems);
+        }
+        if model.kind == Kind::Directory {
+            check_tokenizer(&model, &mut problems);
+        }
+        model.logical.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok((model, problems))
+    }
+
+    /// The logical tensor of that name.
+    pub fn logical(&self, name: &str) -> Option<&Logical> {
+        self.logical
+            .binary_search_by(|l| l.name.as_str().cmp(name))
+            .ok()
+            .and_then(|i| self.logical.get(i))
+    }
+
+    /// The entry at index `i`.
+    pub fn entry(&self, i: usize) -> Option<&Entry> {
+        self.entries.get(i)
+    }
+
+    /// The sum of every tensor's byte length (what `total_size` must say).
+    pub fn data_bytes(&self) -> u64 {
+        self.entries
+            .iter()
+            .fold(0u64, |acc, e| acc.saturating_add(e.info.byte_len()))
+    }
+
+    /// True when the model has several files or an index (its output is a directory).
+    pub fn is_dir_like(&self) -> bool {
+        self.kind != Kind::File
+    }
+
+    /// The dtype and byte count of a logical tensor as stored.
+    pub fn stored(&self, l: &Logical) -> (String, u64) {
+        match l.storage {
+            Storage::Plain(i) => self.entry(i).map_or((String::new(), 0), |e| {
+                (e.info.dtype.to_string(), e.info.byte_len())
+            }),
+            Storage::Int4 {
+                qweight,
+                scales,
+                group,
+            } => {
+                let bytes = [qweight, scales]
+                    .iter()
+                    .filter_map(|&i| self.entry(i))
+                    .fold(0u64, |acc, e| acc.saturating_add(e.info.byte_len()));
+                (int4::quant_name(group), bytes)
+            }
+        }
+    }
+
+    /// The shard holding a logical tensor (its `.qweight` for an int4 pair).
+    pub fn shard_of(&self, l: &Logical) -> Option<&Shard> {
+        let i = match l.storage {
+            Storage::Plain(i) => i,
+            Storage::Int4 { qweight, .. } => qweight,
+        };
+        self.entry(i).and_then(|e| self.shards.get(e.shard))
+    }
+
+    /// Parameter count of every logical tensor.
+    pub fn params(&self) -> u64 {
+        self.logical.iter().fold(0u64, |acc, l| {
+            acc.saturating_add(crate::core::safetensors::dtype::numel(&l.shape).unwrap_or(0))
+        })
+    }
+
+    /// Bytes by stored dtype name, for the dtype mix.
+    pub fn dtype_mix(&self) -> BTreeMap<String, u64> {
+        let mut mix: BTreeMap<String, u64> = BTreeMap::new();
+        for l in &self.logical {
+            let (d, bytes) = self.stored(l);
+            let e = mix.entry(d).or_default();
+            *e = e.saturating_add(bytes);
+        }
+        mix
+    }
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+pub fn parent(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// A finding of rule `rule` about `tensor`.
+pub(crate) fn finding(rule: &str, tensor: Option<&str>, message: String) -> Finding {
+    Finding {
+        rule: rule.to_string(),
+        tensor: tensor.map(str::to_string),
+        message,
+    }
+}
+
+fn read_config(
+    path: &Path,
+    problems: &mut Vec<Finding>,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ModelError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(ModelError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    if meta.len() > MAX_CONFIG_SIZE {
+        problems.push(finding(
+            "config",
+            None,
+            format!(
+                "config: {CONFIG_NAME} is {} bytes, over the limit of {MAX_CONFIG_SIZE}",
+                meta.len()
+            ),
+        ));
+        return Ok(None);
+    }
+    let text = crate::core::files::read_limited(path, MAX_CONFIG_SIZE).map_err(|source| {
+        ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    match serde_json::from_slice::<serde_json::Value>(&text) {
+        Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
+        Ok(_) => {
+            problems.push(finding(
+                "config",
+                None,
+                format!("config: {CONFIG_NAME} is not a JSON object"),
+            ));
+            Ok(None)
+        }
+        Err(e) => {
+            problems.push(finding(
+                "config",
+                None,
+                format!("config: {CONFIG_NAME} is not valid JSON: {e}"),
+            ));
+            Ok(None)
+        }
+    }
+}
+
+/// The format page: a directory holds `tokenizer.json` exactly when `config.json` says
+/// `"tl_tokenizer": "file"`; without `tl_tokenizer` (Hugging Face) either is fine.
+fn check_tokenizer(model: &Model, problems: &mut Vec<Finding>) {
+    let (Some(config), Some(dir)) = (&model.config, &model.dir) else {
+        return;
+    };
+    let Some(mode) = config.get("tl_tokenizer") else {
+        return;
+    };
+    let has = dir.join(TOKENIZER_NAME).exists();
+    let wants = mode.as_str() == Some("file");
+    if wants && !has {
+        problems.push(finding(
+            "tokenizer",
+            None,
+            format!("tokenizer: config.json says \"tl_tokenizer\": \"file\" but the directory has no {TOKENIZER_NAME}"),
+        ));
+    } else if !wants && has {
+        problems.push(finding(
+            "tokenizer",
+            None,
+            format!(
+                "tokenizer: the directory holds {TOKENIZER_NAME} but config.json's tl_tokenizer is {}, not \"file\"",
+                mode
+            ),
+        ));
+    }
+}
+
+/// The torch name of a float dtype (what `config.json`'s `torch_dtype` says).
+pub fn torch_name(d: Dtype) -> Option<&'static str> {
+    Some(match d {
+        Dtype::F32 => "float32",
+        Dtype::BF16 => "bfloat16",
+        Dtype::F16 => "float16",
+        Dtype::F64 => "float64",
+        Dtype::F8_E4M3 => "float8_e4m3fn",
+        Dtype::F8_E5M2 => "float8_e5m2",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

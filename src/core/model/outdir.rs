@@ -1,0 +1,134 @@
+//! A model directory written atomically as a whole: every file goes into a temporary
+//! sibling directory (`.tlio-<name>-XXXX`), each file is fsynced, then the directory is
+//! fsynced, renamed to its final name in one step, and the parent fsynced.
+//!
+//! Invariants: the final name never shows a partial model (it is absent, an empty
+//! directory, or complete); an existing non-empty target is refused before anything is
+//! written and a concurrent one makes the rename fail rather than merge; on any error
+//! or drop before `commit` the temporary directory is removed.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use super::{parent, ModelError};
+use crate::core::atomic::sync_dir;
+
+/// A directory being written.
+pub struct OutDir {
+    target: PathBuf,
+    parent: PathBuf,
+    tmp: tempfile::TempDir,
+}
+
+impl OutDir {
+    /// Start writing `target`, refusing an existing file or non-empty directory and a
+    /// target inside `input` (a model directory is never modified).
+    pub fn create(target: &Path, input: Option<&Path>) -> Result<OutDir, ModelError> {
+        check_target(target)?;
+        let parent = parent(target);
+        if let (Some(input), Ok(p)) = (input, fs::canonicalize(&parent)) {
+            if let Ok(i) = fs::canonicalize(input) {
+                if p.starts_with(&i) {
+                    return Err(ModelError::SameAsInput {
+                        path: target.to_path_buf(),
+                    });
+                }
+            }
+        }
+        let base = target
+            .file_name()
+            .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".tlio-{base}-"))
+            .suffix(".tmp")
+            .tempdir_in(&parent)
+            .map_err(|source| ModelError::Write {
+                path: parent.clone(),
+                source,
+            })?;
+        Ok(OutDir {
+            target: target.to_path_buf(),
+            parent,
+            tmp,
+        })
+    }
+
+    /// The temporary directory files are written into.
+    pub fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// The final path.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    fn err(&self, name: &str) -> impl Fn(io::Error) -> ModelError + '_ {
+        let path = self.target.join(name);
+        move |source| ModelError::Write {
+            path: path.clone(),
+            source,
+        }
+    }
+
+    /// Write `bytes` as file `name` and fsync it.
+    pub fn write_file(&self, name: &str, bytes: &[u8]) -> Result<(), ModelError> {
+        let mut f = File::create(self.path().join(name)).map_err(self.err(name))?;
+        f.write_all(bytes).map_err(self.err(name))?;
+        f.sync_all().map_err(self.err(name))
+    }
+
+    /// Copy `from` (following symlinks) as file `name` and fsync it.
+    pub fn copy_file(&self, name: &str, from: &Path) -> Result<(), ModelError> {
+        let mut src = File::open(from).map_err(|source| ModelError::Io {
+            path: from.to_path_buf(),
+            source,
+        })?;
+        let mut f = File::create(self.path().join(name)).map_err(self.err(name))?;
+        io::copy(&mut src, &mut f).map_err(self.err(name))?;
+        f.sync_all().map_err(self.err(name))
+    }
+
+    /// Fsync the directory, rename it to the target in one step, fsync the parent.
+    pub fn commit(self) -> Result<(), ModelError> {
+        let err = |source| ModelError::Write {
+            path: self.target.clone(),
+            source,
+        };
+        sync_dir(self.tmp.path()).map_err(err)?;
+        // The target was absent or an empty directory when we started; rename(2)
+        // replaces an empty directory and fails on a non-empty one, never merging.
+        check_target(&self.target)?;
+        fs::rename(self.tmp.path(), &self.target).map_err(err)?;
+        // The temporary name is gone; keep() stops the drop from deleting anything.
+        let _ = self.tmp.keep();
+        sync_dir(&self.parent).map_err(err)
+    }
+}
+
+fn check_target(target: &Path) -> Result<(), ModelError> {
+    match fs::symlink_metadata(target) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(ModelError::Io {
+            path: target.to_path_buf(),
+            source,
+        }),
+        Ok(m) if m.is_dir() => {
+            let mut entries = fs::read_dir(target).map_err(|source| ModelError::Io {
+                path: target.to_path_buf(),
+                source,
+            })?;
+            if entries.next().is_none() {
+                Ok(())
+            } else {
+                Err(ModelError::OutputExists {
+                    path: target.to_path_buf(),
+                })
+            }
+        }
+        Ok(_) => Err(ModelError::OutputExists {
+            path: target.to_path_buf(),
+        }),
+    }
+}

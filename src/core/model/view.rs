@@ -1,0 +1,183 @@
+//! A model with its files mapped: logical tensors' bytes for `diff`, `--stats` (int4
+//! pairs dequantized) and `verify`'s data checks (int4 scales finite and >= 0,
+//! `--finite`, `--canonical` per shard).
+//!
+//! Invariant: every slice comes from a mapping whose header was validated, through
+//! [`MappedFile::info_bytes`], so it lies inside its file.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::int4::dequantize_row;
+use super::{finding, Kind, Model, ModelError, Storage};
+use crate::core::safetensors::diff::{diff_sides, DiffReport, Side};
+use crate::core::safetensors::stats::{tensor_stats, Acc, TensorStats};
+use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
+use crate::core::safetensors::MappedFile;
+use crate::core::text::quote;
+
+/// A model and its mapped files (in the order of [`Model::shards`]).
+pub struct ModelView {
+    /// The model.
+    pub model: Model,
+    maps: Vec<MappedFile>,
+}
+
+impl ModelView {
+    /// Open and map `path` (a file, an index or a directory), failing on any broken rule.
+    pub fn open(path: &Path) -> Result<ModelView, ModelError> {
+        ModelView::map(Model::open(path)?)
+    }
+
+    /// Map the files of an opened model.
+    pub fn map(model: Model) -> Result<ModelView, ModelError> {
+        let mut maps = Vec::with_capacity(model.shards.len());
+        for s in &model.shards {
+            let m = MappedFile::open(&s.path).map_err(|source| ModelError::Shard {
+                shard: (model.shards.len() > 1).then(|| s.name.clone()),
+                source,
+            })?;
+            maps.push(m);
+        }
+        Ok(ModelView { model, maps })
+    }
+
+    /// The bytes of entry `i`.
+    pub fn entry_bytes(&self, i: usize) -> Option<&[u8]> {
+        let e = self.model.entry(i)?;
+        self.maps.get(e.shard)?.info_bytes(&e.info)
+    }
+
+    /// The comparison side of this model: every physical tensor of every shard, and the
+    /// union of the shards' metadata (shards of one model carry the same keys).
+    pub fn side(&self) -> Side<'_> {
+        let mut side = Side::default();
+        for m in &self.maps {
+            for (k, v) in &m.header().metadata {
+                side.metadata.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            side.add_file(m);
+        }
+        side
+    }
+
+    /// Statistics of every logical tensor by name (int4 pairs dequantized); None for a
+    /// tensor whose dtype cannot be decoded. `progress(bytes)` after each tensor.
+    pub fn stats(&self, progress: &mut dyn FnMut(u64)) -> BTreeMap<String, Option<TensorStats>> {
+        let mut out = BTreeMap::new();
+        for l in &self.model.logical {
+            let s = match l.storage {
+                Storage::Plain(i) => {
+                    let e = self.model.entry(i);
+                    let b = self.entry_bytes(i);
+                    progress(b.map_or(0, |b| b.len() as u64));
+                    e.zip(b).and_then(|(e, b)| tensor_stats(&e.info, b))
+                }
+                Storage::Int4 {
+                    qweight,
+                    scales,
+                    group,
+                } => {
+                    let (Some(q), Some(s)) = (self.entry_bytes(qweight), self.entry_bytes(scales))
+                    else {
+                        out.insert(l.name.clone(), None);
+                        continue;
+                    };
+                    progress((q.len() + s.len()) as u64);
+                    Some(int4_stats(q, s, group))
+                }
+            };
+            out.insert(l.name.clone(), s);
+        }
+        out
+    }
+}
+
+fn scales_of(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
+    bytes.chunks_exact(2).map(|b| {
+        u16::from_le_bytes([
+            b.first().copied().unwrap_or(0),
+            b.get(1).copied().unwrap_or(0),
+        ])
+    })
+}
+
+/// Statistics of a dequantized int4 pair, a group at a time.
+fn int4_stats(q: &[u8], s: &[u8], group: u64) -> TensorStats {
+    let g = usize::try_from(group).unwrap_or(usize::MAX).max(2);
+    let mut acc = Acc::default();
+    let (mut vals, mut wide) = (Vec::with_capacity(g), Vec::with_capacity(g));
+    for (bytes, scale) in q.chunks(g / 2).zip(scales_of(s)) {
+        vals.clear();
+        dequantize_row(bytes, &[scale], g, &mut vals);
+        wide.clear();
+        wide.extend(vals.iter().map(|&v| f64::from(v)));
+        acc.add_chunk(&wide);
+    }
+    acc.finish()
+}
+
+/// Compare two models by tensor, whatever their sharding.
+pub fn diff_models(a: &ModelView, b: &ModelView) -> DiffReport {
+    diff_sides(&a.side(), &b.side())
+}
+
+/// Every problem of the model at `path`: the rules [`Model::scan`] checks, the int4
+/// scales (finite, >= 0), and per shard `--canonical` / `--finite` when asked. Only an
+/// unreadable path is an error.
+pub fn verify_model(
+    path: &Path,
+    opts: VerifyOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<Finding>, ModelError> {
+    let (model, mut problems) = Model::scan(path)?;
+    let named = model.kind != Kind::File;
+    for shard in &model.shards {
+        if !(opts.canonical || opts.finite) {
+            break;
+        }
+        let found = verify_with_progress(&shard.path, opts, progress).map_err(|source| {
+            ModelError::Shard {
+                shard: named.then(|| shard.name.clone()),
+                source,
+            }
+        })?;
+        for mut f in found {
+            if named {
+                f.message = format!("shard {}: {}", quote(&shard.name), f.message);
+            }
+            problems.push(f);
+        }
+    }
+    let pairs: Vec<(String, usize)> = model
+        .logical
+        .iter()
+        .filter_map(|l| match l.storage {
+            Storage::Int4 { scales, .. } => Some((l.name.clone(), scales)),
+            Storage::Plain(_) => None,
+        })
+        .collect();
+    if !pairs.is_empty() {
+        let view = ModelView::map(model)?;
+        for (name, scales) in pairs {
+            let Some(bytes) = view.entry_bytes(scales) else {
+                continue;
+            };
+            let bad = scales_of(bytes)
+                .enumerate()
+                .find(|&(_, b)| (b & 0x7C00) == 0x7C00 || (b & 0x8000 != 0 && b & 0x7FFF != 0));
+            if let Some((at, bits)) = bad {
+                problems.push(finding(
+                    "int4-scales",
+                    Some(&name),
+                    format!(
+                        "int4 (scales): tensor {}: scale {at} is {} (bits {bits:#06x}); scales must be finite and >= 0",
+                        quote(&format!("{name}.scales")),
+                        crate::core::safetensors::float::f16_to_f32(bits)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(problems)
+}

@@ -1,0 +1,387 @@
+//! `tlio st` on model directories, sharded indexes and int4 weights, against the
+//! fixtures of fixtures/gen_models.py: a transformers-written sharded llama and its
+//! single-file twin, broken variants (each index rule, each name/shape rule), BF16
+//! bytes from ml_dtypes and int4 outputs of an independent numpy implementation.
+
+use std::path::Path;
+
+use super::{fixture, tlio, tmp};
+
+fn model(rel: &str) -> std::path::PathBuf {
+    fixture(&format!("models/{rel}"))
+}
+
+fn stdout_of(args: &[&std::ffi::OsStr]) -> String {
+    let out = tlio()
+        .args(args)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    String::from_utf8(out).unwrap()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_transformers_sharded_llama_goes_through_every_command() {
+    let dir = tmp();
+    let sharded = model("llama-sharded");
+    let single = model("llama-single");
+    let text = stdout_of(&["st".as_ref(), "inspect".as_ref(), sharded.as_os_str()]);
+    assert!(text.contains("architecture: llama, 2 layers, hidden 32, 4 heads, 2 kv heads, intermediate 64, vocab 64, tied embeddings no"), "{text}");
+    assert!(text.contains("in 3 shards"), "{text}");
+    tlio()
+        .args(["st", "verify"])
+        .arg(&sharded)
+        .arg(&single)
+        .assert()
+        .success();
+    tlio()
+        .args(["st", "diff"])
+        .arg(&sharded)
+        .arg(&single)
+        .assert()
+        .success();
+
+    // Convert: a directory out, same sharding, true total_size, config dtype, other
+    // files copied; its tensors equal converting the single file, whose bytes equal
+    // ml_dtypes' BF16 written by the safetensors library.
+    let out = dir.path().join("bf16");
+    tlio()
+        .args(["st", "convert"])
+        .arg(&sharded)
+        .arg(&out)
+        .args(["--dtype", "BF16"])
+        .assert()
+        .success();
+    assert_eq!(names(&out), names(&sharded));
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
+    assert_eq!(index["metadata"]["total_size"], 45376);
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["dtype"], "bfloat16");
+    assert_eq!(config["torch_dtype"], "bfloat16");
+    assert_eq!(
+        std::fs::read(out.join("generation_config.json")).unwrap(),
+        std::fs::read(sharded.join("generation_config.json")).unwrap()
+    );
+    let out_single = dir.path().join("bf16-single");
+    tlio()
+        .args(["st", "convert"])
+        .arg(&single)
+        .arg(&out_single)
+        .args(["--dtype", "BF16"])
+        .assert()
+        .success();
+    assert_eq!(
+        std::fs::read(out_single.join("model.safetensors")).unwrap(),
+        std::fs::read(model("llama-bf16/model.safetensors")).unwrap()
+    );
+    tlio()
+        .args(["st", "diff"])
+        .arg(&out)
+        .arg(&out_single)
+        .assert()
+        .success();
+    tlio().args(["st", "verify"]).arg(&out).assert().success();
+
+    // Quantize and dequantize, directories in and out.
+    let q = dir.path().join("int4");
+    tlio()
+        .args(["st", "quantize"])
+        .arg(&sharded)
+        .arg(&q)
+        .arg("--int4")
+        .assert()
+        .success();
+    let text = stdout_of(&["st".as_ref(), "inspect".as_ref(), q.as_os_str()]);
+    assert!(text.contains("quantization: int4-g32-sym"), "{text}");
+    assert!(text.contains("int4-g32-sym  [64, 32]"), "{text}");
+    tlio().args(["st", "verify"]).arg(&q).assert().success();
+    let d = dir.path().join("deq");
+    tlio()
+        .args(["st", "dequantize"])
+        .arg(&q)
+        .arg(&d)
+        .assert()
+        .success();
+    tlio().args(["st", "verify"]).arg(&d).assert().success();
+    // Only the projections differ from the original.
+    let out = tlio()
+        .args(["--json", "st", "diff"])
+        .arg(&sharded)
+        .arg(&d)
+        .assert()
+        .code(1)
+        .get_output()
+        .stdout
+        .clone();
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let differ = report["different"].as_array().unwrap();
+    assert_eq!(differ.len(), 14);
+    assert!(differ
+        .iter()
+        .all(|t| t["name"].as_str().unwrap().ends_with("_proj.weight")));
+    assert_eq!(report["equal"].as_array().unwrap().len(), 7);
+}
+
+#[test]
+fn inspect_json_has_the_architecture_summary() {
+    let out = tlio()
+        .args(["--json", "st", "inspect"])
+        .arg(model("llama-sharded"))
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let f = &v["files"][0];
+    assert_eq!(f["kind"], "directory");
+    let a = &f["architecture"];
+    assert_eq!(a["arch"], "llama");
+    assert_eq!(a["layers"], 2);
+    assert_eq!(a["kv_heads"], 2);
+    assert_eq!(a["params"], 22688);
+    assert_eq!(a["shards"], 3);
+    assert_eq!(a["tied_embeddings"], false);
+    assert_eq!(a["dtypes"]["F32"], 90752);
+    assert_eq!(f["tensors"].as_array().unwrap().len(), 21);
+}
+
+#[test]
+fn int4_matches_the_numpy_reference_byte_for_byte() {
+    let dir = tmp();
+    let q = dir.path().join("q.safetensors");
+    tlio()
+        .args(["st", "quantize"])
+        .arg(model("int4/input.safetensors"))
+        .arg(&q)
+        .args(["--int4", "--group", "8", "--only", "weight$"])
+        .assert()
+        .success();
+    assert_eq!(
+        std::fs::read(&q).unwrap(),
+        std::fs::read(model("int4/quantized-g8.safetensors")).unwrap()
+    );
+    let d = dir.path().join("d.safetensors");
+    tlio()
+        .args(["st", "dequantize"])
+        .arg(model("int4/quantized-g8.safetensors"))
+        .arg(&d)
+        .assert()
+        .success();
+    assert_eq!(
+        std::fs::read(&d).unwrap(),
+        std::fs::read(model("int4/dequantized-g8.safetensors")).unwrap()
+    );
+    // --stats shows the dequantized values of a pair.
+    let out = tlio()
+        .args(["--json", "st", "inspect", "--stats"])
+        .arg(model("int4/quantized-g8.safetensors"))
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let ties = v["files"][0]["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "ties.weight")
+        .unwrap()
+        .clone();
+    assert_eq!(ties["dtype"], "int4-g8-sym");
+    assert_eq!(ties["shape"], serde_json::json!([2, 8]));
+    assert_eq!(ties["stats"]["max"], 7.0);
+    assert_eq!(ties["stats"]["min"], -7.0);
+}
+
+/// Every broken variant: verify exits 1 with a line naming the rule and what is
+/// wrong; inspect and convert exit 1 with one line; nothing is written.
+#[test]
+fn every_broken_variant_exits_1_naming_the_problem() {
+    let cases: &[(&str, &str)] = &[
+        ("index-variants/missing_shard.index.json", "index (missing shard): shard \"model-00009-of-00009.safetensors\""),
+        ("index-variants/unlisted_tensor.index.json", "index (unlisted tensor): tensor \"model.norm.weight\""),
+        ("index-variants/missing_tensor.index.json", "index (missing tensor): tensor \"model.ghost.weight\""),
+        ("index-variants/wrong_shard.index.json", "index (wrong shard): tensor \"lm_head.weight\""),
+        ("index-variants/stale_total_size.index.json", "index (total_size): metadata.total_size is 181504 but the tensors hold 90752 bytes"),
+        ("index-variants/shard_outside.index.json", "index (shard name): shard \"../llama-single/model.safetensors\" is not a plain file name"),
+        ("index-variants/not_strings.index.json", "index (document)"),
+        ("index-variants/not_object.index.json", "index (document): the index is not a JSON object"),
+        ("index-variants/duplicate_key.index.json", "appears twice in weight_map"),
+        ("index-variants/tensor_in_two_shards.index.json", "index (duplicate tensor): tensor \"model.norm.weight\" is in both"),
+        ("arch-missing-layer", "arch (llama): missing tensor \"model.layers.2.input_layernorm.weight\""),
+        ("arch-tied-lm-head", "arch (llama): unexpected tensor \"lm_head.weight\""),
+        ("arch-mlp-shape", "arch (llama): tensor \"model.layers.0.mlp.down_proj.weight\" has shape [32, 64], the config needs [32, 48]"),
+        ("arch-no-hidden-size", "arch (llama): config: hidden_size is missing"),
+        ("bigram-bad-shape", "arch (bigram): tensor \"bigram.weight\" has shape [4, 5]"),
+        ("bigram-no-tokenizer", "tokenizer: config.json says \"tl_tokenizer\": \"file\""),
+    ];
+    for (rel, want) in cases {
+        let path = model(rel);
+        let out = tlio()
+            .args(["st", "verify"])
+            .arg(&path)
+            .assert()
+            .code(1)
+            .get_output()
+            .stdout
+            .clone();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains(want), "{rel}: {text}");
+        for args in [vec!["st", "inspect"], vec!["st", "convert"]] {
+            let dir = tmp();
+            let target = dir.path().join("out");
+            let mut cmd = tlio();
+            cmd.args(&args).arg(&path);
+            if args[1] == "convert" {
+                cmd.arg(&target).args(["--dtype", "BF16"]);
+            }
+            let err = cmd.assert().code(1).get_output().stderr.clone();
+            let err = String::from_utf8(err).unwrap();
+            assert_eq!(err.lines().count(), 1, "{rel} {args:?}: {err}");
+            assert!(err.starts_with("tlio: error: "), "{err}");
+            assert!(names(dir.path()).is_empty(), "{rel}: something was written");
+        }
+    }
+    // The good index beside symlinked shards (as in the Hugging Face cache) is fine.
+    tlio()
+        .args(["st", "verify"])
+        .arg(model("index-variants/good.index.json"))
+        .assert()
+        .success();
+    tlio()
+        .args(["st", "verify"])
+        .arg(model("bigram"))
+        .assert()
+        .success();
+}
+
+#[test]
+fn convert_refuses_a_non_empty_output_directory_and_accepts_an_empty_one() {
+    let dir = tmp();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), b"mine").unwrap();
+    let err = tlio()
+        .args(["st", "convert"])
+        .arg(model("llama-sharded"))
+        .arg(&out)
+        .args(["--dtype", "F16"])
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    assert!(String::from_utf8(err)
+        .unwrap()
+        .contains("already exists and is not an empty directory"));
+    assert_eq!(names(&out), ["keep.txt"]);
+    assert_eq!(names(dir.path()), ["out"]);
+    std::fs::remove_file(out.join("keep.txt")).unwrap();
+    tlio()
+        .args(["st", "convert"])
+        .arg(model("llama-sharded"))
+        .arg(&out)
+        .args(["--dtype", "F16", "--jobs", "1"])
+        .assert()
+        .success();
+    tlio().args(["st", "verify"]).arg(&out).assert().success();
+    // An index argument writes a directory too, with the index under its own name.
+    let idx = dir.path().join("from-index");
+    tlio()
+        .args(["st", "convert"])
+        .arg(model("index-variants/good.index.json"))
+        .arg(&idx)
+        .args(["--dtype", "BF16"])
+        .assert()
+        .success();
+    assert!(idx.join("good.index.json").is_file());
+    tlio()
+        .args(["st", "diff"])
+        .arg(idx.join("good.index.json"))
+        .arg(dir.path().join("out"))
+        .assert()
+        .code(1);
+}
+
+#[test]
+fn f8_saturate_clamps_and_the_default_refuses() {
+    let dir = tmp();
+    let src = dir.path().join("big.safetensors");
+    let mut data = Vec::new();
+    for v in [1.0f32, 500.0, -1e30, f32::NAN] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    let json = r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+    let mut file = (json.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(json.as_bytes());
+    file.extend_from_slice(&data);
+    std::fs::write(&src, file).unwrap();
+    let out = dir.path().join("o.safetensors");
+    tlio()
+        .args(["st", "convert"])
+        .arg(&src)
+        .arg(&out)
+        .args(["--dtype", "F8_E4M3"])
+        .assert()
+        .code(1);
+    assert!(!out.exists());
+    tlio()
+        .args(["st", "convert"])
+        .arg(&src)
+        .arg(&out)
+        .args(["--dtype", "F8_E4M3", "--saturate"])
+        .assert()
+        .success();
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(&bytes[bytes.len() - 4..], &[0x38, 0x7E, 0xFE, 0x7F]);
+}
+
+#[test]
+fn quantize_usage_errors() {
+    let dir = tmp();
+    let out = dir.path().join("q");
+    tlio()
+        .args(["st", "quantize"])
+        .arg(model("llama-sharded"))
+        .arg(&out)
+        .assert()
+        .code(2);
+    tlio()
+        .args(["st", "quantize"])
+        .arg(model("llama-sharded"))
+        .arg(&out)
+        .args(["--int4", "--group", "5"])
+        .assert()
+        .code(2);
+    // A group that does not divide the columns names the tensor (exit 1).
+    let err = tlio()
+        .args(["st", "quantize"])
+        .arg(model("llama-sharded"))
+        .arg(&out)
+        .args(["--int4", "--group", "64"])
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    assert!(String::from_utf8(err)
+        .unwrap()
+        .contains("columns are not a multiple of the group size 64"));
+    assert!(names(dir.path()).is_empty());
+}
