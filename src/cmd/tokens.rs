@@ -1,6 +1,8 @@
 //! `tlio tokens`: `header` (show and validate shard headers), `pack` (build shards from
-//! bytes, id text or raw arrays), `windows` (print what the token stream yields, from a
-//! seed or a saved cursor). Each command is one core call plus printing.
+//! bytes, id text or raw arrays, or from text, JSONL or Parquet documents through a real
+//! tokenizer), `windows` (print what the token stream yields, from a seed or a saved
+//! cursor), `decode` (the text of a shard's ids). Each command is one core call plus
+//! printing.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -15,8 +17,9 @@ use crate::core::atomic;
 use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
 use crate::core::text::escape;
 use crate::core::tokens::{
-    self, Cursor, HeaderReport, InputFormat, PackInput, PackOptions, Shard, TokenStream,
-    TokensError, BYTES_VOCAB,
+    self, CorpusFormat, Cursor, HeaderReport, InputFormat, Layout, PackInput, PackOptions, Shard,
+    ShardPlan, TextPackOptions, TextPackProgress, TokenStream, Tokenizer, TokensError, BYTES_VOCAB,
+    DEFAULT_SHARD_TOKENS,
 };
 use crate::core::{Failure, FailureKind};
 use crate::error::{invalid, operational};
@@ -35,6 +38,9 @@ pub enum TokensCommand {
     /// Print the batches the token stream yields, one JSON line per batch.
     #[command(after_help = WINDOWS_EXAMPLES)]
     Windows(WindowsArgs),
+    /// Print the text of a shard's ids (what a run trains on), through a tokenizer.
+    #[command(after_help = DECODE_EXAMPLES)]
+    Decode(DecodeArgs),
 }
 
 const HEADER_EXAMPLES: &str = "\
@@ -46,9 +52,14 @@ Examples:
 const PACK_EXAMPLES: &str = "\
 Examples:
   tlio tokens pack corpus.txt -o corpus.bin
-  cat a.txt b.txt | tlio tokens pack -o corpus.bin
   tlio tokens pack ids.txt --from ids --vocab-size 50257 -o train.bin
-  tlio tokens pack big.txt -o train --shard-tokens 100000000";
+  tlio tokens pack docs.jsonl.zst --tokenizer gpt2 --from jsonl --val-tokens 100000000 -o fw
+  tlio tokens pack t.parquet --from parquet --tokenizer tokenizer.json --eot none -o ll";
+
+const DECODE_EXAMPLES: &str = "\
+Examples:
+  tlio tokens decode fw_val_000000.bin --tokenizer gpt2 --count 200
+  tlio --json tokens decode ll.bin --tokenizer tokenizer.json --start 1000 --count 8";
 
 const WINDOWS_EXAMPLES: &str = "\
 Examples:
@@ -65,6 +76,10 @@ pub struct HeaderArgs {
     /// Also check every id against the recorded vocabulary (reads the whole file).
     #[arg(long)]
     pub check_ids: bool,
+    /// The vocabulary size V of shards that record none (llm.c's): every id is checked
+    /// against it, and a shard recording another V is invalid.
+    #[arg(long, value_name = "V")]
+    pub vocab_size: Option<u64>,
 }
 
 /// Input formats of `tokens pack`.
@@ -78,26 +93,87 @@ pub enum FromFormat {
     U16le,
     /// Raw little-endian uint32 ids.
     U32le,
+    /// With --tokenizer: each file is one document (`-`: standard input).
+    Text,
+    /// With --tokenizer: one JSON object per line, the document in --field.
+    Jsonl,
+    /// With --tokenizer: the string column --field of a Parquet file.
+    Parquet,
+}
+
+/// The header of shards with V > 65,536.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShardFormat {
+    /// llm.c's Llama-3 layout (magic 20240801, version 7), which llm.c's readers take.
+    Llama3,
+    /// Magic 20240520 version 2.
+    V2,
 }
 
 /// Arguments of `tokens pack`.
 #[derive(Debug, Args)]
 pub struct PackArgs {
-    /// Input files, read in order; `-` (the default) is standard input.
+    /// Input files, read in order; `-` (the default) is standard input. Files ending in
+    /// .gz or .zst are decompressed (text and JSONL).
     #[arg(value_name = "FILE")]
     pub inputs: Vec<PathBuf>,
-    /// The output shard, or the prefix of SHARD_000000.bin, ... with --shard-tokens.
+    /// The output shard; the prefix of SHARD_000000.bin, ... with --shard-tokens, or of
+    /// SHARD_val_000000.bin, SHARD_train_000001.bin, ... with --val-tokens.
     #[arg(short, long, value_name = "SHARD", alias = "out")]
     pub output: PathBuf,
-    /// How to read the inputs.
-    #[arg(long, value_enum, default_value_t = FromFormat::Bytes)]
-    pub from: FromFormat,
-    /// The vocabulary size V (every id must be below it); required unless --from bytes.
+    /// How to read the inputs [default: bytes, or text with --tokenizer].
+    #[arg(long, value_enum)]
+    pub from: Option<FromFormat>,
+    /// The vocabulary size V (every id must be below it); required with --from ids,
+    /// u16le or u32le.
     #[arg(long, value_name = "V")]
     pub vocab_size: Option<u64>,
-    /// Split into shards of N ids: SHARD_000000.bin, SHARD_000001.bin, ...
+    /// Split into shards of N ids: SHARD_000000.bin, SHARD_000001.bin, ... [default with
+    /// --val-tokens: 100000000]
     #[arg(long, value_name = "N")]
     pub shard_tokens: Option<u64>,
+    /// Tokenize documents: gpt2 (= r50k_base), p50k_base, cl100k_base, o200k_base (built
+    /// in), or the path of a Hugging Face tokenizer.json.
+    #[arg(long, value_name = "T")]
+    pub tokenizer: Option<String>,
+    /// The JSONL field or Parquet column holding each document.
+    #[arg(long, value_name = "NAME", default_value = "text")]
+    pub field: String,
+    /// The token put before every document, or `none` [default: <|endoftext|> for the
+    /// built-in encodings; required for a tokenizer.json].
+    #[arg(long, value_name = "TOKEN")]
+    pub eot: Option<String>,
+    /// The first N tokens go to SHARD_val_000000.bin, the rest to SHARD_train_000001.bin, ...
+    /// (llm.c's fineweb.py naming).
+    #[arg(long, value_name = "N")]
+    pub val_tokens: Option<u64>,
+    /// Tokenizing threads [default: every core]; the shards are the same for any N.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Skip bad JSONL lines and null Parquet values, and report how many, instead of
+    /// stopping at the first.
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// The header of shards whose vocabulary exceeds 65,536 (uint32 ids).
+    #[arg(long, value_enum, default_value_t = ShardFormat::Llama3)]
+    pub format: ShardFormat,
+}
+
+/// Arguments of `tokens decode`.
+#[derive(Debug, Args)]
+pub struct DecodeArgs {
+    /// The shard.
+    #[arg(value_name = "SHARD")]
+    pub shard: PathBuf,
+    /// gpt2, p50k_base, cl100k_base, o200k_base, or the path of a tokenizer.json.
+    #[arg(long, value_name = "T")]
+    pub tokenizer: String,
+    /// The index of the first id.
+    #[arg(long, value_name = "I", default_value_t = 0)]
+    pub start: u64,
+    /// How many ids [default: all from --start on].
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
 }
 
 /// Arguments of `tokens windows`.
@@ -124,6 +200,10 @@ pub struct WindowsArgs {
     /// Write the final cursor to FILE (atomically).
     #[arg(long, value_name = "FILE")]
     pub save_cursor: Option<PathBuf>,
+    /// The vocabulary size V: every shard must record V or, recording none (llm.c's),
+    /// have every id below V.
+    #[arg(long, value_name = "V")]
+    pub vocab_size: Option<u64>,
 }
 
 /// Run `tlio tokens`.
@@ -132,6 +212,7 @@ pub fn run(cmd: TokensCommand, printer: &Printer) -> anyhow::Result<Outcome> {
         TokensCommand::Header(args) => header(args, printer),
         TokensCommand::Pack(args) => pack(args, printer),
         TokensCommand::Windows(args) => windows(args, printer),
+        TokensCommand::Decode(args) => decode(args, printer),
     }
 }
 
@@ -154,6 +235,7 @@ struct HeaderRow {
 fn header_row(
     path: &Path,
     check_ids: bool,
+    vocab: Option<u32>,
 ) -> Result<(HeaderRow, Option<TokensError>), TokensError> {
     let file = path.display().to_string();
     let report = tokens::inspect_header(path)?;
@@ -164,7 +246,7 @@ fn header_row(
     } = report;
     let dtype = header.as_ref().ok().map(|h| h.dtype.name());
     let verdict = match header {
-        Ok(_) if check_ids => Shard::open(path, None).map(|_| ()),
+        Ok(_) if check_ids || vocab.is_some() => Shard::open(path, vocab).map(|_| ()),
         Ok(_) => Ok(()),
         Err(e) => Err(e),
     };
@@ -197,13 +279,14 @@ fn header_row(
 }
 
 fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let vocab = args.vocab_size.map(vocab_arg).transpose()?;
     let mut rows = Vec::new();
     let mut any_invalid = false;
     for path in &args.files {
         // A file that cannot be read is an error (exit 2); an invalid file is a "no"
         // answer in the report. The files read before the error are still reported
         // (cli.md: a report line for every file read), then the error.
-        let failed = match header_row(path, args.check_ids) {
+        let failed = match header_row(path, args.check_ids, vocab) {
             // The row of an unreadable file is not a verdict: it is left out.
             Ok((_, Some(e))) if e.kind() == FailureKind::Operational => Some(e),
             Ok((row, err)) => {
@@ -270,6 +353,7 @@ fn print_header_rows(rows: &[HeaderRow], printer: &Printer) -> anyhow::Result<()
 struct PackedShard {
     file: String,
     n: u64,
+    magic: i32,
     version: i32,
     vocab_size: Option<u32>,
 }
@@ -278,25 +362,59 @@ struct PackedShard {
 struct PackReport {
     shards: Vec<PackedShard>,
     tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    documents: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped: Option<u64>,
+}
+
+/// `--vocab-size V` checked: 1 to 2^31 - 1.
+fn vocab_arg(v: u64) -> anyhow::Result<u32> {
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v >= 1 && u64::from(v) <= tokens::MAX_COUNT)
+        .ok_or_else(|| {
+            operational(format!(
+                "--vocab-size must be 1 to {}, got {v}",
+                tokens::MAX_COUNT
+            ))
+        })
+}
+
+fn layout(format: ShardFormat) -> Layout {
+    match format {
+        ShardFormat::Llama3 => Layout::Llama3,
+        ShardFormat::V2 => Layout::V2,
+    }
 }
 
 fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    let format = match args.from {
+    if args.tokenizer.is_some() {
+        return pack_text(args, printer);
+    }
+    let tokenizer_only = [
+        ("--val-tokens", args.val_tokens.is_some()),
+        ("--eot", args.eot.is_some()),
+        ("--threads", args.threads.is_some()),
+        ("--skip-bad", args.skip_bad),
+        ("--field", args.field != "text"),
+    ];
+    if let Some((flag, _)) = tokenizer_only.iter().find(|(_, given)| *given) {
+        return Err(operational(format!("{flag} needs --tokenizer")));
+    }
+    let format = match args.from.unwrap_or(FromFormat::Bytes) {
         FromFormat::Bytes => InputFormat::Bytes,
         FromFormat::Ids => InputFormat::Ids,
         FromFormat::U16le => InputFormat::U16le,
         FromFormat::U32le => InputFormat::U32le,
+        FromFormat::Text | FromFormat::Jsonl | FromFormat::Parquet => {
+            return Err(operational(
+                "--from text, jsonl and parquet need --tokenizer (gpt2, cl100k_base, ... or a tokenizer.json)",
+            ))
+        }
     };
     let vocab = match (args.vocab_size, format) {
-        (Some(v), _) => u32::try_from(v)
-            .ok()
-            .filter(|&v| v >= 1 && u64::from(v) <= tokens::MAX_COUNT)
-            .ok_or_else(|| {
-                operational(format!(
-                    "--vocab-size must be 1 to {}, got {v}",
-                    tokens::MAX_COUNT
-                ))
-            })?,
+        (Some(v), _) => vocab_arg(v)?,
         (None, InputFormat::Bytes) => BYTES_VOCAB,
         (None, _) => {
             return Err(operational(
@@ -308,6 +426,13 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         vec![PathBuf::from("-")]
     } else {
         args.inputs.clone()
+    };
+    let plan = match args.shard_tokens {
+        Some(shard_tokens) => ShardPlan::Numbered {
+            out: args.output.clone(),
+            shard_tokens,
+        },
+        None => ShardPlan::Single(args.output.clone()),
     };
     // Open every input before writing anything, so a missing file fails first; never
     // write over an input.
@@ -328,7 +453,7 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             .with_context(|| format!("cannot read {}", path.display()))?
             .len();
         total = total.map(|t| t.saturating_add(size));
-        if clobbers_output(path, &args.output, args.shard_tokens.is_some()) {
+        if clobbers_output(path, &plan) {
             return Err(operational(format!(
                 "refusing to write over the input {}",
                 path.display()
@@ -347,27 +472,38 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         format,
         vocab,
         shard_tokens: args.shard_tokens,
+        layout: layout(args.format),
     };
     let summary = tokens::pack(inputs, &args.output, &opts, &mut |n| bar.inc(n));
     bar.finish_and_clear();
     let summary = summary?;
     let report = PackReport {
-        shards: summary
-            .shards
-            .iter()
-            .map(|(path, h)| PackedShard {
-                file: path.display().to_string(),
-                n: h.count,
-                version: h.version,
-                vocab_size: h.vocab,
-            })
-            .collect(),
+        shards: packed_shards(&summary.shards),
         tokens: summary.tokens,
+        documents: None,
+        skipped: None,
     };
-    // Like every command that writes files, pack says what it wrote as chatter on
-    // stderr (silenced by -q), or as one JSON document on stdout with --json.
+    report_pack(&report, printer)
+}
+
+fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
+    shards
+        .iter()
+        .map(|(path, h)| PackedShard {
+            file: path.display().to_string(),
+            n: h.count,
+            magic: h.magic,
+            version: h.version,
+            vocab_size: h.vocab,
+        })
+        .collect()
+}
+
+/// Like every command that writes files, pack says what it wrote as chatter on stderr
+/// (silenced by -q), or as one JSON document on stdout with --json.
+fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome> {
     if printer.json {
-        printer.json_line(&report)?;
+        printer.json_line(report)?;
     } else {
         for s in &report.shards {
             printer.info(format!(
@@ -379,20 +515,173 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
                     .map_or("not recorded".to_string(), |v| v.to_string())
             ));
         }
+        if let (Some(docs), Some(skipped)) = (report.documents, report.skipped) {
+            printer.info(format!(
+                "{docs} documents, {} tokens{}",
+                report.tokens,
+                if skipped > 0 {
+                    format!(", {skipped} bad lines or rows skipped")
+                } else {
+                    String::new()
+                }
+            ));
+        }
     }
     Ok(Outcome::Success)
 }
 
-/// True when writing `out` (or its numbered shards) would replace the input `input`.
-fn clobbers_output(input: &Path, out: &Path, numbered: bool) -> bool {
-    if atomic::same_file(input, out) {
-        return true;
+fn pack_text(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let spec = args.tokenizer.as_deref().unwrap_or_default();
+    let format = match args.from.unwrap_or(FromFormat::Text) {
+        FromFormat::Text => CorpusFormat::Text,
+        FromFormat::Jsonl => CorpusFormat::Jsonl,
+        FromFormat::Parquet => CorpusFormat::Parquet,
+        other => {
+            return Err(operational(format!(
+                "--from {} reads ids, not text: it does not take --tokenizer (use text, jsonl or parquet)",
+                other.to_possible_value().map_or("?".into(), |v| v.get_name().to_string())
+            )))
+        }
+    };
+    if args.vocab_size.is_some() {
+        return Err(operational(
+            "--vocab-size does not go with --tokenizer: the tokenizer's vocabulary is recorded",
+        ));
     }
-    numbered
-        && (0..)
-            .map(|i| tokens::output_name(out, i))
-            .take_while(|p| p.exists())
-            .any(|p| atomic::same_file(input, &p))
+    let tokenizer = Tokenizer::load(spec).map_err(TokensError::from)?;
+    let eot = match args.eot.as_deref() {
+        Some("none") => None,
+        Some(token) => Some(tokenizer.token_id(token).map_err(TokensError::from)?),
+        None => Some(tokenizer.default_eot().map_err(TokensError::from)?),
+    };
+    let plan = match (args.val_tokens, args.shard_tokens) {
+        (Some(val_tokens), shard_tokens) => ShardPlan::ValTrain {
+            prefix: args.output.clone(),
+            val_tokens,
+            shard_tokens: shard_tokens.unwrap_or(DEFAULT_SHARD_TOKENS),
+        },
+        (None, Some(shard_tokens)) => ShardPlan::Numbered {
+            out: args.output.clone(),
+            shard_tokens,
+        },
+        (None, None) => ShardPlan::Single(args.output.clone()),
+    };
+    let paths = if args.inputs.is_empty() {
+        vec![PathBuf::from("-")]
+    } else {
+        args.inputs.clone()
+    };
+    let stdin_count = paths.iter().filter(|p| p.as_os_str() == "-").count();
+    if stdin_count > 1 || (stdin_count == 1 && format == CorpusFormat::Parquet) {
+        return Err(operational(
+            "standard input (-) can be read once, and not as Parquet (which needs a file)",
+        ));
+    }
+    // Every input must exist before anything is written, and none may be an output.
+    for path in paths.iter().filter(|p| p.as_os_str() != "-") {
+        std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
+        if clobbers_output(path, &plan) {
+            return Err(operational(format!(
+                "refusing to write over the input {}",
+                path.display()
+            )));
+        }
+    }
+    let threads = match args.threads {
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let opts = TextPackOptions {
+        format,
+        field: args.field.clone(),
+        eot,
+        plan,
+        threads,
+        skip_bad: args.skip_bad,
+        layout: layout(args.format),
+    };
+    let bar = printer.bar(0, "", "{spinner} {elapsed} {msg}");
+    let started = std::time::Instant::now();
+    let summary = tokens::pack_text(&paths, &tokenizer, &opts, &mut |p: &TextPackProgress| {
+        let secs = started.elapsed().as_secs_f64().max(1e-3);
+        bar.set_message(format!(
+            "{} documents, {} tokens, {:.1} MB/s",
+            p.documents,
+            p.tokens,
+            p.bytes as f64 / 1e6 / secs
+        ));
+        bar.tick();
+    });
+    bar.finish_and_clear();
+    let summary = summary?;
+    let report = PackReport {
+        shards: packed_shards(&summary.shards),
+        tokens: summary.tokens,
+        documents: Some(summary.documents),
+        skipped: Some(summary.skipped),
+    };
+    report_pack(&report, printer)
+}
+
+/// True when writing the shards of `plan` would replace the input `input`.
+fn clobbers_output(input: &Path, plan: &ShardPlan) -> bool {
+    if let ShardPlan::Single(out) = plan {
+        return atomic::same_file(input, out);
+    }
+    (0..)
+        .map(|i| plan.shard(i).0)
+        .take_while(|p| p.exists())
+        .any(|p| atomic::same_file(input, &p))
+}
+
+/// What `tokens decode --json` prints.
+#[derive(Serialize)]
+struct Decoded<'a> {
+    file: String,
+    tokenizer: &'a str,
+    start: u64,
+    ids: Vec<u32>,
+    text: String,
+}
+
+fn decode(args: DecodeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let tokenizer = Tokenizer::load(&args.tokenizer).map_err(TokensError::from)?;
+    let shard = Shard::open(&args.shard, Some(tokenizer.vocab_size()))?;
+    let len = shard.len() as u64;
+    if args.start > len {
+        return Err(operational(format!(
+            "--start {} is past the end of {} ({len} ids)",
+            args.start,
+            args.shard.display()
+        )));
+    }
+    let end = args
+        .count
+        .map_or(len, |n| args.start.saturating_add(n).min(len));
+    let range = usize::try_from(args.start).unwrap_or(usize::MAX)
+        ..usize::try_from(end).unwrap_or(usize::MAX);
+    let ids = shard
+        .ids(range)
+        .ok_or_else(|| operational("the id range is out of the shard"))?;
+    let text = tokenizer.decode(&ids).map_err(TokensError::from)?;
+    if printer.json {
+        printer.json_line(&Decoded {
+            file: args.shard.display().to_string(),
+            tokenizer: tokenizer.name(),
+            start: args.start,
+            ids,
+            text,
+        })?;
+    } else {
+        // The text itself is the result, exactly as decoded (like cat).
+        let mut out = printer.out();
+        out.write_all(text.as_bytes())?;
+        if !text.ends_with('\n') {
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+    }
+    Ok(Outcome::Success)
 }
 
 /// One line of `tokens windows`.
@@ -404,10 +693,11 @@ struct WindowLine<'a> {
 }
 
 fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let vocab = args.vocab_size.map(vocab_arg).transpose()?;
     let shards = args
         .shards
         .iter()
-        .map(|p| Shard::open(p, None))
+        .map(|p| Shard::open(p, vocab))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(path) = &args.save_cursor {
         // Checked before any batch is printed: the cursor must never replace a shard
@@ -417,7 +707,7 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         atomic::check_target(path)?;
     }
     let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
-    let mut stream = TokenStream::new(shards, args.seq_len, args.batch, rng, None)?;
+    let mut stream = TokenStream::new(shards, args.seq_len, args.batch, rng, vocab)?;
     if let Some(path) = &args.cursor {
         let bytes = crate::core::files::read_limited(path, tokens::MAX_CURSOR_BYTES)
             .with_context(|| format!("cannot read cursor {}", path.display()))?;

@@ -60,6 +60,7 @@ registry![
     super::optim::OptimError,
     super::safetensors::SafetensorsError,
     super::tokens::TokensError,
+    super::tokens::tokenizer::TokenizerError,
     super::train::TrainError,
 ];
 

@@ -290,7 +290,11 @@ fn pack_raw_inputs_from_files() {
         .assert()
         .success();
     let bytes = std::fs::read(&out).unwrap();
-    assert_eq!(&bytes[4..8], &2i32.to_le_bytes(), "V > 65536 is version 2");
+    assert_eq!(
+        (&bytes[0..4], &bytes[4..8]),
+        (&20240801i32.to_le_bytes()[..], &7i32.to_le_bytes()[..]),
+        "V > 65536 takes llm.c's Llama-3 layout"
+    );
     assert_eq!(bytes.len(), 1024 + 8 * 4);
     let odd = d.join("odd.u16");
     std::fs::write(&odd, [1, 0, 2]).unwrap();
@@ -755,4 +759,710 @@ fn header_reports_every_file_read_before_the_error() {
         err.starts_with("tlio: error: ") && err.contains("missing.bin"),
         "{err}"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Real tokenizers: references from tiktoken and tokenizers (fixtures/gen_tokenizers.py)
+
+/// The committed reference data of the real tokenizer libraries.
+fn tok_fixture(name: &str) -> PathBuf {
+    super::fixture("tokenizers").join(name)
+}
+
+/// The 256 header words and the id bytes of a shard file.
+fn split_shard(bytes: &[u8]) -> (Vec<i32>, &[u8]) {
+    let words = bytes[..1024]
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (words, &bytes[1024..])
+}
+
+/// The ids of a shard, read as llm.c would (uint16 for 20240520 v1, else uint32).
+fn shard_ids(path: &Path) -> Vec<u32> {
+    let bytes = std::fs::read(path).unwrap();
+    let (words, ids) = split_shard(&bytes);
+    if words[0] == MAGIC && words[1] == 1 {
+        ids.chunks(2)
+            .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
+            .collect()
+    } else {
+        ids.chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+}
+
+/// llm.c's `llmc/dataloader.h` checks on a GPT-2 shard, reproduced: magic 20240520,
+/// version 1, ntok > 0, file size = 256 * 4 + ntok * 2.
+fn llmc_dataloader_accepts(path: &Path) -> Result<i64, String> {
+    let bytes = std::fs::read(path).unwrap();
+    if bytes.len() < 1024 {
+        return Err("short read of the header".into());
+    }
+    let (h, _) = split_shard(&bytes);
+    if h[0] != 20240520 {
+        return Err("Bad magic in the data file".into());
+    }
+    if h[1] != 1 {
+        return Err("Bad version in data file".into());
+    }
+    let ntok = i64::from(h[2]);
+    if ntok <= 0 {
+        return Err("assert(ntok > 0)".into());
+    }
+    if bytes.len() as i64 != 256 * 4 + ntok * 2 {
+        return Err("Error: file size is not as expected".into());
+    }
+    Ok(ntok)
+}
+
+/// llm.c's `train_llama3.py` shard loader checks, reproduced: magic 20240801, version
+/// 7, the uint32 ids after the header number exactly ntok.
+fn llmc_llama3_accepts(path: &Path) -> Result<i64, String> {
+    let bytes = std::fs::read(path).unwrap();
+    let (h, rest) = split_shard(&bytes);
+    if h[0] != 20240801 {
+        return Err("magic number mismatch in the data .bin file".into());
+    }
+    if h[1] != 7 {
+        return Err("unsupported version".into());
+    }
+    let ntok = i64::from(h[2]);
+    // np.frombuffer(f.read(), dtype=np.uint32) fails on a partial element.
+    if rest.len() % 4 != 0 || (rest.len() / 4) as i64 != ntok {
+        return Err("number of tokens read does not match header?".into());
+    }
+    Ok(ntok)
+}
+
+const ENCODINGS: [(&str, i32); 4] = [
+    ("gpt2", 50257),
+    ("p50k_base", 50281),
+    ("cl100k_base", 100277),
+    ("o200k_base", 200019),
+];
+
+/// Pack `inputs` with `args`, returning the output directory's guard.
+fn pack_with(args: &[&str], inputs: &[PathBuf], out: &Path) {
+    let out_put = tlio()
+        .args(["tokens", "pack", "-q"])
+        .args(args)
+        .args(inputs)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        out_put.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out_put.stderr)
+    );
+}
+
+#[test]
+fn pack_openai_encodings_match_tiktoken_byte_for_byte_but_word_3() {
+    let dir = tmp();
+    let corpus = tok_fixture("corpus.jsonl");
+    for (name, vocab) in ENCODINGS {
+        let out = dir.path().join(format!("{name}.bin"));
+        pack_with(
+            &["--tokenizer", name, "--from", "jsonl"],
+            std::slice::from_ref(&corpus),
+            &out,
+        );
+        let ours = std::fs::read(&out).unwrap();
+        let want = std::fs::read(tok_fixture(&format!("ref_{name}.bin"))).unwrap();
+        let (ow, oids) = split_shard(&ours);
+        let (ww, wids) = split_shard(&want);
+        assert_eq!(ow[..3], ww[..3], "{name}: magic, version, n");
+        assert_eq!(ww[3], 0, "llm.c writes no vocabulary");
+        assert_eq!(ow[3], vocab, "{name}: V recorded");
+        assert_eq!(ow[4..], ww[4..]);
+        assert!(oids == wids, "{name}: ids differ from tiktoken's");
+        // llm.c's own readers take them: GPT-2-sized by dataloader.h, the rest by
+        // train_llama3.py.
+        if vocab <= 65536 {
+            assert_eq!(
+                llmc_dataloader_accepts(&out),
+                Ok(i64::from(ow[2])),
+                "{name}"
+            );
+        } else {
+            assert_eq!(llmc_llama3_accepts(&out), Ok(i64::from(ow[2])), "{name}");
+            assert!(llmc_dataloader_accepts(&out).is_err());
+        }
+    }
+}
+
+#[test]
+fn pack_val_train_shards_are_fineweb_py_shards() {
+    let dir = tmp();
+    let prefix = dir.path().join("fineweb");
+    pack_with(
+        &[
+            "--tokenizer",
+            "gpt2",
+            "--from",
+            "jsonl",
+            "--val-tokens",
+            "20000",
+            "--shard-tokens",
+            "20000",
+        ],
+        &[tok_fixture("corpus.jsonl"), tok_fixture("corpus.jsonl")],
+        &prefix,
+    );
+    let mut ours: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    ours.sort();
+    assert!(
+        ours.contains(&"fineweb_val_000000.bin".to_string()),
+        "{ours:?}"
+    );
+    let mut want: Vec<String> = std::fs::read_dir(super::fixture("tokenizers"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fineweb_"))
+        .collect();
+    want.sort();
+    assert!(want.len() >= 3, "{want:?}");
+    assert_eq!(ours, want);
+    for name in &ours {
+        let o = std::fs::read(dir.path().join(name)).unwrap();
+        let w = std::fs::read(tok_fixture(name)).unwrap();
+        let (ow, oids) = split_shard(&o);
+        let (ww, wids) = split_shard(&w);
+        assert_eq!(ow[..3], ww[..3], "{name}");
+        assert_eq!(ow[3], 50257, "{name}");
+        assert!(oids == wids, "{name}");
+        assert!(llmc_dataloader_accepts(&dir.path().join(name)).is_ok());
+    }
+}
+
+#[test]
+fn pack_is_the_same_for_any_thread_count_file_split_and_compression() {
+    let dir = tmp();
+    let corpus = std::fs::read_to_string(tok_fixture("corpus.jsonl")).unwrap();
+    let want = shard_ids(&tok_fixture("ref_gpt2.bin"));
+    for threads in ["1", "2", "4"] {
+        let out = dir.path().join(format!("t{threads}.bin"));
+        pack_with(
+            &[
+                "--tokenizer",
+                "gpt2",
+                "--from",
+                "jsonl",
+                "--threads",
+                threads,
+            ],
+            &[tok_fixture("corpus.jsonl")],
+            &out,
+        );
+        assert!(shard_ids(&out) == want, "--threads {threads}");
+    }
+    // Split into three files, one plain, one gzip, one zstd.
+    let lines: Vec<&str> = corpus.lines().collect();
+    let parts = [&lines[..7], &lines[7..20], &lines[20..]];
+    let mut inputs = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        let text = part.iter().map(|l| format!("{l}\n")).collect::<String>();
+        let path = match i {
+            0 => {
+                let p = dir.path().join("a.jsonl");
+                std::fs::write(&p, &text).unwrap();
+                p
+            }
+            1 => {
+                use std::io::Write;
+                let p = dir.path().join("b.jsonl.gz");
+                let mut enc =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                enc.write_all(text.as_bytes()).unwrap();
+                std::fs::write(&p, enc.finish().unwrap()).unwrap();
+                p
+            }
+            _ => {
+                let p = dir.path().join("c.jsonl.zst");
+                // Two frames back to back, as concatenated .zst files are.
+                let (x, y) = text.as_bytes().split_at(text.len() / 2);
+                let mut z = ruzstd::encoding::compress_to_vec(
+                    x,
+                    ruzstd::encoding::CompressionLevel::Fastest,
+                );
+                z.extend(ruzstd::encoding::compress_to_vec(
+                    y,
+                    ruzstd::encoding::CompressionLevel::Fastest,
+                ));
+                std::fs::write(&p, z).unwrap();
+                p
+            }
+        };
+        inputs.push(path);
+    }
+    let out = dir.path().join("split.bin");
+    pack_with(&["--tokenizer", "gpt2", "--from", "jsonl"], &inputs, &out);
+    assert!(shard_ids(&out) == want, "split into files");
+    // --from text: each file one document, same ids.
+    let docs: Vec<PathBuf> = lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let p = dir.path().join(format!("doc{i:03}.txt"));
+            std::fs::write(&p, v["text"].as_str().unwrap()).unwrap();
+            p
+        })
+        .collect();
+    let out = dir.path().join("text.bin");
+    pack_with(
+        &["--tokenizer", "gpt2", "--from", "text", "--threads", "3"],
+        &docs,
+        &out,
+    );
+    assert!(shard_ids(&out) == want, "--from text");
+}
+
+#[test]
+fn pack_tokenizer_json_matches_the_tokenizers_library() {
+    let dir = tmp();
+    for name in ["bpe_small", "bpe_split"] {
+        let out = dir.path().join(format!("{name}.bin"));
+        pack_with(
+            &[
+                "--tokenizer",
+                tok_fixture(&format!("{name}.json")).to_str().unwrap(),
+                "--eot",
+                "<|endoftext|>",
+                "--from",
+                "jsonl",
+            ],
+            &[tok_fixture("corpus.jsonl")],
+            &out,
+        );
+        let want = tok_fixture(&format!("ref_{name}.bin"));
+        assert!(shard_ids(&out) == shard_ids(&want), "{name}");
+        let (ow, _) = split_shard(&std::fs::read(&out).unwrap());
+        let (ww, _) = split_shard(&std::fs::read(&want).unwrap());
+        assert_eq!(ow[..3], ww[..3], "{name}");
+    }
+    // A tokenizer.json has no standard end-of-text: it must be named (or none).
+    let err = fails(
+        tlio()
+            .args(["tokens", "pack", "--from", "jsonl", "--tokenizer"])
+            .arg(tok_fixture("bpe_small.json"))
+            .arg(tok_fixture("corpus.jsonl"))
+            .arg("-o")
+            .arg(dir.path().join("x.bin")),
+        2,
+    );
+    assert!(err.contains("--eot"), "{err}");
+    let err = fails(
+        tlio()
+            .args(["tokens", "pack", "--eot", "<|nope|>", "--tokenizer"])
+            .arg(tok_fixture("bpe_small.json"))
+            .arg(tok_fixture("corpus.jsonl"))
+            .arg("-o")
+            .arg(dir.path().join("x.bin")),
+        2,
+    );
+    assert!(err.contains("<|nope|>"), "{err}");
+}
+
+#[test]
+fn pack_parquet_column_with_a_null_row() {
+    let dir = tmp();
+    let out = dir.path().join("pq.bin");
+    let err = fails(
+        tlio()
+            .args(["tokens", "pack", "--tokenizer", "gpt2", "--from", "parquet"])
+            .arg(tok_fixture("corpus.parquet"))
+            .arg("-o")
+            .arg(&out),
+        1,
+    );
+    assert!(
+        err.contains("corpus.parquet: row 6: null document"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let o = tlio()
+        .args([
+            "tokens",
+            "pack",
+            "--json",
+            "--skip-bad",
+            "--tokenizer",
+            "gpt2",
+            "--from",
+            "parquet",
+        ])
+        .arg(tok_fixture("corpus.parquet"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["skipped"], 1);
+    assert!(shard_ids(&out) == shard_ids(&tok_fixture("ref_gpt2.bin")));
+    let err = fails(
+        tlio()
+            .args([
+                "tokens",
+                "pack",
+                "--tokenizer",
+                "gpt2",
+                "--from",
+                "parquet",
+                "--field",
+                "body",
+            ])
+            .arg(tok_fixture("corpus.parquet"))
+            .arg("-o")
+            .arg(&out),
+        1,
+    );
+    assert!(err.contains("no top-level column \"body\""), "{err}");
+    let err = fails(
+        tlio()
+            .args([
+                "tokens",
+                "pack",
+                "--tokenizer",
+                "gpt2",
+                "--from",
+                "parquet",
+                "--field",
+                "id",
+            ])
+            .arg(tok_fixture("corpus.parquet"))
+            .arg("-o")
+            .arg(dir.path().join("id.bin")),
+        1,
+    );
+    assert!(err.contains("not a string column"), "{err}");
+}
+
+#[test]
+fn pack_bad_jsonl_lines_name_file_and_line_or_are_skipped() {
+    let dir = tmp();
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"text\": \"one\"}\n\n{\"text\": \"two\"}\nnot json\n[1]\n{\"body\": 1}\n{\"text\": 5}\n{\"text\": \"three\"}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("o.bin");
+    let err = fails(
+        tlio()
+            .args(["tokens", "pack", "--tokenizer", "gpt2", "--from", "jsonl"])
+            .arg(&input)
+            .arg("-o")
+            .arg(&out),
+        1,
+    );
+    assert!(err.contains("in.jsonl:4: not JSON"), "{err}");
+    assert!(!out.exists());
+    let o = tlio()
+        .args([
+            "tokens",
+            "pack",
+            "--tokenizer",
+            "gpt2",
+            "--from",
+            "jsonl",
+            "--skip-bad",
+        ])
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(
+        err.contains("3 documents") && err.contains("4 bad lines or rows skipped"),
+        "{err}"
+    );
+    // [eot] one [eot] two [eot] three
+    assert_eq!(
+        shard_ids(&out),
+        vec![50256, 505, 50256, 11545, 50256, 15542]
+    );
+    // Each kind of bad line on its own.
+    for (line, want) in [
+        ("[1]", "in2.jsonl:1: not a JSON object"),
+        ("{\"body\": \"x\"}", "in2.jsonl:1: no field \"text\""),
+        (
+            "{\"text\": null}",
+            "in2.jsonl:1: field \"text\" is not a string",
+        ),
+        ("{\"text\": \"a\"} x", "in2.jsonl:1: not JSON"),
+    ] {
+        let input = dir.path().join("in2.jsonl");
+        std::fs::write(&input, format!("{line}\n")).unwrap();
+        let err = fails(
+            tlio()
+                .args(["tokens", "pack", "--tokenizer", "gpt2", "--from", "jsonl"])
+                .arg(&input)
+                .arg("-o")
+                .arg(&out),
+            1,
+        );
+        assert!(err.contains(want), "{line}: {err}");
+    }
+}
+
+#[test]
+fn pack_with_no_token_is_an_error_and_eot_none_adds_none() {
+    let dir = tmp();
+    let out = dir.path().join("o.bin");
+    let empty = dir.path().join("e.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    let err = fails(
+        tlio()
+            .args(["tokens", "pack", "--tokenizer", "gpt2", "--from", "jsonl"])
+            .arg(&empty)
+            .arg("-o")
+            .arg(&out),
+        1,
+    );
+    assert!(err.contains("no token"), "{err}");
+    assert!(!out.exists());
+    // An empty document under --eot none yields nothing either.
+    let err = fails(
+        tlio()
+            .args([
+                "tokens",
+                "pack",
+                "--tokenizer",
+                "gpt2",
+                "--eot",
+                "none",
+                "-o",
+            ])
+            .arg(&out)
+            .write_stdin(""),
+        1,
+    );
+    assert!(err.contains("no token"), "{err}");
+    let o = tlio()
+        .args([
+            "tokens",
+            "pack",
+            "--tokenizer",
+            "gpt2",
+            "--eot",
+            "none",
+            "-o",
+        ])
+        .arg(&out)
+        .write_stdin("Hello world")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert_eq!(shard_ids(&out), vec![15496, 995]);
+    // Special-token strings in a document are text, never the special token.
+    tlio()
+        .args(["tokens", "pack", "--tokenizer", "cl100k_base", "-o"])
+        .arg(&out)
+        .write_stdin("<|endoftext|>")
+        .assert()
+        .success();
+    let ids = shard_ids(&out);
+    assert_eq!(ids[0], 100257);
+    assert!(!ids[1..].contains(&100257), "{ids:?}");
+}
+
+#[test]
+fn pack_format_v2_keeps_20240520_version_2() {
+    let dir = tmp();
+    let out = dir.path().join("v2.bin");
+    tlio()
+        .args([
+            "tokens",
+            "pack",
+            "-q",
+            "--tokenizer",
+            "cl100k_base",
+            "--format",
+            "v2",
+            "-o",
+        ])
+        .arg(&out)
+        .write_stdin("Hello world")
+        .assert()
+        .success();
+    let (w, _) = split_shard(&std::fs::read(&out).unwrap());
+    assert_eq!(w[..4], [MAGIC, 2, 3, 100277]);
+    assert!(llmc_llama3_accepts(&out).is_err() && llmc_dataloader_accepts(&out).is_err());
+    // Raw ids above 65,536 take the Llama-3 layout by default too.
+    let out = dir.path().join("ids.bin");
+    tlio()
+        .args([
+            "tokens",
+            "pack",
+            "--from",
+            "ids",
+            "--vocab-size",
+            "128256",
+            "-o",
+        ])
+        .arg(&out)
+        .write_stdin("128000 9906 1917")
+        .assert()
+        .success();
+    assert_eq!(llmc_llama3_accepts(&out), Ok(3));
+    let (w, _) = split_shard(&std::fs::read(&out).unwrap());
+    assert_eq!(w[3], 128256);
+    // Both layouts read back.
+    for p in [dir.path().join("v2.bin"), out] {
+        tlio()
+            .args(["tokens", "header", "--check-ids"])
+            .arg(&p)
+            .assert()
+            .success();
+    }
+}
+
+#[test]
+fn decode_shows_the_first_document() {
+    let ref_gpt2 = tok_fixture("ref_gpt2.bin");
+    let out = stdout_of(
+        tlio()
+            .args([
+                "tokens",
+                "decode",
+                "--tokenizer",
+                "gpt2",
+                "--start",
+                "0",
+                "--count",
+                "18",
+            ])
+            .arg(&ref_gpt2),
+    );
+    assert!(
+        out.starts_with("<|endoftext|>Hello world! This is a plain English sentence"),
+        "{out}"
+    );
+    let json = stdout_of(
+        tlio()
+            .args([
+                "tokens",
+                "decode",
+                "--json",
+                "--tokenizer",
+                "gpt2",
+                "--start",
+                "1",
+                "--count",
+                "2",
+            ])
+            .arg(&ref_gpt2),
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["ids"], serde_json::json!([15496, 995]));
+    assert_eq!(v["text"], "Hello world");
+    // A shard recording another vocabulary is refused.
+    let dir = tmp();
+    let other = dir.path().join("cl.bin");
+    tlio()
+        .args(["tokens", "pack", "-q", "--tokenizer", "cl100k_base", "-o"])
+        .arg(&other)
+        .write_stdin("x")
+        .assert()
+        .success();
+    let err = fails(
+        tlio()
+            .args(["tokens", "decode", "--tokenizer", "gpt2"])
+            .arg(&other),
+        1,
+    );
+    assert!(err.contains("vocabulary size mismatch"), "{err}");
+    let err = fails(
+        tlio()
+            .args([
+                "tokens",
+                "decode",
+                "--tokenizer",
+                "gpt2",
+                "--start",
+                "999999999",
+            ])
+            .arg(&ref_gpt2),
+        2,
+    );
+    assert!(err.contains("past the end"), "{err}");
+}
+
+#[test]
+fn header_and_windows_take_vocab_size_and_refuse_mixed_vocabularies() {
+    let ref_gpt2 = tok_fixture("ref_gpt2.bin");
+    // llm.c's shard records no V: --vocab-size checks every id.
+    tlio()
+        .args(["tokens", "header", "--vocab-size", "50257"])
+        .arg(&ref_gpt2)
+        .assert()
+        .success();
+    let out = tlio()
+        .args(["tokens", "header", "--vocab-size", "30000"])
+        .arg(&ref_gpt2)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not below the vocabulary size 30000"));
+    let err = fails(
+        tlio()
+            .args([
+                "tokens",
+                "windows",
+                "--seq-len",
+                "4",
+                "--batch",
+                "1",
+                "--vocab-size",
+                "30000",
+            ])
+            .arg(&ref_gpt2),
+        1,
+    );
+    assert!(err.contains("not below the vocabulary size 30000"), "{err}");
+    stdout_of(
+        tlio()
+            .args([
+                "tokens",
+                "windows",
+                "--seq-len",
+                "4",
+                "--batch",
+                "1",
+                "--vocab-size",
+                "50257",
+            ])
+            .arg(&ref_gpt2),
+    );
+    // Shards of different recorded vocabularies never form one stream.
+    let dir = tmp();
+    let a = dir.path().join("a.bin");
+    let b = dir.path().join("b.bin");
+    for (p, t) in [(&a, "gpt2"), (&b, "cl100k_base")] {
+        tlio()
+            .args(["tokens", "pack", "-q", "--tokenizer", t, "-o"])
+            .arg(p)
+            .write_stdin("Some text that is long enough for a window or two.")
+            .assert()
+            .success();
+    }
+    let err = fails(
+        tlio()
+            .args(["tokens", "windows", "--seq-len", "4", "--batch", "1"])
+            .arg(&a)
+            .arg(&b),
+        1,
+    );
+    assert!(err.contains("different vocabularies"), "{err}");
 }

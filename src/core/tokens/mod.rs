@@ -9,18 +9,28 @@ use std::path::PathBuf;
 
 use crate::core::failure::{Failure, FailureKind};
 
+mod corpus;
+mod gpt2fast;
 mod pack;
 mod shard;
 mod stream;
+pub mod tokenizer;
 
-pub use pack::{output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, BYTES_VOCAB};
+pub use corpus::{
+    pack_text, CorpusFormat, TextPackOptions, TextPackProgress, TextPackSummary,
+    DEFAULT_SHARD_TOKENS,
+};
+pub use pack::{
+    output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
+};
 pub use shard::{
-    inspect_header, read_shard_header, HeaderReport, IdDtype, Shard, ShardHeader, ShardWriter,
-    HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
+    inspect_header, read_shard_header, HeaderReport, IdDtype, Layout, Shard, ShardHeader,
+    ShardWriter, HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
 };
 pub use stream::{
     check_batch_shape, Batch, Cursor, RngState, TokenStream, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES,
 };
+pub use tokenizer::Tokenizer;
 
 /// What a bad magic word's four bytes look like, for the message: a file of text
 /// handed to `tokens` by mistake is the common case.
@@ -58,7 +68,7 @@ pub enum TokensError {
         /// Its size in bytes.
         size: u64,
     },
-    /// Header word 0 is not a known magic number.
+    /// ShardHeader word 0 is not a known magic number.
     #[error("{}: not a token shard: bad magic {magic} (expected {MAGIC}, or {LLAMA3_MAGIC} for llm.c Llama-3 shards){}", path.display(), magic_hint(*.magic))]
     BadMagic {
         /// The file.
@@ -66,7 +76,7 @@ pub enum TokensError {
         /// Word 0 as a signed 32-bit integer.
         magic: i32,
     },
-    /// Header word 1 is not a version this magic allows.
+    /// ShardHeader word 1 is not a version this magic allows.
     #[error("{}: unsupported version {version} for magic {magic} (expected {expected})", path.display())]
     BadVersion {
         /// The file.
@@ -78,7 +88,7 @@ pub enum TokensError {
         /// The versions this magic allows, for the message.
         expected: &'static str,
     },
-    /// Header word 2 (the id count) is negative.
+    /// ShardHeader word 2 (the id count) is negative.
     #[error("{}: negative id count {count} in header word 2", path.display())]
     NegativeCount {
         /// The file.
@@ -86,7 +96,7 @@ pub enum TokensError {
         /// Word 2.
         count: i32,
     },
-    /// Header word 3 (the vocabulary size) is negative.
+    /// ShardHeader word 3 (the vocabulary size) is negative.
     #[error("{}: negative vocabulary size {vocab} in header word 3", path.display())]
     NegativeVocab {
         /// The file.
@@ -135,10 +145,22 @@ pub enum TokensError {
     VocabMismatch {
         /// The shard.
         path: PathBuf,
-        /// Header word 3.
+        /// ShardHeader word 3.
         recorded: u32,
         /// What the caller asked for.
         expected: u32,
+    },
+    /// Two shards of one stream record different vocabularies.
+    #[error("{}: the shard records vocabulary size {recorded}, but {} records {first_recorded}: shards of different vocabularies cannot form one stream", path.display(), first.display())]
+    MixedVocab {
+        /// The shard that disagrees.
+        path: PathBuf,
+        /// Its header word 3.
+        recorded: u32,
+        /// The first shard that records a vocabulary.
+        first: PathBuf,
+        /// Its header word 3.
+        first_recorded: u32,
     },
     /// A vocabulary size out of the range a shard header can record.
     #[error("vocabulary size {vocab} is out of range (1 to {max})", max = i32::MAX)]
@@ -208,6 +230,22 @@ pub enum TokensError {
         /// The underlying error (in the message only, printed once).
         error: io::Error,
     },
+    /// A pack that yields no id at all (llm.c's loader aborts on an empty shard).
+    #[error(
+        "the input yields no token: nothing to write (an empty shard is refused by llm.c's loader)"
+    )]
+    Empty,
+    /// A document input (text, JSONL or Parquet) that cannot be read as one.
+    #[error("{input}: {reason}")]
+    BadDocument {
+        /// Where: the file, with its line or row when there is one.
+        input: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The tokenizer could not be loaded or failed.
+    #[error(transparent)]
+    Tokenizer(#[from] tokenizer::TokenizerError),
     /// Writing an output shard failed.
     #[error(transparent)]
     Write(#[from] crate::core::atomic::AtomicError),
@@ -219,6 +257,7 @@ impl Failure for TokensError {
             TokensError::Io { .. } | TokensError::Read { .. } | TokensError::Write(_) => {
                 FailureKind::Operational
             }
+            TokensError::Tokenizer(e) => e.kind(),
             // Bad arguments are usage errors, not bad data.
             TokensError::NoShards
             | TokensError::BadArg { .. }
@@ -236,7 +275,10 @@ impl Failure for TokensError {
             | TokensError::VocabMismatch { .. }
             | TokensError::ShardTooShort { .. }
             | TokensError::BadCursor { .. }
-            | TokensError::BadInput { .. } => FailureKind::Invalid,
+            | TokensError::BadInput { .. }
+            | TokensError::Empty
+            | TokensError::BadDocument { .. }
+            | TokensError::MixedVocab { .. } => FailureKind::Invalid,
         }
     }
 }

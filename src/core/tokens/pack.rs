@@ -10,7 +10,7 @@
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use super::shard::{check_shard_vocab, ShardHeader, ShardWriter, MAX_COUNT};
+use super::shard::{check_shard_vocab, Layout, ShardHeader, ShardWriter, MAX_COUNT};
 use super::TokensError;
 use crate::core::atomic::{self, Prepared};
 
@@ -51,6 +51,8 @@ pub struct PackOptions {
     pub vocab: u32,
     /// Ids per shard; `None` writes one file.
     pub shard_tokens: Option<u64>,
+    /// The header of uint32 shards (V > 65,536).
+    pub layout: Layout,
 }
 
 /// What was written.
@@ -76,32 +78,128 @@ pub fn output_name(out: &Path, index: usize) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Where ids go: the current shard, rotated every `shard_tokens` ids.
-struct Sink<'a> {
-    out: &'a Path,
-    opts: PackOptions,
-    current: Option<ShardWriter>,
+/// Which shard files a pack writes, and how many ids each holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardPlan {
+    /// One file, `OUT` itself.
+    Single(PathBuf),
+    /// `OUT_000000.bin`, `OUT_000001.bin`, ... of `shard_tokens` ids each.
+    Numbered {
+        /// OUT.
+        out: PathBuf,
+        /// Ids per shard.
+        shard_tokens: u64,
+    },
+    /// llm.c's fineweb.py naming: the first `val_tokens` ids in `PREFIX_val_000000.bin`,
+    /// the rest in `PREFIX_train_000001.bin`, ... of `shard_tokens` ids each.
+    ValTrain {
+        /// PREFIX.
+        prefix: PathBuf,
+        /// Ids in the validation shard.
+        val_tokens: u64,
+        /// Ids per training shard.
+        shard_tokens: u64,
+    },
+}
+
+impl ShardPlan {
+    /// The path of shard `index` and the most ids it may hold.
+    pub fn shard(&self, index: usize) -> (PathBuf, u64) {
+        match self {
+            ShardPlan::Single(out) => (out.clone(), MAX_COUNT),
+            ShardPlan::Numbered { out, shard_tokens } => (output_name(out, index), *shard_tokens),
+            ShardPlan::ValTrain {
+                prefix,
+                val_tokens,
+                shard_tokens,
+            } => {
+                let mut name = prefix.clone().into_os_string();
+                if index == 0 {
+                    name.push(format!("_val_{index:0SHARD_NUMBER_DIGITS$}.bin"));
+                    (PathBuf::from(name), *val_tokens)
+                } else {
+                    name.push(format!("_train_{index:0SHARD_NUMBER_DIGITS$}.bin"));
+                    (PathBuf::from(name), *shard_tokens)
+                }
+            }
+        }
+    }
+
+    /// Check the shard sizes (1 to `MAX_COUNT` ids).
+    pub fn check(&self) -> Result<(), TokensError> {
+        let sizes: &[(&str, u64)] = match self {
+            ShardPlan::Single(_) => &[],
+            ShardPlan::Numbered { shard_tokens, .. } => &[("--shard-tokens", *shard_tokens)],
+            ShardPlan::ValTrain {
+                val_tokens,
+                shard_tokens,
+                ..
+            } => &[
+                ("--val-tokens", *val_tokens),
+                ("--shard-tokens", *shard_tokens),
+            ],
+        };
+        for &(name, n) in sizes {
+            if n == 0 || n > MAX_COUNT {
+                return Err(TokensError::BadOptions(format!(
+                    "{name} must be 1 to {MAX_COUNT}, got {n}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where ids go: the current shard, rotated as the plan says. Each shard is made
+/// durable under its temporary name as it fills; only `finish` renames them all into
+/// place, so until then no final shard name exists, and `abort` (or a drop) removes
+/// every temporary file.
+pub(super) struct Sink {
+    plan: ShardPlan,
+    vocab: u32,
+    layout: Layout,
+    current: Option<(ShardWriter, u64)>,
     done: Vec<(PathBuf, ShardHeader)>,
     ready: Vec<Prepared>,
     tokens: u64,
 }
 
-impl Sink<'_> {
-    fn next_path(&self) -> PathBuf {
-        match self.opts.shard_tokens {
-            Some(_) => output_name(self.out, self.done.len()),
-            None => self.out.to_path_buf(),
-        }
+impl Sink {
+    /// A sink writing `plan`'s shards for vocabulary `vocab`.
+    pub(super) fn new(plan: ShardPlan, vocab: u32, layout: Layout) -> Result<Sink, TokensError> {
+        check_shard_vocab(u64::from(vocab))?;
+        plan.check()?;
+        Ok(Sink {
+            plan,
+            vocab,
+            layout,
+            current: None,
+            done: Vec::new(),
+            ready: Vec::new(),
+            tokens: 0,
+        })
     }
 
-    fn push(&mut self, mut ids: &[u32]) -> Result<(), TokensError> {
+    /// Ids accepted so far.
+    pub(super) fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Append ids, preparing each shard (durable under its temporary name) as it fills.
+    pub(super) fn push(&mut self, mut ids: &[u32]) -> Result<(), TokensError> {
         while !ids.is_empty() {
-            let writer = match self.current.take() {
+            let (writer, limit) = match self.current.take() {
                 Some(w) => w,
-                None => ShardWriter::create(&self.next_path(), self.opts.vocab)?,
+                None => {
+                    let (path, limit) = self.plan.shard(self.done.len());
+                    (
+                        ShardWriter::create_with(&path, self.vocab, self.layout)?,
+                        limit,
+                    )
+                }
             };
-            let writer = self.current.insert(writer);
-            let limit = self.opts.shard_tokens.unwrap_or(MAX_COUNT + 1);
+            let (writer, limit) = self.current.insert((writer, limit));
+            let limit = *limit;
             let room = usize::try_from(limit.saturating_sub(writer.count())).unwrap_or(usize::MAX);
             let (now, later) = ids.split_at(room.min(ids.len()));
             writer.push(now)?;
@@ -115,7 +213,7 @@ impl Sink<'_> {
     }
 
     fn finish_current(&mut self) -> Result<(), TokensError> {
-        if let Some(writer) = self.current.take() {
+        if let Some((writer, _)) = self.current.take() {
             let path = writer.path().to_path_buf();
             let (header, ready) = writer.prepare()?;
             self.done.push((path, header));
@@ -124,12 +222,31 @@ impl Sink<'_> {
         Ok(())
     }
 
-    /// Commit the last shard; an empty input still yields one (empty) shard.
-    fn finish(&mut self) -> Result<(), TokensError> {
-        if self.current.is_none() && self.done.is_empty() {
-            self.current = Some(ShardWriter::create(&self.next_path(), self.opts.vocab)?);
+    /// Prepare the last shard, then rename every shard into place and return them.
+    /// No id at all is an error (llm.c's loader aborts on an empty shard), leaving
+    /// nothing behind.
+    pub(super) fn finish(mut self) -> Result<Vec<(PathBuf, ShardHeader)>, TokensError> {
+        if self.tokens == 0 {
+            self.abort();
+            return Err(TokensError::Empty);
         }
-        self.finish_current()
+        if let Err(e) = self.finish_current() {
+            self.abort();
+            return Err(e);
+        }
+        // Every shard is complete and durable under its temporary name: only now do the
+        // final names appear, one rename each (publish_all removes the ones it renamed
+        // if a later rename fails).
+        atomic::publish_all(std::mem::take(&mut self.ready))?;
+        Ok(self.done)
+    }
+
+    /// Drop every temporary file this sink wrote (the unfinished shard's and the
+    /// prepared ones'), so a failed pack leaves nothing under any name.
+    pub(super) fn abort(&mut self) {
+        drop(self.current.take());
+        self.ready.clear();
+        self.done.clear();
     }
 }
 
@@ -248,12 +365,13 @@ impl IdText {
 /// Pack one input into the sink.
 fn pack_input(
     input: &mut PackInput,
-    sink: &mut Sink<'_>,
+    sink: &mut Sink,
+    format: InputFormat,
     buf: &mut [u8],
     ids: &mut Vec<u32>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(), TokensError> {
-    let vocab = sink.opts.vocab;
+    let vocab = sink.vocab;
     let name = input.name.as_str();
     let mut position = 0u64;
     let mut carry = 0usize;
@@ -268,7 +386,7 @@ fn pack_input(
         let total = carry + got;
         let data = buf.get(..total).unwrap_or(&[]);
         ids.clear();
-        let rest = match sink.opts.format {
+        let rest = match format {
             InputFormat::Bytes => {
                 ids.extend(data.iter().map(|&b| u32::from(b)));
                 0
@@ -296,11 +414,7 @@ fn pack_input(
         position = position.saturating_add(ids.len() as u64);
         if got == 0 {
             if rest != 0 {
-                let size = if sink.opts.format == InputFormat::U16le {
-                    2
-                } else {
-                    4
-                };
+                let size = if format == InputFormat::U16le { 2 } else { 4 };
                 return Err(TokensError::BadInput {
                     input: name.to_string(),
                     reason: format!(
@@ -318,52 +432,42 @@ fn pack_input(
 
 /// Pack `inputs`, in order, into shards at `out` (one file, or `OUT_000000.bin`, ...
 /// with `shard_tokens`). `progress` is called with the bytes read after each read.
-/// On error, nothing is left under any output name.
+/// On error (an input that yields no id is one), nothing is left under any output
+/// name.
 pub fn pack(
     inputs: Vec<PackInput>,
     out: &Path,
     opts: &PackOptions,
     progress: &mut dyn FnMut(u64),
 ) -> Result<PackSummary, TokensError> {
-    check_shard_vocab(u64::from(opts.vocab))?;
-    if let Some(n) = opts.shard_tokens {
-        if n == 0 || n > MAX_COUNT {
-            return Err(TokensError::BadOptions(format!(
-                "--shard-tokens must be 1 to {MAX_COUNT}, got {n}"
-            )));
-        }
-    }
-    let mut sink = Sink {
-        out,
-        opts: *opts,
-        current: None,
-        done: Vec::new(),
-        ready: Vec::new(),
-        tokens: 0,
+    let plan = match opts.shard_tokens {
+        Some(shard_tokens) => ShardPlan::Numbered {
+            out: out.to_path_buf(),
+            shard_tokens,
+        },
+        None => ShardPlan::Single(out.to_path_buf()),
     };
+    let mut sink = Sink::new(plan, opts.vocab, opts.layout)?;
     let mut buf = vec![0u8; READ_CHUNK];
     let mut ids = Vec::with_capacity(READ_CHUNK);
-    let mut result = Ok(());
     for mut input in inputs {
-        result = pack_input(&mut input, &mut sink, &mut buf, &mut ids, progress);
-        if result.is_err() {
-            break;
+        let result = pack_input(
+            &mut input,
+            &mut sink,
+            opts.format,
+            &mut buf,
+            &mut ids,
+            progress,
+        );
+        if let Err(e) = result {
+            // The unfinished shard and the finished ones go with their temporary names.
+            sink.abort();
+            return Err(e);
         }
     }
-    let result = result.and_then(|()| sink.finish());
-    match result {
-        Ok(()) => {
-            // Every shard is complete and durable under its temporary name: only now do
-            // the final names appear, one rename each.
-            atomic::publish_all(std::mem::take(&mut sink.ready))?;
-            Ok(PackSummary {
-                shards: sink.done,
-                tokens: sink.tokens,
-            })
-        }
-        // The unfinished shard and the finished ones go with their temporary names.
-        Err(e) => Err(e),
-    }
+    let tokens = sink.tokens();
+    let shards = sink.finish()?;
+    Ok(PackSummary { shards, tokens })
 }
 
 #[cfg(test)]
@@ -395,6 +499,7 @@ mod tests {
             format,
             vocab,
             shard_tokens,
+            layout: Layout::default(),
         }
     }
 
@@ -446,7 +551,7 @@ mod tests {
     }
 
     #[test]
-    fn exact_multiple_makes_no_empty_tail_and_empty_input_one_empty_shard() {
+    fn exact_multiple_makes_no_empty_tail_and_empty_input_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("x");
         let s = pack(
@@ -458,18 +563,15 @@ mod tests {
         .unwrap();
         assert_eq!(s.shards.len(), 2);
         let out2 = dir.path().join("empty.bin");
-        let s = pack(
+        let err = pack(
             vec![input("a", &[])],
             &out2,
             &opts(InputFormat::Bytes, 256, None),
             &mut |_| {},
         )
-        .unwrap();
-        assert_eq!(
-            s.shards,
-            vec![(out2.clone(), ShardHeader::for_ids(0, 256).unwrap())]
-        );
-        assert_eq!(std::fs::metadata(&out2).unwrap().len(), 1024);
+        .unwrap_err();
+        assert!(matches!(err, TokensError::Empty), "{err}");
+        assert!(!out2.exists());
     }
 
     #[test]
@@ -646,7 +748,12 @@ mod tests {
             let out = dir.path().join("p");
             let text: String = ids.iter().map(|i| format!("{i}\n")).collect();
             let inp = PackInput { name: "-".into(), reader: Box::new(Trickle(text.into_bytes(), step, 0)) };
-            let s = pack(vec![inp], &out, &opts(InputFormat::Ids, 5000, shard), &mut |_| {}).unwrap();
+            let s = pack(vec![inp], &out, &opts(InputFormat::Ids, 5000, shard), &mut |_| {});
+            if ids.is_empty() {
+                proptest::prop_assert!(matches!(s, Err(TokensError::Empty)));
+                return Ok(());
+            }
+            let s = s.unwrap();
             proptest::prop_assert_eq!(all_ids(&s), ids.clone());
             if let Some(n) = shard {
                 proptest::prop_assert_eq!(s.shards.len() as u64, (ids.len() as u64).div_ceil(n).max(1));

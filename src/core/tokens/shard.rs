@@ -1,12 +1,13 @@
 //! The shard format of tokens.md: a 1024-byte header of 256 little-endian int32
 //! (magic, version, id count n, vocabulary size V, then zeros), then n ids as
-//! little-endian uint16 (version 1) or uint32 (version 2; llm.c Llama-3 shards, magic
-//! 20240801 version 7, are read as uint32 too).
+//! little-endian uint16 (version 1) or uint32 (version 2, or llm.c's Llama-3 layout:
+//! magic 20240801 version 7).
 //!
 //! Invariants: a `Shard` exists only for a file whose header, exact size and every id
 //! (against V, when known) were checked; its ids are mapped read-only and never copied
-//! whole. A `ShardWriter` writes only 20240520 shards, atomically, in bounded memory,
-//! and refuses any id at or above its vocabulary.
+//! whole. A `ShardWriter` writes 20240520 version 1 for V <= 65,536 and, above, the
+//! Llama-3 layout (or version 2 on request), always recording V; atomically, in bounded
+//! memory, refusing any id at or above its vocabulary.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -25,12 +26,12 @@ pub const HEADER_BYTES: usize = 1024;
 const WORD_BYTES: usize = 4;
 /// The first header word that is reserved (must be 0 in 20240520 shards).
 const FIRST_RESERVED_WORD: usize = 4;
-/// Header word 0 of the shards tlio reads and writes (llm.c's GPT-2 format).
+/// ShardHeader word 0 of the shards tlio reads and writes (llm.c's GPT-2 format).
 pub const MAGIC: i32 = 20240520;
-/// Header word 0 of llm.c's Llama-3 shards.
+/// ShardHeader word 0 of llm.c's Llama-3 shards.
 pub const LLAMA3_MAGIC: i32 = 20240801;
 /// The only version of llm.c's Llama-3 shards (uint32 ids).
-const LLAMA3_VERSION: i32 = 7;
+pub const LLAMA3_VERSION: i32 = 7;
 /// Version of 20240520 shards with uint16 ids.
 const VERSION_U16: i32 = 1;
 /// Version of 20240520 shards with uint32 ids.
@@ -71,6 +72,17 @@ impl IdDtype {
     }
 }
 
+/// Which header a shard of uint32 ids (V > 65,536) is written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// llm.c's Llama-3 layout (magic 20240801, version 7), the default: llm.c's readers
+    /// (`dataloader.h`, `train_llama3.py`) accept no other uint32 shard.
+    #[default]
+    Llama3,
+    /// tlio's 20240520 version 2 (`--format v2`).
+    V2,
+}
+
 /// A validated shard header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardHeader {
@@ -87,22 +99,29 @@ pub struct ShardHeader {
 }
 
 impl ShardHeader {
-    /// The header tlio writes for `count` ids of vocabulary `vocab`: version 1 when
-    /// `vocab <= 65536`, else version 2.
+    /// The header tlio writes by default for `count` ids of vocabulary `vocab`:
+    /// 20240520 version 1 when `vocab <= 65536`, else llm.c's Llama-3 layout.
     pub fn for_ids(count: u64, vocab: u32) -> Result<ShardHeader, TokensError> {
+        ShardHeader::for_layout(count, vocab, Layout::default())
+    }
+
+    /// The header for `count` ids of vocabulary `vocab`: 20240520 version 1 when
+    /// `vocab <= 65536`, else the uint32 layout `layout`. V is recorded in word 3 either
+    /// way (llm.c ignores that word).
+    pub fn for_layout(count: u64, vocab: u32, layout: Layout) -> Result<ShardHeader, TokensError> {
         check_shard_vocab(u64::from(vocab))?;
         if count > MAX_COUNT {
             return Err(TokensError::BadOptions(format!(
                 "{count} ids do not fit one shard (at most {MAX_COUNT})"
             )));
         }
-        let (version, dtype) = if vocab <= U16_VOCAB_LIMIT {
-            (VERSION_U16, IdDtype::U16)
-        } else {
-            (VERSION_U32, IdDtype::U32)
+        let (magic, version, dtype) = match layout {
+            _ if vocab <= U16_VOCAB_LIMIT => (MAGIC, VERSION_U16, IdDtype::U16),
+            Layout::Llama3 => (LLAMA3_MAGIC, LLAMA3_VERSION, IdDtype::U32),
+            Layout::V2 => (MAGIC, VERSION_U32, IdDtype::U32),
         };
         Ok(ShardHeader {
-            magic: MAGIC,
+            magic,
             version,
             dtype,
             count,
@@ -478,21 +497,33 @@ pub struct ShardWriter {
     file: AtomicFile,
     path: PathBuf,
     vocab: u32,
+    layout: Layout,
     dtype: IdDtype,
     count: u64,
     buf: Vec<u8>,
 }
 
 impl ShardWriter {
-    /// Start writing `path` for vocabulary `vocab` (1 to 2^31 - 1).
+    /// Start writing `path` for vocabulary `vocab` (1 to 2^31 - 1), in the default
+    /// layout.
     pub fn create(path: &Path, vocab: u32) -> Result<ShardWriter, TokensError> {
-        let header = ShardHeader::for_ids(0, vocab)?;
+        ShardWriter::create_with(path, vocab, Layout::default())
+    }
+
+    /// Start writing `path` for vocabulary `vocab` with uint32 layout `layout`.
+    pub fn create_with(
+        path: &Path,
+        vocab: u32,
+        layout: Layout,
+    ) -> Result<ShardWriter, TokensError> {
+        let header = ShardHeader::for_layout(0, vocab, layout)?;
         let mut file = AtomicFile::create(path)?;
         file.write_all(&[0u8; HEADER_BYTES]).map_err(io_err(path))?;
         Ok(ShardWriter {
             file,
             path: path.to_path_buf(),
             vocab,
+            layout,
             dtype: header.dtype,
             count: 0,
             buf: Vec::new(),
@@ -570,7 +601,7 @@ impl ShardWriter {
     /// temporary name; the caller renames it into place (with others, see
     /// [`atomic::publish_all`](crate::core::atomic::publish_all)).
     pub fn prepare(mut self) -> Result<(ShardHeader, Prepared), TokensError> {
-        let header = ShardHeader::for_ids(self.count, self.vocab)?;
+        let header = ShardHeader::for_layout(self.count, self.vocab, self.layout)?;
         let w = self.file.writer();
         w.seek(SeekFrom::Start(0))
             .and_then(|_| w.write_all(&header.to_bytes()))
@@ -634,8 +665,31 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ids = [0u32, 65535, 65536, 70000, 99_999];
         let path = dir.path().join("v2.bin");
-        let header = write_shard(&path, &ids, 100_000);
-        assert_eq!((header.version, header.dtype), (2, IdDtype::U32));
+        let mut w = ShardWriter::create_with(&path, 100_000, Layout::V2).unwrap();
+        w.push(&ids).unwrap();
+        let header = w.finish().unwrap();
+        assert_eq!(
+            (header.magic, header.version, header.dtype),
+            (MAGIC, 2, IdDtype::U32)
+        );
+        // By default, V > 65536 takes llm.c's Llama-3 layout, read back the same way.
+        let llama = dir.path().join("llama3.bin");
+        let h = write_shard(&llama, &ids, 100_000);
+        assert_eq!(
+            (h.magic, h.version, h.dtype),
+            (LLAMA3_MAGIC, 7, IdDtype::U32)
+        );
+        let bytes = std::fs::read(&llama).unwrap();
+        assert_eq!(
+            bytes[12..16],
+            100_000i32.to_le_bytes(),
+            "V recorded in word 3"
+        );
+        let s = Shard::open(&llama, None).unwrap();
+        assert_eq!(
+            (s.ids(0..5).unwrap(), s.vocab()),
+            (ids.to_vec(), Some(100_000))
+        );
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 1024 + 5 * 4);
         let shard = Shard::open(&path, None).unwrap();
         assert_eq!(shard.len(), 5);
@@ -763,7 +817,7 @@ mod tests {
         assert!(matches!(err, TokensError::Short { size: 6, .. }), "{err}");
         let report = inspect_header(&short).unwrap();
         assert_eq!((report.size, report.words), (6, None));
-        // Header-only reading does not scan ids: the out-of-vocabulary file's header is
+        // ShardHeader-only reading does not scan ids: the out-of-vocabulary file's header is
         // fine, its ids are not.
         assert!(read_shard_header(&cases[5].0).is_ok());
         // A missing file is an I/O error, not a validation failure.

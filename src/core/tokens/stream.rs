@@ -257,8 +257,9 @@ pub fn check_batch_shape(seq_len: usize, batch: usize) -> Result<(), TokensError
 impl TokenStream {
     /// A stream over `shards` with windows of `seq_len` (T) inputs and `batch` (B)
     /// windows per batch. Checks: at least one shard, T >= 1, B >= 1, every shard holds
-    /// at least T + 1 ids, and a given `vocab_size` equals each shard's vocabulary (a
-    /// shard that records none has its ids checked against it). The first pass starts
+    /// at least T + 1 ids, the shards that record a vocabulary record the same one, and
+    /// a given `vocab_size` equals each shard's vocabulary (a shard that records none
+    /// has its ids checked against it). The first pass starts
     /// on shard 0 at a phase drawn from `rng`.
     pub fn new(
         shards: Vec<Shard>,
@@ -274,6 +275,26 @@ impl TokenStream {
         let vocab = vocab_size
             .map(|v| check_shard_vocab(u64::from(v)))
             .transpose()?;
+        // One stream, one vocabulary: shards recording different ones (a GPT-2 shard
+        // next to a Llama-3 one) are never mixed.
+        let mut first_recorded: Option<(&Shard, u32)> = None;
+        for shard in &shards {
+            let Some(recorded) = shard.header().vocab else {
+                continue;
+            };
+            match first_recorded {
+                None => first_recorded = Some((shard, recorded)),
+                Some((first, v)) if v != recorded => {
+                    return Err(TokensError::MixedVocab {
+                        path: shard.path().to_path_buf(),
+                        recorded,
+                        first: first.path().to_path_buf(),
+                        first_recorded: v,
+                    })
+                }
+                Some(_) => {}
+            }
+        }
         for (index, shard) in shards.iter().enumerate() {
             if shard.len() <= seq_len {
                 return Err(TokensError::ShardTooShort {
@@ -596,7 +617,7 @@ mod tests {
         );
         assert!(e.to_string().contains("four.bin"), "{e}");
         // Vocabulary mismatch names the shard.
-        let e = err(vec![ten.clone(), big.clone()], 3, 1, Some(256));
+        let e = err(vec![big.clone()], 3, 1, Some(256));
         assert!(
             matches!(
                 e,
@@ -609,6 +630,23 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("big.bin"), "{e}");
+        // Shards recording different vocabularies never form one stream, with or
+        // without a given one.
+        for given in [None, Some(256)] {
+            let e = err(vec![ten.clone(), big.clone()], 3, 1, given);
+            assert!(
+                matches!(
+                    e,
+                    TokensError::MixedVocab {
+                        recorded: 512,
+                        first_recorded: 256,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(e.to_string().contains("big.bin"), "{e}");
+        }
         assert!(matches!(
             err(vec![ten.clone()], 3, 1, Some(0)),
             TokensError::BadVocab { .. }

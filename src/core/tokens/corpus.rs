@@ -1,0 +1,551 @@
+//! `tokens pack --tokenizer`: documents from text, JSONL or Parquet files (`.gz` and
+//! `.zst` decompressed on the fly) tokenized in parallel into llm.c-style shards.
+//!
+//! Invariants: the ids written are exactly `[eot] + encode(document)` for every document
+//! in input order, whatever the thread count or the way the documents are split into
+//! files; memory is bounded by a few batches of documents (plus one document, which
+//! must be tokenized whole to be exact, up to `MAX_DOCUMENT_BYTES`); on any error
+//! nothing is left under an output name.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver};
+
+use parquet::basic::Type as PhysicalType;
+use parquet::column::reader::ColumnReader;
+use parquet::data_type::ByteArray;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use rayon::prelude::*;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+
+use super::pack::{ShardPlan, Sink};
+use super::shard::{Layout, ShardHeader};
+use super::tokenizer::Tokenizer;
+use super::TokensError;
+
+/// The largest single document (a text file, a JSONL line, a Parquet value): it is
+/// tokenized whole, so it is held in memory whole.
+pub const MAX_DOCUMENT_BYTES: usize = 1 << 30;
+/// Documents are handed to the tokenizing threads in batches of about this many bytes.
+const BATCH_BYTES: usize = 4 << 20;
+/// ... or this many documents, whichever comes first.
+const BATCH_DOCS: usize = 4096;
+/// Batches read ahead of the tokenizers (bounded memory: at most this many waiting).
+const BATCHES_AHEAD: usize = 2;
+/// Parquet values read per call.
+const PARQUET_BATCH: usize = 1024;
+/// llm.c's shard size, the default of `--shard-tokens` with `--val-tokens`.
+pub const DEFAULT_SHARD_TOKENS: u64 = 100_000_000;
+/// The most threads `--threads` may ask for.
+pub const MAX_THREADS: usize = 1024;
+
+/// How documents are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CorpusFormat {
+    /// Each file is one document (`-`: standard input).
+    Text,
+    /// One JSON object per line, the document in a string field.
+    Jsonl,
+    /// The string column of every row group of a Parquet file.
+    Parquet,
+}
+
+/// What `pack_text` builds.
+#[derive(Debug, Clone)]
+pub struct TextPackOptions {
+    /// How to read the inputs.
+    pub format: CorpusFormat,
+    /// The JSONL field or Parquet column holding the document.
+    pub field: String,
+    /// The id put before every document, if any.
+    pub eot: Option<u32>,
+    /// The shard files.
+    pub plan: ShardPlan,
+    /// Tokenizing threads (1 to `MAX_THREADS`).
+    pub threads: usize,
+    /// Skip (and count) bad JSONL lines and null Parquet values instead of failing.
+    pub skip_bad: bool,
+    /// The header of uint32 shards.
+    pub layout: Layout,
+}
+
+/// Running totals, reported after every batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TextPackProgress {
+    /// Documents tokenized.
+    pub documents: u64,
+    /// Ids written.
+    pub tokens: u64,
+    /// Document text bytes tokenized.
+    pub bytes: u64,
+}
+
+/// What `pack_text` wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextPackSummary {
+    /// Each shard, in order, with its header.
+    pub shards: Vec<(PathBuf, ShardHeader)>,
+    /// Documents packed.
+    pub documents: u64,
+    /// Ids written.
+    pub tokens: u64,
+    /// Bad lines or rows skipped under `skip_bad`.
+    pub skipped: u64,
+}
+
+fn bad(input: impl Into<String>, reason: impl Into<String>) -> TokensError {
+    TokensError::BadDocument {
+        input: input.into(),
+        reason: reason.into(),
+    }
+}
+
+fn read_err(name: &str, error: io::Error) -> TokensError {
+    TokensError::Read {
+        input: name.to_string(),
+        error,
+    }
+}
+
+/// A zstd stream of one or more frames (ruzstd's streaming decoder stops after one).
+struct Zstd<R: BufRead> {
+    decoder: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
+}
+
+impl<R: BufRead> Zstd<R> {
+    fn new(source: R) -> io::Result<Self> {
+        let decoder = ruzstd::decoding::StreamingDecoder::new(source).map_err(io::Error::other)?;
+        Ok(Zstd {
+            decoder: Some(decoder),
+        })
+    }
+}
+
+impl<R: BufRead> Read for Zstd<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let Some(decoder) = self.decoder.as_mut() else {
+                return Ok(0);
+            };
+            let n = decoder.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // This frame is done: another may follow.
+            let Some(decoder) = self.decoder.take() else {
+                return Ok(0);
+            };
+            let (mut source, frame) = decoder.into_parts();
+            if source.fill_buf()?.is_empty() {
+                return Ok(0);
+            }
+            self.decoder = Some(
+                ruzstd::decoding::StreamingDecoder::new_with_decoder(source, frame)
+                    .map_err(io::Error::other)?,
+            );
+        }
+    }
+}
+
+/// Open `path` (`-`: standard input) for reading, decompressing `.gz` and `.zst`.
+fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
+    let name = path.display().to_string();
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(BufReader::new(io::stdin())));
+    }
+    let file = File::open(path).map_err(|e| read_err(&name, e))?;
+    let raw = BufReader::with_capacity(1 << 20, file);
+    Ok(match path.extension().and_then(|e| e.to_str()) {
+        Some("gz") => Box::new(BufReader::with_capacity(
+            1 << 20,
+            flate2::bufread::MultiGzDecoder::new(raw),
+        )),
+        Some("zst") => Box::new(BufReader::with_capacity(
+            1 << 20,
+            Zstd::new(raw).map_err(|e| read_err(&name, e))?,
+        )),
+        _ => Box::new(raw),
+    })
+}
+
+/// Deserializes only the field `name` of a JSON object, as a string, skipping the rest
+/// without building them. `Ok(None)`: the object has no such field.
+struct FieldSeed<'a>(&'a str);
+
+/// Why a JSON line has no usable document.
+enum FieldError {
+    NotAnObject,
+    NotAString,
+}
+
+impl<'de> DeserializeSeed<'de> for FieldSeed<'_> {
+    type Value = Result<Option<String>, FieldError>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FieldSeed<'_> {
+    type Value = Result<Option<String>, FieldError>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found: Option<Result<String, FieldError>> = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key == self.0 && found.is_none() {
+                let value = map.next_value::<serde_json::Value>()?;
+                found = Some(match value {
+                    serde_json::Value::String(s) => Ok(s),
+                    _ => Err(FieldError::NotAString),
+                });
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found.transpose())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Err(FieldError::NotAnObject))
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Err(FieldError::NotAnObject))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Err(FieldError::NotAnObject))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Err(FieldError::NotAnObject))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Err(FieldError::NotAnObject))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Err(FieldError::NotAnObject))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Err(FieldError::NotAnObject))
+    }
+}
+
+/// The document of one JSONL line, or why there is none.
+fn parse_line(line: &[u8], field: &str) -> Result<String, String> {
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let parsed = FieldSeed(field)
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v));
+    match parsed {
+        Err(e) => Err(format!("not JSON: {e}")),
+        Ok(Err(FieldError::NotAnObject)) => Err("not a JSON object".to_string()),
+        Ok(Err(FieldError::NotAString)) => Err(format!("field \"{field}\" is not a string")),
+        Ok(Ok(None)) => Err(format!("no field \"{field}\"")),
+        Ok(Ok(Some(doc))) => Ok(doc),
+    }
+}
+
+/// Hands documents to `emit` in order, counting what `skip_bad` skipped.
+struct Reader<'a> {
+    field: &'a str,
+    skip_bad: bool,
+    skipped: u64,
+}
+
+impl Reader<'_> {
+    /// Either skip (and count) a bad line or row, or fail with `error`.
+    fn bad(&mut self, error: TokensError) -> Result<(), TokensError> {
+        if self.skip_bad {
+            self.skipped = self.skipped.saturating_add(1);
+            Ok(())
+        } else {
+            Err(error)
+        }
+    }
+
+    fn text(
+        &mut self,
+        path: &Path,
+        emit: &mut dyn FnMut(String) -> Result<(), TokensError>,
+    ) -> Result<(), TokensError> {
+        let name = path.display().to_string();
+        let limit = u64::try_from(MAX_DOCUMENT_BYTES)
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let mut bytes = Vec::new();
+        open_stream(path)?
+            .take(limit)
+            .read_to_end(&mut bytes)
+            .map_err(|e| read_err(&name, e))?;
+        if bytes.len() > MAX_DOCUMENT_BYTES {
+            return Err(bad(
+                name,
+                format!("a document is at most {MAX_DOCUMENT_BYTES} bytes"),
+            ));
+        }
+        let text = String::from_utf8(bytes).map_err(|e| {
+            bad(
+                name.as_str(),
+                format!(
+                    "not UTF-8 text: invalid byte at offset {}",
+                    e.utf8_error().valid_up_to()
+                ),
+            )
+        })?;
+        emit(text)
+    }
+
+    fn jsonl(
+        &mut self,
+        path: &Path,
+        emit: &mut dyn FnMut(String) -> Result<(), TokensError>,
+    ) -> Result<(), TokensError> {
+        let name = path.display().to_string();
+        let limit = u64::try_from(MAX_DOCUMENT_BYTES).unwrap_or(u64::MAX);
+        let mut reader = open_stream(path)?;
+        let mut line = Vec::new();
+        let mut number = 0u64;
+        loop {
+            line.clear();
+            let got = (&mut reader)
+                .take(limit.saturating_add(1))
+                .read_until(b'\n', &mut line)
+                .map_err(|e| read_err(&name, e))?;
+            if got == 0 {
+                return Ok(());
+            }
+            number = number.saturating_add(1);
+            if line.len() > MAX_DOCUMENT_BYTES {
+                // Cannot skip a line we cannot hold: always an error.
+                return Err(bad(
+                    format!("{name}:{number}"),
+                    format!("line longer than {MAX_DOCUMENT_BYTES} bytes"),
+                ));
+            }
+            // A blank line (as at the end of a hand-edited file) holds no document.
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match parse_line(&line, self.field) {
+                Ok(doc) => emit(doc)?,
+                Err(reason) => self.bad(bad(format!("{name}:{number}"), reason))?,
+            }
+        }
+    }
+
+    fn parquet(
+        &mut self,
+        path: &Path,
+        emit: &mut dyn FnMut(String) -> Result<(), TokensError>,
+    ) -> Result<(), TokensError> {
+        let name = path.display().to_string();
+        let perr = |e: parquet::errors::ParquetError| bad(name.as_str(), e.to_string());
+        let file = File::open(path).map_err(|e| read_err(&name, e))?;
+        let reader = SerializedFileReader::new(file).map_err(perr)?;
+        let schema = reader.metadata().file_metadata().schema_descr_ptr();
+        let column = (0..schema.num_columns())
+            .find(|&i| {
+                let c = schema.column(i);
+                c.path().parts() == [self.field.to_string()]
+            })
+            .ok_or_else(|| {
+                bad(
+                    name.as_str(),
+                    format!("no top-level column \"{}\"", self.field),
+                )
+            })?;
+        let descr = schema.column(column);
+        if descr.physical_type() != PhysicalType::BYTE_ARRAY || descr.max_rep_level() != 0 {
+            return Err(bad(
+                name.as_str(),
+                format!(
+                    "column \"{}\" is not a string column (physical type {}, repetition level {})",
+                    self.field,
+                    descr.physical_type(),
+                    descr.max_rep_level()
+                ),
+            ));
+        }
+        let max_def = descr.max_def_level();
+        let mut row = 0u64;
+        let mut values: Vec<ByteArray> = Vec::with_capacity(PARQUET_BATCH);
+        let mut defs: Vec<i16> = Vec::with_capacity(PARQUET_BATCH);
+        for group in 0..reader.num_row_groups() {
+            let rg = reader.get_row_group(group).map_err(perr)?;
+            let ColumnReader::ByteArrayColumnReader(mut col) =
+                rg.get_column_reader(column).map_err(perr)?
+            else {
+                return Err(bad(name.as_str(), "the column is not a byte-array column"));
+            };
+            loop {
+                values.clear();
+                defs.clear();
+                let (records, _, _) = col
+                    .read_records(PARQUET_BATCH, Some(&mut defs), None, &mut values)
+                    .map_err(perr)?;
+                if records == 0 {
+                    break;
+                }
+                let mut next_value = values.drain(..);
+                for i in 0..records {
+                    row = row.saturating_add(1);
+                    let present = max_def == 0 || defs.get(i).is_some_and(|&d| d == max_def);
+                    let value = if present { next_value.next() } else { None };
+                    let Some(value) = value else {
+                        self.bad(bad(format!("{name}: row {row}"), "null document"))?;
+                        continue;
+                    };
+                    if value.len() > MAX_DOCUMENT_BYTES {
+                        return Err(bad(
+                            format!("{name}: row {row}"),
+                            format!("a document is at most {MAX_DOCUMENT_BYTES} bytes"),
+                        ));
+                    }
+                    match String::from_utf8(value.data().to_vec()) {
+                        Ok(doc) => emit(doc)?,
+                        Err(_) => self.bad(bad(format!("{name}: row {row}"), "not UTF-8 text"))?,
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads every input in order and sends batches of documents down `send`.
+fn read_all(
+    inputs: &[PathBuf],
+    opts: &TextPackOptions,
+    send: &std::sync::mpsc::SyncSender<Vec<String>>,
+) -> Result<u64, TokensError> {
+    let mut reader = Reader {
+        field: &opts.field,
+        skip_bad: opts.skip_bad,
+        skipped: 0,
+    };
+    let mut batch: Vec<String> = Vec::new();
+    let mut batch_bytes = 0usize;
+    // A closed channel means the consumer failed and reports why: stop quietly.
+    let mut emit = |doc: String| -> Result<(), TokensError> {
+        batch_bytes = batch_bytes.saturating_add(doc.len());
+        batch.push(doc);
+        if batch_bytes >= BATCH_BYTES || batch.len() >= BATCH_DOCS {
+            batch_bytes = 0;
+            send.send(std::mem::take(&mut batch))
+                .map_err(|_| TokensError::BadOptions("stopped".to_string()))?;
+        }
+        Ok(())
+    };
+    for path in inputs {
+        match opts.format {
+            CorpusFormat::Text => reader.text(path, &mut emit)?,
+            CorpusFormat::Jsonl => reader.jsonl(path, &mut emit)?,
+            CorpusFormat::Parquet => reader.parquet(path, &mut emit)?,
+        }
+    }
+    if !batch.is_empty() {
+        send.send(batch)
+            .map_err(|_| TokensError::BadOptions("stopped".to_string()))?;
+    }
+    Ok(reader.skipped)
+}
+
+/// Tokenize the batches coming down `recv` on `pool` and write them to `sink`, in order.
+fn tokenize_all(
+    recv: &Receiver<Vec<String>>,
+    tokenizer: &Tokenizer,
+    eot: Option<u32>,
+    pool: &rayon::ThreadPool,
+    sink: &mut Sink,
+    progress: &mut dyn FnMut(&TextPackProgress),
+) -> Result<u64, TokensError> {
+    let mut totals = TextPackProgress::default();
+    while let Ok(batch) = recv.recv() {
+        // Results come back in document order whatever thread made them.
+        let encoded: Vec<Result<Vec<u32>, TokensError>> = pool.install(|| {
+            batch
+                .par_iter()
+                .map(|doc| {
+                    let mut ids = Vec::with_capacity(doc.len() / 4 + 1);
+                    ids.extend(eot);
+                    ids.extend(tokenizer.encode(doc)?);
+                    Ok(ids)
+                })
+                .collect()
+        });
+        for (doc, ids) in batch.iter().zip(encoded) {
+            let ids = ids?;
+            sink.push(&ids)?;
+            totals.documents = totals.documents.saturating_add(1);
+            totals.bytes = totals.bytes.saturating_add(doc.len() as u64);
+        }
+        totals.tokens = sink.tokens();
+        progress(&totals);
+    }
+    Ok(totals.documents)
+}
+
+/// Tokenize the documents of `inputs` with `tokenizer` into the shards of
+/// `opts.plan`: `[eot] + encode(document)` for each document, in order. Reading runs
+/// on its own thread, tokenizing on `opts.threads` threads; `progress` gets the running
+/// totals after every batch. On error nothing is left under any output name.
+pub fn pack_text(
+    inputs: &[PathBuf],
+    tokenizer: &Tokenizer,
+    opts: &TextPackOptions,
+    progress: &mut dyn FnMut(&TextPackProgress),
+) -> Result<TextPackSummary, TokensError> {
+    if opts.threads == 0 || opts.threads > MAX_THREADS {
+        return Err(TokensError::BadOptions(format!(
+            "--threads must be 1 to {MAX_THREADS}, got {}",
+            opts.threads
+        )));
+    }
+    if let Some(eot) = opts.eot {
+        if eot >= tokenizer.vocab_size() {
+            return Err(TokensError::BadOptions(format!(
+                "end-of-text id {eot} is not below the vocabulary size {}",
+                tokenizer.vocab_size()
+            )));
+        }
+    }
+    let mut sink = Sink::new(opts.plan.clone(), tokenizer.vocab_size(), opts.layout)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads)
+        .build()
+        .map_err(|e| {
+            TokensError::BadOptions(format!("cannot start {} threads: {e}", opts.threads))
+        })?;
+    let (send, recv) = sync_channel::<Vec<String>>(BATCHES_AHEAD);
+    let (read_result, write_result) = std::thread::scope(|scope| {
+        let reading = scope.spawn(move || read_all(inputs, opts, &send));
+        let written = tokenize_all(&recv, tokenizer, opts.eot, &pool, &mut sink, progress);
+        // Unblock the reader if we stopped early.
+        drop(recv);
+        let read = reading
+            .join()
+            .unwrap_or_else(|_| Err(TokensError::BadOptions("the reading thread failed".into())));
+        (read, written)
+    });
+    // A write error is the first cause when both failed (the reader then only saw the
+    // channel close).
+    let (skipped, documents) = match (read_result, write_result) {
+        (_, Err(e)) | (Err(e), Ok(_)) => {
+            sink.abort();
+            return Err(e);
+        }
+        (Ok(s), Ok(d)) => (s, d),
+    };
+    let tokens = sink.tokens();
+    let shards = sink.finish()?;
+    Ok(TextPackSummary {
+        shards,
+        documents,
+        tokens,
+        skipped,
+    })
+}
