@@ -30,8 +30,12 @@ import tiktoken, tiktoken.load
 from tiktoken_ext import openai_public
 def enc():
     real = tiktoken.load.data_gym_to_mergeable_bpe_ranks
-    openai_public.data_gym_to_mergeable_bpe_ranks = lambda a, b, c=None, d=None: real(
-        "$ASSETS/vocab.bpe", "$ASSETS/encoder.json", c, d)
+    # Called with keyword arguments. vocab.bpe is checked against tiktoken's hash; the
+    # crate's encoder.json is the same mapping serialized differently (another hash),
+    # and tiktoken asserts that it equals the ranks built from vocab.bpe.
+    def gym(vocab_bpe_file, encoder_json_file, vocab_bpe_hash=None, **kw):
+        return real("$ASSETS/vocab.bpe", "$ASSETS/encoder.json", vocab_bpe_hash, None)
+    openai_public.data_gym_to_mergeable_bpe_ranks = gym
     return tiktoken.Encoding(**openai_public.gpt2())
 EOF
 
