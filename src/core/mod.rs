@@ -1,11 +1,14 @@
 //! The core: formats, algorithms and file-system protocols with typed errors.
 //!
-//! Arrows run one way: `train` uses `checkpoint`, `tokens` and `safetensors`;
-//! `checkpoint` uses `safetensors`; `tokens` uses `pcg`; `safetensors` uses `atomic`.
-//! Every area may use the small leaf modules `failure` (what kind of failure an error
-//! is), `text` (escaping names for display) and `digest` (sha256 and hex). Nothing here prints, exits, looks at a
-//! terminal or imports `cmd`, `error` or `output`: errors say their [`FailureKind`] and
-//! the command layer alone turns that into an exit code.
+//! Arrows run one way (checked against the sources by `layering`'s test):
+//! `train` uses `checkpoint`, `tokens`, `safetensors` and `optim`; `checkpoint` and
+//! `model` use `safetensors`; `safetensors`, `model`, `tokens` and `checkpoint` use
+//! `files` and `atomic`; `files` uses `atomic`. The leaves `failure` (what kind of
+//! failure an error is), `text` (escaping names for display), `digest` (sha256 and
+//! hex), `pcg` (the generator) and `failpoints` use nothing of tlio's but `failure`,
+//! and every area may use them. Nothing here prints, exits, looks at a terminal or
+//! imports `cmd`, `error` or `output`: errors say their [`FailureKind`] and the
+//! command layer alone turns that into an exit code.
 
 pub mod atomic;
 pub mod checkpoint;
@@ -13,6 +16,7 @@ pub mod digest;
 pub mod failpoints;
 pub mod failure;
 pub mod files;
+mod layering;
 pub mod model;
 pub mod optim;
 pub mod pcg;

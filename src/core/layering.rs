@@ -1,0 +1,164 @@
+//! The dependency picture of the core, checked against the sources: which area may use
+//! which (as the module doc of `core` draws it), no edge outside it, and no use of the
+//! command layer (`cmd`, `error`, `output`) at all.
+//!
+//! Invariant: the check reads only non-test code (each file up to its first
+//! `#[cfg(test)]`, `tests.rs` files skipped), so test fixtures may cross areas.
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::{Path, PathBuf};
+
+    /// Areas every other area may use: they depend on nothing of tlio's but each other.
+    const LEAVES: &[&str] = &["digest", "failpoints", "failure", "pcg", "text"];
+
+    /// What each area may use besides the leaves. An area absent here is a leaf.
+    const ALLOWED: &[(&str, &[&str])] = &[
+        ("atomic", &[]),
+        ("files", &["atomic"]),
+        ("safetensors", &["atomic", "files"]),
+        ("model", &["atomic", "files", "safetensors"]),
+        ("tokens", &["atomic", "files"]),
+        ("checkpoint", &["atomic", "files", "safetensors"]),
+        ("optim", &[]),
+        (
+            "train",
+            &[
+                "atomic",
+                "checkpoint",
+                "files",
+                "optim",
+                "safetensors",
+                "tokens",
+            ],
+        ),
+    ];
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for p in entries {
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    /// The module path of a file below src/core (`a/b.rs` and `a/b/mod.rs` are a::b).
+    fn module_path(rel: &Path) -> Vec<String> {
+        let mut parts: Vec<String> = rel
+            .iter()
+            .map(|c| c.to_string_lossy().into_owned())
+            .collect();
+        if let Some(last) = parts.pop() {
+            if last != "mod.rs" {
+                parts.push(last.trim_end_matches(".rs").to_string());
+            }
+        }
+        parts
+    }
+
+    /// The core areas `code` (of the module at `module`) refers to.
+    fn referenced_areas(code: &str, module: &[String]) -> BTreeSet<String> {
+        let mut found = BTreeSet::new();
+        let word = regex::Regex::new(r"^[a-z_][a-z0-9_]*").unwrap();
+        // `crate::core::x` and `crate::core::{x, y::z}`.
+        let abs = regex::Regex::new(r"crate::core::(\{[^;]*?\}|[a-z_][a-z0-9_]*)").unwrap();
+        for m in abs.captures_iter(code) {
+            let g = &m[1];
+            if let Some(inner) = g.strip_prefix('{') {
+                let mut depth = 0usize;
+                let mut start = true;
+                for (i, ch) in inner.char_indices() {
+                    match ch {
+                        '{' => depth += 1,
+                        '}' => depth = depth.saturating_sub(1),
+                        ',' if depth == 0 => start = true,
+                        c if start && !c.is_whitespace() => {
+                            start = false;
+                            if let Some(w) = word.find(&inner[i..]) {
+                                found.insert(w.as_str().to_string());
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            } else {
+                found.insert(g.to_string());
+            }
+        }
+        // `super::...::x` climbing to the core's root names area x.
+        let rel = regex::Regex::new(r"((?:super::)+)([a-z_][a-z0-9_]*)").unwrap();
+        for m in rel.captures_iter(code) {
+            let ups = m[1].len() / "super::".len();
+            if ups == module.len() {
+                found.insert(m[2].to_string());
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn core_areas_use_only_what_the_picture_allows() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/core");
+        let mut files = Vec::new();
+        rust_files(&root, &mut files);
+        let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+        let mut bad = Vec::new();
+        let mut seen_edges = 0;
+        for path in files {
+            let rel = path.strip_prefix(&root).unwrap().to_path_buf();
+            if rel.file_name().is_some_and(|n| n == "tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for layer in ["crate::cmd", "crate::error", "crate::output"] {
+                if code.contains(layer) {
+                    bad.push(format!("{}: uses {layer}", rel.display()));
+                }
+            }
+            let module = module_path(&rel);
+            let Some(area) = module.first() else {
+                continue; // core's own mod.rs
+            };
+            for used in referenced_areas(code, &module) {
+                if &used == area || LEAVES.contains(&used.as_str()) {
+                    continue;
+                }
+                seen_edges += 1;
+                let ok = allowed
+                    .get(area.as_str())
+                    .is_some_and(|list| list.contains(&used.as_str()));
+                if !ok {
+                    bad.push(format!("{}: {area} uses {used}", rel.display()));
+                }
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "edges outside the picture:\n{}",
+            bad.join("\n")
+        );
+        // The scan must see the edges that do exist (a regex that matches nothing
+        // would pass vacuously).
+        assert!(seen_edges > 10, "only {seen_edges} edges found");
+    }
+
+    #[test]
+    fn the_reference_scan_reads_every_form() {
+        let m = vec!["a".to_string(), "b".to_string()];
+        let found = referenced_areas(
+            "use crate::core::{x::Y, z, w::{P, Q}};\nuse super::super::v::T;\nuse super::sibling;",
+            &m,
+        );
+        let want: BTreeSet<String> = ["v", "w", "x", "z"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(found, want);
+    }
+}
