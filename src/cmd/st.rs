@@ -836,10 +836,10 @@ fn run_quantize(args: &QuantizeArgs, printer: &Printer) -> anyhow::Result<Outcom
         printer,
         "quantize",
     )?;
-    if printer.json {
-        printer.json_line(&report)?;
-    } else {
-        printer.info(format!(
+    print_transform(
+        printer,
+        &report,
+        format!(
             "quantized {} tensors to int4-g{}-sym, copied {}: {} -> {} bytes{}",
             report.transformed,
             args.group,
@@ -847,7 +847,20 @@ fn run_quantize(args: &QuantizeArgs, printer: &Printer) -> anyhow::Result<Outcom
             report.bytes_in,
             report.bytes_out,
             dir_text(&report, output)
-        ));
+        ),
+    )
+}
+
+/// A transformation's report: the report itself with `--json`, else `line` on stderr.
+fn print_transform(
+    printer: &Printer,
+    report: &TransformReport,
+    line: String,
+) -> anyhow::Result<Outcome> {
+    if printer.json {
+        printer.json_line(report)?;
+    } else {
+        printer.info(line);
     }
     Ok(Outcome::Success)
 }
@@ -864,19 +877,18 @@ fn run_dequantize(args: &DequantizeArgs, printer: &Printer) -> anyhow::Result<Ou
         printer,
         "dequantize",
     )?;
-    if printer.json {
-        printer.json_line(&report)?;
-    } else {
-        printer.info(format!(
+    print_transform(
+        printer,
+        &report,
+        format!(
             "dequantized {} tensors to {dtype}, copied {}: {} -> {} bytes{}",
             report.transformed,
             report.copied,
             report.bytes_in,
             report.bytes_out,
             dir_text(&report, output)
-        ));
-    }
-    Ok(Outcome::Success)
+        ),
+    )
 }
 
 fn value_text(v: &Option<ValueDiff>) -> String {

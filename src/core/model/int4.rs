@@ -171,6 +171,19 @@ fn round_clamp(x: f32) -> i8 {
     (r as i8).clamp(-8, 7)
 }
 
+/// The finding for half of an int4 pair whose other half, `partner`, is missing.
+fn unpaired(name: &str, partner: &str) -> Finding {
+    finding(
+        "int4-pair",
+        Some(name),
+        format!(
+            "int4 (pair): tensor {} has no {}",
+            quote(name),
+            quote(partner)
+        ),
+    )
+}
+
 /// Pack two signed 4-bit values: `lo` (even column) in bits 0-3, `hi` in bits 4-7.
 pub fn pack(lo: i8, hi: i8) -> u8 {
     ((lo as u8) & 0x0F) | (((hi as u8) & 0x0F) << 4)
@@ -256,16 +269,9 @@ pub fn logical(
     for (i, e) in entries.iter().enumerate() {
         let name = &e.info.name;
         if let Some(base) = name.strip_suffix(SCALES_SUFFIX) {
-            if find(&format!("{base}{QWEIGHT_SUFFIX}")).is_none() {
-                problems.push(finding(
-                    "int4-pair",
-                    Some(name),
-                    format!(
-                        "int4 (pair): tensor {} has no {}",
-                        quote(name),
-                        quote(&format!("{base}{QWEIGHT_SUFFIX}"))
-                    ),
-                ));
+            let partner = format!("{base}{QWEIGHT_SUFFIX}");
+            if find(&partner).is_none() {
+                problems.push(unpaired(name, &partner));
             }
             continue;
         }
@@ -274,15 +280,7 @@ pub fn logical(
         };
         let scales_name = format!("{base}{SCALES_SUFFIX}");
         let Some(si) = find(&scales_name) else {
-            problems.push(finding(
-                "int4-pair",
-                Some(name),
-                format!(
-                    "int4 (pair): tensor {} has no {}",
-                    quote(name),
-                    quote(&scales_name)
-                ),
-            ));
+            problems.push(unpaired(name, &scales_name));
             continue;
         };
         pairs += 1;
