@@ -21,6 +21,10 @@ const SIGNALS: [(libc::c_int, &str); 3] = [
 /// any other thread is started, so that every thread inherits the mask. When the
 /// thread cannot be started the signals keep their default action.
 #[cfg(unix)]
+#[allow(
+    unsafe_code,
+    reason = "signal masks and sigwait have no safe wrapper in std; each block says why it is sound"
+)]
 pub fn install() {
     // SAFETY: `set` is initialised by sigemptyset before any other use; the calls only
     // read and write that local set and this thread's mask.

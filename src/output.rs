@@ -15,6 +15,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 /// The `--color` choice.
+#[allow(
+    missing_docs,
+    reason = "doc comments would become clap's value help; see below"
+)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ColorChoice {
     // Plain comments, not doc comments: clap would list them under --help, where the

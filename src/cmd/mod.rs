@@ -49,6 +49,10 @@ pub struct Cli {
         help_heading = GLOBAL_HEADING
     )]
     pub color: ColorChoice,
+    #[allow(
+        missing_docs,
+        reason = "a doc comment here would replace the command list's heading in --help"
+    )]
     #[command(subcommand)]
     pub command: Command,
 }

@@ -391,6 +391,7 @@ fn process_alive(pid: u32) -> bool {
         }
         // SAFETY: kill with signal 0 sends nothing; it only checks that the process
         // exists and may be signalled.
+        #[allow(unsafe_code, reason = "libc::kill has no safe wrapper in std")]
         let rc = unsafe { libc::kill(pid, 0) };
         rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
     }
@@ -783,7 +784,9 @@ mod tests {
         let fifo = dir.path().join("fifo");
         let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        #[allow(unsafe_code, reason = "test set-up: std cannot make a FIFO")]
+        let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
+        assert_eq!(rc, 0);
         let err = write_file(&fifo, b"x").unwrap_err();
         assert!(matches!(err, AtomicError::NotRegular { kind: "FIFO", .. }));
         assert!(!err.to_string().contains("tlio-tmp"));
@@ -803,6 +806,7 @@ mod tests {
         write_file(&path, b"x").unwrap();
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         // SAFETY: umask only swaps the process's mask; it is set back at once.
+        #[allow(unsafe_code, reason = "test set-up: std cannot read the umask")]
         let mask = unsafe {
             let m = libc::umask(0o022);
             libc::umask(m);

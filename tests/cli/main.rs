@@ -1,6 +1,22 @@
 //! Integration tests of the `tlio` binary: one module per command group, a fresh
 //! temporary directory per test, the binary run through `assert_cmd`.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    reason = "test code: a failed unwrap, expect or index is the test's report"
+)]
+#![allow(
+    clippy::too_many_lines,
+    reason = "a CLI scenario reads top to bottom as one story; its steps share one temp directory"
+)]
+#![allow(
+    unsafe_code,
+    reason = "test set-up calls libc (mkfifo, umask, kill) that std does not wrap"
+)]
+
 use assert_cmd::Command;
 
 mod ckpt;

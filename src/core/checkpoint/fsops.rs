@@ -158,6 +158,7 @@ fn exchange_paths(a: &Path, b: &Path) -> io::Result<()> {
     let cb = CString::new(b.as_os_str().as_bytes()).map_err(io::Error::other)?;
     // SAFETY: both pointers are valid NUL-terminated strings that outlive the call;
     // renameat2 only reads them.
+    #[allow(unsafe_code, reason = "renameat2 has no safe wrapper in std")]
     let rc = unsafe {
         libc::renameat2(
             libc::AT_FDCWD,

@@ -48,6 +48,7 @@ impl MappedFile {
         // contents in place). Another process truncating the file while it is mapped
         // could fault on access; that is the documented risk of every memory-mapped
         // reader, the reference library included.
+        #[allow(unsafe_code, reason = "memory-mapping an input; see SAFETY")]
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         if map.len() as u64 != size {
             return Err(SafetensorsError::Changed {

@@ -350,6 +350,7 @@ impl Shard {
         // is mapped would change what we read (or raise SIGBUS); shards are treated as
         // immutable, as llm.c and numpy.memmap do. The length is re-checked below so a
         // file that changed size since the header was read is refused.
+        #[allow(unsafe_code, reason = "memory-mapping an input shard; see SAFETY")]
         let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
         if map.len() as u64 != size {
             return Err(TokensError::SizeMismatch {
