@@ -28,6 +28,7 @@ mod hardening;
 mod models;
 mod output;
 mod readme;
+mod shapes;
 mod snapshots;
 mod st;
 mod tokens;
