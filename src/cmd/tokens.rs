@@ -389,9 +389,52 @@ fn layout(format: ShardFormat) -> Layout {
 }
 
 fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    if args.tokenizer.is_some() {
-        return pack_text(args, printer);
+    if let Some(spec) = args.tokenizer.clone() {
+        return pack_text(args, &spec, printer);
     }
+    let (format, vocab) = id_format(&args)?;
+    let plan = match args.shard_tokens {
+        Some(shard_tokens) => ShardPlan::Numbered {
+            out: args.output.clone(),
+            shard_tokens,
+        },
+        None => ShardPlan::Single(args.output.clone()),
+    };
+    let (inputs, total) = open_id_inputs(&input_paths(&args), &plan)?;
+    let bar = match total {
+        Some(t) => printer.bytes_bar(t, "packing"),
+        None => printer.bar(0, "packing", "{msg} {bytes} {bytes_per_sec}"),
+    };
+    let opts = PackOptions {
+        format,
+        vocab,
+        shard_tokens: args.shard_tokens,
+        layout: layout(args.format),
+    };
+    let summary = tokens::pack(inputs, &args.output, &opts, &mut |n| bar.inc(n));
+    bar.finish_and_clear();
+    let summary = summary?;
+    let report = PackReport {
+        shards: packed_shards(&summary.shards),
+        tokens: summary.tokens,
+        documents: None,
+        skipped: None,
+    };
+    report_pack(&report, printer)
+}
+
+/// The inputs named on the command line; none means standard input.
+fn input_paths(args: &PackArgs) -> Vec<PathBuf> {
+    if args.inputs.is_empty() {
+        vec![PathBuf::from("-")]
+    } else {
+        args.inputs.clone()
+    }
+}
+
+/// The id format and vocabulary of a pack without a tokenizer, refusing the flags and
+/// formats that need one.
+fn id_format(args: &PackArgs) -> anyhow::Result<(InputFormat, u32)> {
     let tokenizer_only = [
         ("--val-tokens", args.val_tokens.is_some()),
         ("--eot", args.eot.is_some()),
@@ -422,23 +465,19 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             ))
         }
     };
-    let paths = if args.inputs.is_empty() {
-        vec![PathBuf::from("-")]
-    } else {
-        args.inputs.clone()
-    };
-    let plan = match args.shard_tokens {
-        Some(shard_tokens) => ShardPlan::Numbered {
-            out: args.output.clone(),
-            shard_tokens,
-        },
-        None => ShardPlan::Single(args.output.clone()),
-    };
-    // Open every input before writing anything, so a missing file fails first; never
-    // write over an input.
+    Ok((format, vocab))
+}
+
+/// Open every input before writing anything, so a missing file fails first, and
+/// refuse one that an output would replace. Returns the readers and their total size
+/// (None when standard input is among them).
+fn open_id_inputs(
+    paths: &[PathBuf],
+    plan: &ShardPlan,
+) -> anyhow::Result<(Vec<PackInput>, Option<u64>)> {
     let mut inputs = Vec::new();
     let mut total = Some(0u64);
-    for path in &paths {
+    for path in paths {
         if path.as_os_str() == "-" {
             total = None;
             inputs.push(PackInput {
@@ -453,37 +492,24 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             .with_context(|| format!("cannot read {}", path.display()))?
             .len();
         total = total.map(|t| t.saturating_add(size));
-        if clobbers_output(path, &plan) {
-            return Err(operational(format!(
-                "refusing to write over the input {}",
-                path.display()
-            )));
-        }
+        refuse_clobber(path, plan)?;
         inputs.push(PackInput {
             name: path.display().to_string(),
             reader: Box::new(file),
         });
     }
-    let bar = match total {
-        Some(t) => printer.bytes_bar(t, "packing"),
-        None => printer.bar(0, "packing", "{msg} {bytes} {bytes_per_sec}"),
-    };
-    let opts = PackOptions {
-        format,
-        vocab,
-        shard_tokens: args.shard_tokens,
-        layout: layout(args.format),
-    };
-    let summary = tokens::pack(inputs, &args.output, &opts, &mut |n| bar.inc(n));
-    bar.finish_and_clear();
-    let summary = summary?;
-    let report = PackReport {
-        shards: packed_shards(&summary.shards),
-        tokens: summary.tokens,
-        documents: None,
-        skipped: None,
-    };
-    report_pack(&report, printer)
+    Ok((inputs, total))
+}
+
+/// An error when writing the shards of `plan` would replace the input `path`.
+fn refuse_clobber(path: &Path, plan: &ShardPlan) -> anyhow::Result<()> {
+    if clobbers_output(path, plan) {
+        return Err(operational(format!(
+            "refusing to write over the input {}",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
@@ -530,24 +556,8 @@ fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome
     Ok(Outcome::Success)
 }
 
-fn pack_text(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    let spec = args.tokenizer.as_deref().unwrap_or_default();
-    let format = match args.from.unwrap_or(FromFormat::Text) {
-        FromFormat::Text => CorpusFormat::Text,
-        FromFormat::Jsonl => CorpusFormat::Jsonl,
-        FromFormat::Parquet => CorpusFormat::Parquet,
-        other => {
-            return Err(operational(format!(
-                "--from {} reads ids, not text: it does not take --tokenizer (use text, jsonl or parquet)",
-                other.to_possible_value().map_or("?".into(), |v| v.get_name().to_string())
-            )))
-        }
-    };
-    if args.vocab_size.is_some() {
-        return Err(operational(
-            "--vocab-size does not go with --tokenizer: the tokenizer's vocabulary is recorded",
-        ));
-    }
+fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Outcome> {
+    let format = corpus_format(&args)?;
     let tokenizer = Tokenizer::load(spec).map_err(TokensError::from)?;
     let eot = match args.eot.as_deref() {
         Some("none") => None,
@@ -566,27 +576,8 @@ fn pack_text(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         },
         (None, None) => ShardPlan::Single(args.output.clone()),
     };
-    let paths = if args.inputs.is_empty() {
-        vec![PathBuf::from("-")]
-    } else {
-        args.inputs.clone()
-    };
-    let stdin_count = paths.iter().filter(|p| p.as_os_str() == "-").count();
-    if stdin_count > 1 || (stdin_count == 1 && format == CorpusFormat::Parquet) {
-        return Err(operational(
-            "standard input (-) can be read once, and not as Parquet (which needs a file)",
-        ));
-    }
-    // Every input must exist before anything is written, and none may be an output.
-    for path in paths.iter().filter(|p| p.as_os_str() != "-") {
-        std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
-        if clobbers_output(path, &plan) {
-            return Err(operational(format!(
-                "refusing to write over the input {}",
-                path.display()
-            )));
-        }
-    }
+    let paths = input_paths(&args);
+    check_text_inputs(&paths, format, &plan)?;
     let threads = match args.threads {
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -621,6 +612,48 @@ fn pack_text(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         skipped: Some(summary.skipped),
     };
     report_pack(&report, printer)
+}
+
+/// The text format of a pack with a tokenizer, refusing id formats and `--vocab-size`
+/// (the tokenizer's vocabulary is the one recorded).
+fn corpus_format(args: &PackArgs) -> anyhow::Result<CorpusFormat> {
+    let format = match args.from.unwrap_or(FromFormat::Text) {
+        FromFormat::Text => CorpusFormat::Text,
+        FromFormat::Jsonl => CorpusFormat::Jsonl,
+        FromFormat::Parquet => CorpusFormat::Parquet,
+        other => {
+            return Err(operational(format!(
+                "--from {} reads ids, not text: it does not take --tokenizer (use text, jsonl or parquet)",
+                other.to_possible_value().map_or("?".into(), |v| v.get_name().to_string())
+            )))
+        }
+    };
+    if args.vocab_size.is_some() {
+        return Err(operational(
+            "--vocab-size does not go with --tokenizer: the tokenizer's vocabulary is recorded",
+        ));
+    }
+    Ok(format)
+}
+
+/// Every input must exist before anything is written, none may be an output, and
+/// standard input can be read once (and not as Parquet, which needs a file).
+fn check_text_inputs(
+    paths: &[PathBuf],
+    format: CorpusFormat,
+    plan: &ShardPlan,
+) -> anyhow::Result<()> {
+    let stdin_count = paths.iter().filter(|p| p.as_os_str() == "-").count();
+    if stdin_count > 1 || (stdin_count == 1 && format == CorpusFormat::Parquet) {
+        return Err(operational(
+            "standard input (-) can be read once, and not as Parquet (which needs a file)",
+        ));
+    }
+    for path in paths.iter().filter(|p| p.as_os_str() != "-") {
+        std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
+        refuse_clobber(path, plan)?;
+    }
+    Ok(())
 }
 
 /// True when writing the shards of `plan` would replace the input `input`.

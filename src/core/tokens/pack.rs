@@ -626,6 +626,10 @@ mod tests {
     }
 
     #[test]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "a table of bad inputs, one row per rule"
+    )]
     fn bad_input_leaves_no_output() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("o");

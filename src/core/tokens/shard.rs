@@ -755,6 +755,10 @@ mod tests {
     }
 
     #[test]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "a table of bad files, one row per rule (a seed test name)"
+    )]
     fn test_rejects_bad_files() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();

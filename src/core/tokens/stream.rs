@@ -579,6 +579,10 @@ mod tests {
     }
 
     #[test]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "a table of bad arguments, one row per rule (a seed test name)"
+    )]
     fn test_stream_rejects_bad_args() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
