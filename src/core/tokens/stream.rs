@@ -363,8 +363,13 @@ impl TokenStream {
             .get(self.shard)
             .and_then(|s| s.copy_to_i64(self.offset, window));
         // Every shard holds at least T + 1 ids and a pass starts at a phase below
-        // n - T, so the window is always in range (the struct invariant).
-        debug_assert!(read.is_some(), "window out of range");
+        // n - T, so the window is always in range (the struct invariant). Were it ever
+        // broken, a silently stale window would train on wrong data: stop instead.
+        #[allow(
+            clippy::expect_used,
+            reason = "a broken struct invariant must stop, never yield a stale window"
+        )]
+        read.expect("invariant: every window of a pass lies inside its shard");
         self.offset = self.offset.saturating_add(self.seq_len);
     }
 
@@ -376,8 +381,9 @@ impl TokenStream {
         let mut window = vec![0i64; t.saturating_add(1)];
         for _ in 0..b {
             self.next_window(&mut window);
-            inputs.extend_from_slice(window.get(..t).unwrap_or(&[]));
-            targets.extend_from_slice(window.get(1..).unwrap_or(&[]));
+            // `window` holds exactly T + 1 ids: inputs are the first T, targets the last T.
+            inputs.extend(window.iter().take(t));
+            targets.extend(window.iter().skip(1));
         }
         Batch {
             inputs,
