@@ -7,8 +7,12 @@ use libfuzzer_sys::fuzz_target;
 use tlio::core::tokens::Cursor;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(c) = Cursor::from_json(text) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(c) = Cursor::from_json(text) else {
+        return;
+    };
     let json = c.to_json();
     let back = Cursor::from_json(&json).unwrap_or_else(|e| panic!("{json} refused: {e}"));
     assert_eq!(back, c);

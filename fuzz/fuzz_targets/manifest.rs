@@ -7,9 +7,12 @@ use libfuzzer_sys::fuzz_target;
 use tlio::core::checkpoint::Manifest;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(m) = Manifest::from_json(data) else { return };
+    let Ok(m) = Manifest::from_json(data) else {
+        return;
+    };
     let bytes = m.to_json();
-    let back = Manifest::from_json(&bytes).unwrap_or_else(|e| panic!("canonical manifest refused: {e}"));
+    let back =
+        Manifest::from_json(&bytes).unwrap_or_else(|e| panic!("canonical manifest refused: {e}"));
     assert_eq!(back, m);
     assert_eq!(back.to_json(), bytes);
 });

@@ -45,5 +45,9 @@ fuzz_target!(|data: &[u8]| {
         .unwrap_or_else(|e| panic!("canonical bytes of an accepted header refused: {e}"));
     assert_eq!(shapes(&h), shapes(&back));
     assert_eq!(h.metadata, back.metadata);
-    assert_eq!(canonical_file(&back), file, "canonical form is not a fixed point");
+    assert_eq!(
+        canonical_file(&back),
+        file,
+        "canonical form is not a fixed point"
+    );
 });

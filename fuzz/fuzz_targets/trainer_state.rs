@@ -11,7 +11,8 @@ fn round_trip(s: &TrainerState) {
     let bytes = s
         .to_json()
         .unwrap_or_else(|e| panic!("an accepted state must write: {e}"));
-    let back = TrainerState::from_json(&bytes).unwrap_or_else(|e| panic!("written state refused: {e}"));
+    let back =
+        TrainerState::from_json(&bytes).unwrap_or_else(|e| panic!("written state refused: {e}"));
     assert_eq!(&back, s);
     assert_eq!(back.to_json().ok(), Some(bytes));
 }
