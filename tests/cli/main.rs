@@ -34,11 +34,27 @@ mod st;
 mod tokens;
 mod train;
 
-/// The `tlio` binary under test, with failpoints cleared so the caller's environment
-/// cannot leak in.
+/// The variables through which a terminal changes what `tlio` prints: the help's wrap
+/// width (`COLUMNS`, `LINES`) and colour (`CLICOLOR_FORCE`, `CLICOLOR`, `NO_COLOR`,
+/// `TERM`). Tests clear them so no output depends on the shell that runs the suite; a
+/// test of one of them sets it again on its own command.
+pub const TERMINAL_VARS: [&str; 6] = [
+    "COLUMNS",
+    "LINES",
+    "CLICOLOR_FORCE",
+    "CLICOLOR",
+    "NO_COLOR",
+    "TERM",
+];
+
+/// The `tlio` binary under test, with failpoints and the terminal variables cleared so
+/// the caller's environment cannot leak in.
 pub fn tlio() -> Command {
     let mut cmd = Command::cargo_bin("tlio").expect("the tlio binary is built");
     cmd.env_remove("FAILPOINTS");
+    for var in TERMINAL_VARS {
+        cmd.env_remove(var);
+    }
     cmd
 }
 

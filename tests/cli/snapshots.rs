@@ -6,14 +6,24 @@
 //! holds the exit code, stdout and stderr. To accept a deliberate change, run
 //! `INSTA_UPDATE=always cargo test --test cli snapshots` and review the `.snap` diff
 //! (no extra tool needed; `cargo insta review` works too).
+//!
+//! Invariant: no snapshot depends on the terminal. `tlio()` clears every variable that
+//! changes the help's width or the colour (`TERMINAL_VARS`), and
+//! `snapshots_ignore_a_hostile_terminal` reruns these tests under a narrow, short,
+//! colour-forcing environment and expects the very same snapshots.
 
 use clap::CommandFactory;
 
-use super::tlio;
+use super::{tlio, TERMINAL_VARS};
 
-/// Run `tlio ARGS` from the repository root; the exit code, stdout and stderr as text.
+/// Run `tlio ARGS` from the repository root, with no terminal variable set (whatever
+/// the suite's own environment); the exit code, stdout and stderr as text.
 fn run(args: &[&str]) -> String {
-    let out = tlio()
+    let mut cmd = tlio();
+    for var in TERMINAL_VARS {
+        cmd.env_remove(var);
+    }
+    let out = cmd
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(args)
         .output()
@@ -129,4 +139,47 @@ fn ckpt_verify_human_and_json() {
         "ckpt_verify_corrupt",
         run(&["ckpt", "verify", CKPT_CORRUPT])
     );
+}
+
+/// The environment of a terminal that would change the help if it leaked through: 20
+/// columns, 3 lines, colour forced on.
+const HOSTILE: [(&str, &str); 5] = [
+    ("COLUMNS", "20"),
+    ("LINES", "3"),
+    ("CLICOLOR_FORCE", "1"),
+    ("CLICOLOR", "1"),
+    ("TERM", "xterm-256color"),
+];
+
+/// The hostile values do change what `tlio` prints when they reach it, so the rerun
+/// below tests something.
+#[test]
+fn hostile_terminal_changes_unprotected_help() {
+    let mut cmd = tlio();
+    cmd.envs(HOSTILE).args(["st", "--help"]);
+    let hostile = cmd.output().unwrap().stdout;
+    let plain = tlio().args(["st", "--help"]).output().unwrap().stdout;
+    assert_ne!(hostile, plain);
+    assert!(hostile.contains(&0x1b), "colour forced on");
+}
+
+/// Every snapshot of this module, rendered again by a copy of this test binary whose
+/// own environment is hostile, is identical (insta compares; it writes no `.snap.new`).
+#[test]
+fn snapshots_ignore_a_hostile_terminal() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["snapshots::", "--skip", "hostile", "--test-threads", "2"])
+        .envs(HOSTILE)
+        .env("INSTA_UPDATE", "no")
+        .env_remove("INSTA_FORCE_PASS")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{log}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The rerun did run the snapshot tests (a filter matching nothing also succeeds).
+    assert!(log.contains("help_of_every_command ... ok"), "{log}");
 }

@@ -45,6 +45,44 @@ fn metadata_of(f: &Value) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The float32 values the library cast from, per tensor (None for raw tensors).
+fn f32_inputs_of(tensors: &[Value]) -> Vec<Option<Vec<f32>>> {
+    tensors
+        .iter()
+        .map(|t| {
+            t.get("encoded_from_f32_bits").map(|v| {
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| f32::from_bits(u32::from_str_radix(b.as_str().unwrap(), 16).unwrap()))
+                    .collect()
+            })
+        })
+        .collect()
+}
+
+/// The manifest's tensors as raw-byte tensors over `data`, noting each dtype seen.
+fn raw_tensors<'a>(
+    tensors: &[Value],
+    data: &'a [Vec<u8>],
+    dtypes_seen: &mut std::collections::BTreeSet<Dtype>,
+) -> Vec<Tensor<'a>> {
+    tensors
+        .iter()
+        .zip(data)
+        .map(|(t, d)| {
+            let dtype = Dtype::from_name(t["dtype"].as_str().unwrap()).unwrap();
+            dtypes_seen.insert(dtype);
+            Tensor {
+                name: t["name"].as_str().unwrap().to_string(),
+                dtype,
+                shape: shape_of(t),
+                data: TensorData::Raw(Cow::Borrowed(d)),
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn test_matches_library_bytes() {
     let m = manifest();
@@ -65,36 +103,10 @@ fn test_matches_library_bytes() {
             .iter()
             .map(|t| hex(t["data_hex"].as_str().unwrap()))
             .collect();
-        let f32_inputs: Vec<Option<Vec<f32>>> = tensors
-            .iter()
-            .map(|t| {
-                t.get("encoded_from_f32_bits").map(|v| {
-                    v.as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|b| {
-                            f32::from_bits(u32::from_str_radix(b.as_str().unwrap(), 16).unwrap())
-                        })
-                        .collect()
-                })
-            })
-            .collect();
+        let f32_inputs = f32_inputs_of(tensors);
         let meta = metadata_of(f);
         // Raw bytes, every tensor.
-        let raw: Vec<Tensor<'_>> = tensors
-            .iter()
-            .zip(&data)
-            .map(|(t, d)| {
-                let dtype = Dtype::from_name(t["dtype"].as_str().unwrap()).unwrap();
-                dtypes_seen.insert(dtype);
-                Tensor {
-                    name: t["name"].as_str().unwrap().to_string(),
-                    dtype,
-                    shape: shape_of(t),
-                    data: TensorData::Raw(Cow::Borrowed(d)),
-                }
-            })
-            .collect();
+        let raw = raw_tensors(tensors, &data, &mut dtypes_seen);
         let mut ours = Vec::new();
         write(&mut ours, &raw, &meta).unwrap();
         // The same file with every tensor the library cast from float32 given as values.
@@ -143,6 +155,64 @@ fn f64_of(s: &str) -> Option<f64> {
     (s != "nan").then(|| f64::from_bits(u64::from_str_radix(s, 16).unwrap()))
 }
 
+/// The tensor's f64 and f32 decodings equal the manifest's `f64_values` bitwise (NaN
+/// as NaN); false when the manifest lists no values for it.
+fn check_float_values(file: &MappedFile, info: &TensorInfo, t: &Value, name: &str) -> bool {
+    let Some(values) = t.get("f64_values") else {
+        return false;
+    };
+    let tname = info.name.as_str();
+    let want: Vec<Option<f64>> = values
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| f64_of(v.as_str().unwrap()))
+        .collect();
+    let got64 = file.decode_f64(tname).unwrap();
+    let got32 = file.decode_f32(tname).unwrap();
+    assert_eq!(got64.len(), want.len());
+    for (i, w) in want.iter().enumerate() {
+        match w {
+            None => assert!(
+                got64[i].is_nan() && got32[i].is_nan(),
+                "{name}/{tname}[{i}]"
+            ),
+            Some(w) => {
+                // Bitwise, so signed zeros and subnormals count.
+                assert_eq!(got64[i].to_bits(), w.to_bits(), "{name}/{tname}[{i}]");
+                if info.dtype != Dtype::F64 {
+                    assert_eq!(
+                        f64::from(got32[i]).to_bits(),
+                        w.to_bits(),
+                        "{name}/{tname}[{i}] f32"
+                    );
+                }
+            }
+        }
+    }
+    true
+}
+
+/// The tensor's integer decoding equals the manifest's `ints`; false when it lists none.
+fn check_ints(file: &MappedFile, t: &Value, name: &str) -> bool {
+    let Some(ints) = t.get("ints") else {
+        return false;
+    };
+    let tname = t["name"].as_str().unwrap();
+    let want: Vec<i128> = ints
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            v.as_i64()
+                .map(i128::from)
+                .unwrap_or_else(|| i128::from(v.as_u64().unwrap()))
+        })
+        .collect();
+    assert_eq!(file.decode_ints(tname).unwrap(), want, "{name}/{tname}");
+    true
+}
+
 #[test]
 fn test_load_decodes_every_dtype() {
     let m = manifest();
@@ -174,49 +244,9 @@ fn test_load_decodes_every_dtype() {
             );
             let raw = file.tensor_bytes(tname).unwrap();
             assert_eq!(raw, hex(t["data_hex"].as_str().unwrap()), "{name}/{tname}");
-            if let Some(values) = t.get("f64_values") {
-                let want: Vec<Option<f64>> = values
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| f64_of(v.as_str().unwrap()))
-                    .collect();
-                let got64 = file.decode_f64(tname).unwrap();
-                let got32 = file.decode_f32(tname).unwrap();
-                assert_eq!(got64.len(), want.len());
-                for (i, w) in want.iter().enumerate() {
-                    match w {
-                        None => assert!(
-                            got64[i].is_nan() && got32[i].is_nan(),
-                            "{name}/{tname}[{i}]"
-                        ),
-                        Some(w) => {
-                            // Bitwise, so signed zeros and subnormals count.
-                            assert_eq!(got64[i].to_bits(), w.to_bits(), "{name}/{tname}[{i}]");
-                            if info.dtype != Dtype::F64 {
-                                assert_eq!(
-                                    f64::from(got32[i]).to_bits(),
-                                    w.to_bits(),
-                                    "{name}/{tname}[{i}] f32"
-                                );
-                            }
-                        }
-                    }
-                }
-                decoded.insert(info.dtype);
-            }
-            if let Some(ints) = t.get("ints") {
-                let want: Vec<i128> = ints
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| {
-                        v.as_i64()
-                            .map(i128::from)
-                            .unwrap_or_else(|| i128::from(v.as_u64().unwrap()))
-                    })
-                    .collect();
-                assert_eq!(file.decode_ints(tname).unwrap(), want, "{name}/{tname}");
+            let floats = check_float_values(&file, info, t, name);
+            let ints = check_ints(&file, t, name);
+            if floats || ints {
                 decoded.insert(info.dtype);
             }
         }
@@ -234,6 +264,17 @@ fn read_vec<const N: usize>(name: &str) -> Vec<[u8; N]> {
         .collect()
 }
 
+fn u16s(name: &str) -> Vec<u16> {
+    read_vec::<2>(name)
+        .iter()
+        .map(|b| u16::from_le_bytes(*b))
+        .collect()
+}
+
+fn u8s(name: &str) -> Vec<u8> {
+    read_vec::<1>(name).iter().map(|b| b[0]).collect()
+}
+
 fn one_f32(dtype: Dtype, x: f32) -> Result<Vec<u8>, EncodeError> {
     let mut out = Vec::new();
     encode_f32(dtype, &[x], &mut out).map(|()| out)
@@ -249,31 +290,22 @@ fn one_f64(dtype: Dtype, x: f64) -> Result<Vec<u8>, EncodeError> {
 /// random), raise exactly where F8_E4M3 is out of range, and round f64 once.
 #[test]
 fn encoders_agree_with_ml_dtypes_vectors() {
+    f32_encoders_agree();
+    f64_encoders_agree();
+}
+
+/// BF16, F16, E5M2 and E4M3 (with its out-of-range refusals) of every f32 input.
+fn f32_encoders_agree() {
     let inputs: Vec<f32> = read_vec::<4>("f32_inputs.bin")
         .iter()
         .map(|b| f32::from_le_bytes(*b))
         .collect();
     assert!(inputs.len() >= 100_000);
-    let bf16: Vec<u16> = read_vec::<2>("f32_to_bf16.bin")
-        .iter()
-        .map(|b| u16::from_le_bytes(*b))
-        .collect();
-    let f16: Vec<u16> = read_vec::<2>("f32_to_f16.bin")
-        .iter()
-        .map(|b| u16::from_le_bytes(*b))
-        .collect();
-    let e4m3: Vec<u8> = read_vec::<1>("f32_to_f8_e4m3.bin")
-        .iter()
-        .map(|b| b[0])
-        .collect();
-    let oor: Vec<u8> = read_vec::<1>("f32_to_f8_e4m3_out_of_range.bin")
-        .iter()
-        .map(|b| b[0])
-        .collect();
-    let e5m2: Vec<u8> = read_vec::<1>("f32_to_f8_e5m2.bin")
-        .iter()
-        .map(|b| b[0])
-        .collect();
+    let bf16: Vec<u16> = u16s("f32_to_bf16.bin");
+    let f16: Vec<u16> = u16s("f32_to_f16.bin");
+    let e4m3: Vec<u8> = u8s("f32_to_f8_e4m3.bin");
+    let oor: Vec<u8> = u8s("f32_to_f8_e4m3_out_of_range.bin");
+    let e5m2: Vec<u8> = u8s("f32_to_f8_e5m2.bin");
     let mut raised = 0;
     for (i, &x) in inputs.iter().enumerate() {
         let b = u16::from_le_bytes(one_f32(Dtype::BF16, x).unwrap().try_into().unwrap());
@@ -304,31 +336,19 @@ fn encoders_agree_with_ml_dtypes_vectors() {
         }
     }
     assert!(raised > 60_000);
+}
 
+/// The same four encodings of every f64 input, each a single rounding.
+fn f64_encoders_agree() {
     let inputs: Vec<f64> = read_vec::<8>("f64_inputs.bin")
         .iter()
         .map(|b| f64::from_le_bytes(*b))
         .collect();
-    let bf16: Vec<u16> = read_vec::<2>("f64_to_bf16.bin")
-        .iter()
-        .map(|b| u16::from_le_bytes(*b))
-        .collect();
-    let f16: Vec<u16> = read_vec::<2>("f64_to_f16.bin")
-        .iter()
-        .map(|b| u16::from_le_bytes(*b))
-        .collect();
-    let e4m3: Vec<u8> = read_vec::<1>("f64_to_f8_e4m3.bin")
-        .iter()
-        .map(|b| b[0])
-        .collect();
-    let oor: Vec<u8> = read_vec::<1>("f64_to_f8_e4m3_out_of_range.bin")
-        .iter()
-        .map(|b| b[0])
-        .collect();
-    let e5m2: Vec<u8> = read_vec::<1>("f64_to_f8_e5m2.bin")
-        .iter()
-        .map(|b| b[0])
-        .collect();
+    let bf16: Vec<u16> = u16s("f64_to_bf16.bin");
+    let f16: Vec<u16> = u16s("f64_to_f16.bin");
+    let e4m3: Vec<u8> = u8s("f64_to_f8_e4m3.bin");
+    let oor: Vec<u8> = u8s("f64_to_f8_e4m3_out_of_range.bin");
+    let e5m2: Vec<u8> = u8s("f64_to_f8_e5m2.bin");
     for (i, &x) in inputs.iter().enumerate() {
         let b = u16::from_le_bytes(one_f64(Dtype::BF16, x).unwrap().try_into().unwrap());
         assert_eq!(b, bf16[i], "BF16 of f64 {:#x}", x.to_bits());

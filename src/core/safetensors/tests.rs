@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 
 use super::float::*;
 use super::*;
@@ -677,11 +678,12 @@ fn file_from(json: &str, data: usize) -> Vec<u8> {
     b
 }
 
-#[test]
-fn strict_rules_name_the_rule() {
+/// Broken headers with the rule each must name: duplicate keys, unknown entry keys and
+/// missing ones.
+fn key_cases() -> Vec<(SafetensorsError, &'static str)> {
     let e = |json: &str, data: usize| parse_header(&file_from(json, data)).unwrap_err();
     let t = r#""dtype":"F32","shape":[1],"data_offsets":[0,4]"#;
-    let cases: Vec<(SafetensorsError, &str)> = vec![
+    vec![
         (
             e(&format!(r#"{{"a":{{{t}}},"a":{{{t}}}}}"#), 4),
             "rule-2-duplicate-key",
@@ -708,6 +710,15 @@ fn strict_rules_name_the_rule() {
             e(r#"{"a":{"dtype":"F32","shape":[1]}}"#, 4),
             "rule-4-tensor-entry",
         ),
+    ]
+}
+
+/// Broken headers with the rule each must name: shapes, offsets, sizes, trailing bytes,
+/// metadata, JSON syntax and tiling.
+fn value_cases() -> Vec<(SafetensorsError, &'static str)> {
+    let e = |json: &str, data: usize| parse_header(&file_from(json, data)).unwrap_err();
+    let t = r#""dtype":"F32","shape":[1],"data_offsets":[0,4]"#;
+    vec![
         (
             e(
                 r#"{"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}}"#,
@@ -775,7 +786,13 @@ fn strict_rules_name_the_rule() {
             "rule-5-tiling",
         ),
         (e(&format!(r#"{{"a":{{{t}}}}}"#), 2), "rule-5-tiling"),
-    ];
+    ]
+}
+
+#[test]
+fn strict_rules_name_the_rule() {
+    let mut cases = key_cases();
+    cases.extend(value_cases());
     for (err, rule) in cases {
         assert_eq!(err.rule(), Some(rule), "{err}");
         assert!(!err.to_string().contains('\n'));
@@ -824,11 +841,255 @@ proptest! {
             file[i] = byte;
         }
         if let Ok(h) = parse_header(&file) {
-            prop_assert_eq!(h.file_size, file.len() as u64);
-            for t in &h.tensors {
-                prop_assert!(h.data_start() + t.data_offsets.1 <= h.file_size);
+            assert_inside(&h, &file)?;
+        }
+    }
+}
+
+/// What a header body is built from: JSON syntax, the keys and values the rules look
+/// at, and the edge cases the rules name (huge, negative and fractional numbers, NUL,
+/// lone surrogates, raw non-ASCII, an unknown dtype).
+const FRAGMENTS: &[&str] = &[
+    "{",
+    "}",
+    "[",
+    "]",
+    ":",
+    ",",
+    " ",
+    "\"",
+    "\"a\"",
+    "\"b\"",
+    "\"__metadata__\"",
+    "\"dtype\"",
+    "\"shape\"",
+    "\"data_offsets\"",
+    "\"F32\"",
+    "\"BF16\"",
+    "\"F4\"",
+    "\"U8\"",
+    "\"Q9\"",
+    "0",
+    "1",
+    "4",
+    "8",
+    "-1",
+    "1.0",
+    "1e3",
+    "18446744073709551615",
+    "18446744073709551616",
+    "4294967296",
+    "null",
+    "true",
+    "\"k\"",
+    "\"v\"",
+    "\"\\u0000\"",
+    "\"\\ud800\"",
+    "é",
+    "\0",
+    "\n",
+    "x",
+];
+
+fn fragment() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(FRAGMENTS)
+}
+
+/// Any sequence of fragments: mostly not JSON, so it exercises the JSON parser itself.
+fn fragment_soup() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(fragment(), 0..40).prop_map(|v| v.concat().into_bytes())
+}
+
+/// Objects of entries whose every slot is a fragment or a plausible value: valid JSON
+/// most of the time, so the metadata and per-entry rules decide.
+fn entry_soup() -> impl Strategy<Value = Vec<u8>> {
+    let slot = || prop_oneof![fragment().prop_map(str::to_string), "[0-9]{1,2}"];
+    let entry = (
+        prop_oneof![Just("\"a\""), Just("\"b\""), Just("\"__metadata__\""), fragment()],
+        prop_oneof![Just("\"F32\""), Just("\"U8\""), Just("\"F4\""), fragment()],
+        prop::collection::vec(slot(), 0..3),
+        (slot(), slot()),
+        prop::option::of(fragment()),
+    )
+        .prop_map(|(name, dtype, shape, (begin, end), extra)| {
+            let extra = extra.map_or(String::new(), |x| format!(",{x}:1"));
+            format!(
+                "{name}:{{\"dtype\":{dtype},\"shape\":[{}],\"data_offsets\":[{begin},{end}]{extra}}}",
+                shape.join(",")
+            )
+        });
+    prop::collection::vec(entry, 0..4)
+        .prop_map(|entries| format!("{{{}}}", entries.join(",")).into_bytes())
+}
+
+/// One edit of a header body: delete up to 4 bytes, insert a fragment, or set a byte.
+#[derive(Debug, Clone)]
+enum Edit {
+    Delete(prop::sample::Index, usize),
+    Insert(prop::sample::Index, &'static str),
+    Set(prop::sample::Index, u8),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    let at = any::<prop::sample::Index>;
+    prop_oneof![
+        (at(), 1usize..5).prop_map(|(i, n)| Edit::Delete(i, n)),
+        (at(), fragment()).prop_map(|(i, f)| Edit::Insert(i, f)),
+        (at(), any::<u8>()).prop_map(|(i, b)| Edit::Set(i, b)),
+    ]
+}
+
+fn apply(body: &mut Vec<u8>, edit: &Edit) {
+    let len = body.len().max(1);
+    match edit {
+        Edit::Delete(i, n) => {
+            let start = i.index(len).min(body.len());
+            body.drain(start..(start + n).min(body.len()));
+        }
+        Edit::Insert(i, f) => {
+            let at = i.index(len + 1).min(body.len());
+            body.splice(at..at, f.bytes());
+        }
+        Edit::Set(i, b) => {
+            if let Some(x) = body.get_mut(i.index(len)) {
+                *x = *b;
             }
         }
+    }
+}
+
+/// A valid file's header body after a few edits, with the file's own data.
+fn edited_valid() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
+    (
+        prop::collection::vec(arb_tensor(), 0..4),
+        prop::collection::vec(edit(), 1..4),
+    )
+        .prop_map(|(tensors, edits)| {
+            let mut seen = std::collections::HashSet::new();
+            let ours: Vec<Tensor<'_>> = tensors
+                .iter()
+                .filter(|t| t.name != "__metadata__" && seen.insert(t.name.clone()))
+                .map(|t| raw(&t.name, t.dtype, &t.shape, &t.bytes))
+                .collect();
+            let file = to_vec(&ours, &meta(&[("format", "tinyllm")]));
+            let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+            let mut body = file[8..8 + n].to_vec();
+            for e in &edits {
+                apply(&mut body, e);
+            }
+            (body, file[8 + n..].to_vec())
+        })
+}
+
+/// Length prefix, body and data: the prefix is always the body's length.
+fn framed(body: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut file = (body.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(body);
+    file.extend_from_slice(data);
+    file
+}
+
+/// Files whose length prefix fits: every one reaches the UTF-8 and JSON checks, and
+/// most reach the metadata, entry and tiling rules.
+fn consistent_file() -> impl Strategy<Value = Vec<u8>> {
+    let data = || {
+        prop_oneof![
+            (0usize..64).prop_map(|n| vec![0u8; n]),
+            prop::collection::vec(any::<u8>(), 0..16),
+        ]
+    };
+    prop_oneof![
+        1 => (fragment_soup(), data()).prop_map(|(b, d)| framed(&b, &d)),
+        2 => (entry_soup(), data()).prop_map(|(b, d)| framed(&b, &d)),
+        2 => edited_valid().prop_map(|(b, d)| framed(&b, &d)),
+    ]
+}
+
+/// An accepted header describes the file it came from and stays inside it.
+fn assert_inside(h: &Header, file: &[u8]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(h.file_size, file.len() as u64);
+    for t in &h.tensors {
+        prop_assert!(t.data_offsets.0 <= t.data_offsets.1);
+        prop_assert!(h.data_start() + t.data_offsets.1 <= h.file_size);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Length prefixes consistent with the buffer: the JSON parser and the per-entry
+    /// rules see every case; none panics, whatever is accepted stays inside the file.
+    #[test]
+    fn reader_never_panics_on_consistent_prefixes(file in consistent_file()) {
+        if let Ok(h) = parse_header(&file) {
+            assert_inside(&h, &file)?;
+        }
+    }
+}
+
+/// Where each generated file stopped: the rule it broke, or "accepted".
+fn verdicts(
+    strategy: impl Strategy<Value = Vec<u8>>,
+    cases: usize,
+) -> BTreeMap<&'static str, usize> {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut out = BTreeMap::new();
+    for _ in 0..cases {
+        let file = strategy.new_tree(&mut runner).unwrap().current();
+        let verdict = match parse_header(&file) {
+            Ok(_) => "accepted",
+            Err(e) => e.rule().unwrap(),
+        };
+        *out.entry(verdict).or_insert(0) += 1;
+    }
+    out
+}
+
+/// The generators reach what they are for (a fixed seed, so the counts are stable):
+/// random bytes almost never get past the length prefix, consistent prefixes always do,
+/// and every rule of the header is broken by some case while some cases are accepted.
+#[test]
+fn consistent_prefixes_reach_the_json_and_entry_rules() {
+    const CASES: usize = 2000;
+    let old = verdicts(prop::collection::vec(any::<u8>(), 0..256), CASES);
+    let new = verdicts(consistent_file(), CASES);
+    eprintln!("arbitrary bytes: {old:?}\nconsistent prefixes: {new:?}");
+    let past_length =
+        |v: &BTreeMap<&str, usize>| CASES - v.get("rule-1-header-length").copied().unwrap_or(0);
+    assert!(
+        past_length(&old) * 50 < CASES,
+        "arbitrary bytes now fit: {old:?}"
+    );
+    assert_eq!(past_length(&new), CASES, "{new:?}");
+    let entry_level: usize = new
+        .iter()
+        .filter(|(rule, _)| !rule.starts_with("rule-2-json") && **rule != "rule-2-utf8")
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        entry_level * 3 > CASES,
+        "too few cases pass the JSON syntax: {new:?}"
+    );
+    for rule in [
+        "accepted",
+        "rule-2-utf8",
+        "rule-2-json",
+        "rule-2-duplicate-key",
+        "strict-trailing-bytes",
+        "rule-3-metadata",
+        "rule-4-tensor-entry",
+        "strict-entry-keys",
+        "rule-4-dtype",
+        "rule-4-shape",
+        "rule-4-data-offsets",
+        "rule-4-sub-byte-size",
+        "rule-5-tiling",
+    ] {
+        assert!(
+            new.get(rule).copied().unwrap_or(0) > 0,
+            "{rule} never reached: {new:?}"
+        );
     }
 }
 
