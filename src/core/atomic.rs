@@ -275,9 +275,10 @@ pub fn abandon_all() -> usize {
     let mut reg = registry();
     reg.dying = true;
     let mut removed = 0;
-    for entry in reg.entries.drain(..) {
+    // Newest first, so the temporary files inside a temporary directory go before it.
+    for entry in reg.entries.drain(..).rev() {
         let gone = if entry.dir {
-            fs::remove_dir_all(&entry.path)
+            remove_dir_while_written(&entry.path)
         } else {
             fs::remove_file(&entry.path)
         };
@@ -286,6 +287,28 @@ pub fn abandon_all() -> usize {
         }
     }
     removed
+}
+
+/// How often [`abandon_all`] tries to remove a temporary directory that another thread
+/// is still writing into.
+const ABANDON_DIR_ATTEMPTS: u32 = 50;
+
+/// Remove a directory that the interrupted thread may still be writing into: that
+/// thread runs on until the process exits, so a file it creates after `remove_dir_all`
+/// listed the directory makes the final rmdir fail (ENOTEMPTY). Removing again, for a
+/// bounded number of attempts, wins once the directory is gone, because then nothing
+/// can be created in it any more.
+fn remove_dir_while_written(path: &Path) -> io::Result<()> {
+    let mut last = Ok(());
+    for _ in 0..ABANDON_DIR_ATTEMPTS {
+        match fs::remove_dir_all(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => last = Err(e),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    last
 }
 
 /// A temporary directory removed when dropped and on interruption (see [`abandon_all`]).
