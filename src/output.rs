@@ -9,6 +9,7 @@
 
 use std::io::{self, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use comfy_table::{presets, Cell, Color, ContentArrangement, Table};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -165,8 +166,131 @@ pub fn table_text(table: &Table) -> String {
     out
 }
 
-/// Decides where and how a command's output goes.
+/// The width comfy-table gives `text` in a column: its display width, counted the way
+/// the table library counts it (ASCII fast; anything else measured by the library
+/// itself, after an `x` so that its "at least one column" rule cannot interfere).
+pub fn display_width(text: &str) -> usize {
+    if text.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return text.len();
+    }
+    let mut probe = Table::new();
+    probe.add_row(vec![format!("x{text}")]);
+    probe
+        .column_max_content_widths()
+        .first()
+        .map_or(0, |&w| usize::from(w).saturating_sub(1))
+}
+
+/// A table in the piped (plain) form written a row at a time, so that a listing of a
+/// million tensors never holds its rows: the caller measures every row, then writes
+/// each. The bytes are those [`table_text`] gives for the same rows in a
+/// [`Printer::table`] that is not on a terminal (no borders, one space of padding each
+/// side, left-aligned, each line without trailing whitespace); cells must be single
+/// lines (escaped text is) and narrower than 65,535 columns (cells are capped).
 #[derive(Debug, Clone)]
+pub struct PlainTable {
+    widths: Vec<usize>,
+}
+
+impl PlainTable {
+    /// A table with this header row (measured already).
+    pub fn new(header: &[&str]) -> Self {
+        let mut table = PlainTable {
+            widths: vec![1; header.len()],
+        };
+        table.measure(header);
+        table
+    }
+
+    /// Widen the columns to fit `row`.
+    pub fn measure<S: AsRef<str>>(&mut self, row: &[S]) {
+        for (w, text) in self.widths.iter_mut().zip(row) {
+            *w = (*w).max(display_width(text.as_ref()));
+        }
+    }
+
+    /// Write `row` as one line (the header row first, through [`PlainTable::write_header`]).
+    pub fn write_row<S: AsRef<str>>(&self, out: &mut impl Write, row: &[S]) -> io::Result<()> {
+        let mut line = String::new();
+        for (w, text) in self.widths.iter().zip(row) {
+            let text = text.as_ref();
+            line.push(' ');
+            line.push_str(text);
+            let pad = w.saturating_sub(display_width(text)).saturating_add(1);
+            line.extend(std::iter::repeat_n(' ', pad));
+        }
+        writeln!(out, "{}", line.trim_end())
+    }
+
+    /// Write the header row.
+    pub fn write_header(&self, out: &mut impl Write, header: &[&str]) -> io::Result<()> {
+        self.write_row(out, header)
+    }
+}
+
+/// A writer a [`Printer`] shares between the places that print (`Write + Send`, so a
+/// printer can be handed to worker threads).
+type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
+
+/// Where one stream of a printer goes: the process's own stream, or any writer (tests
+/// render in-process into a buffer; a library caller can capture the output).
+#[derive(Clone)]
+enum Sink {
+    /// The process's stdout or stderr.
+    Process,
+    /// A caller's writer.
+    Writer(SharedWriter),
+}
+
+impl Sink {
+    fn of(writer: impl Write + Send + 'static) -> Self {
+        let boxed: Box<dyn Write + Send> = Box::new(writer);
+        Sink::Writer(Arc::new(Mutex::new(boxed)))
+    }
+}
+
+/// The locked destination of results: stdout, or the printer's writer.
+pub struct Out<'a>(OutLock<'a>);
+
+enum OutLock<'a> {
+    Stdout(io::StdoutLock<'static>),
+    Writer(MutexGuard<'a, Box<dyn Write + Send>>),
+}
+
+impl Write for Out<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &mut self.0 {
+            OutLock::Stdout(w) => w.write(buf),
+            OutLock::Writer(w) => w.write(buf),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match &mut self.0 {
+            OutLock::Stdout(w) => w.write_all(buf),
+            OutLock::Writer(w) => w.write_all(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match &mut self.0 {
+            OutLock::Stdout(w) => w.flush(),
+            OutLock::Writer(w) => w.flush(),
+        }
+    }
+}
+
+/// A writer's lock; a writer poisoned by a panic elsewhere is still written to (the
+/// bytes are only output, there is no invariant to protect).
+fn lock(writer: &SharedWriter) -> MutexGuard<'_, Box<dyn Write + Send>> {
+    writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Bytes a JSON document is buffered in before it reaches the writer.
+const JSON_BUFFER: usize = 64 << 10;
+
+/// Decides where and how a command's output goes.
+#[derive(Clone)]
 pub struct Printer {
     /// Print results as JSON instead of tables.
     pub json: bool,
@@ -176,6 +300,26 @@ pub struct Printer {
     pub color: bool,
     stderr_tty: bool,
     stdout_tty: bool,
+    out: Sink,
+    err: Sink,
+}
+
+impl std::fmt::Debug for Printer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = |s: &Sink| match s {
+            Sink::Process => "process",
+            Sink::Writer(_) => "writer",
+        };
+        f.debug_struct("Printer")
+            .field("json", &self.json)
+            .field("quiet", &self.quiet)
+            .field("color", &self.color)
+            .field("stderr_tty", &self.stderr_tty)
+            .field("stdout_tty", &self.stdout_tty)
+            .field("out", &name(&self.out))
+            .field("err", &name(&self.err))
+            .finish()
+    }
 }
 
 impl Printer {
@@ -192,7 +336,43 @@ impl Printer {
             color: !json && color.enabled_here(stdout_tty),
             stderr_tty,
             stdout_tty,
+            out: Sink::Process,
+            err: Sink::Process,
         }
+    }
+
+    /// A printer that writes results to `out` and chatter to `err`, neither of them a
+    /// terminal (so: plain tables, no progress bars), with colour exactly when `color`
+    /// (and never with `json`). It looks at no terminal and no environment: the caller
+    /// decides, as the command layer does for [`Printer::new`].
+    pub fn with_writers(
+        json: bool,
+        quiet: bool,
+        color: bool,
+        out: impl Write + Send + 'static,
+        err: impl Write + Send + 'static,
+    ) -> Self {
+        Printer {
+            json,
+            quiet,
+            color: !json && color,
+            stderr_tty: false,
+            stdout_tty: false,
+            out: Sink::of(out),
+            err: Sink::of(err),
+        }
+    }
+
+    /// The same printer, told that its stdout is a terminal (box-drawn tables that fit
+    /// its width), for rendering a terminal's view into a writer.
+    pub fn as_terminal(mut self, stdout_tty: bool) -> Self {
+        self.stdout_tty = stdout_tty;
+        self
+    }
+
+    /// Whether results go to a terminal (tables are box-drawn and fitted to it).
+    pub fn stdout_is_terminal(&self) -> bool {
+        self.stdout_tty
     }
 
     /// `text` in the colour of `tone` when stdout gets colour.
@@ -210,14 +390,28 @@ impl Printer {
         }
     }
 
-    /// Standard output, locked, for results.
-    pub fn out(&self) -> io::StdoutLock<'static> {
-        io::stdout().lock()
+    /// The destination of results (standard output unless given a writer), locked.
+    pub fn out(&self) -> Out<'_> {
+        Out(match &self.out {
+            Sink::Process => OutLock::Stdout(io::stdout().lock()),
+            Sink::Writer(w) => OutLock::Writer(lock(w)),
+        })
+    }
+
+    /// Write one line of chatter to the printer's stderr; failures are ignored (chatter
+    /// must never turn a result into an error).
+    fn chatter(&self, line: std::fmt::Arguments<'_>) {
+        let _ = match &self.err {
+            Sink::Process => writeln!(io::stderr().lock(), "{line}"),
+            Sink::Writer(w) => writeln!(lock(w), "{line}"),
+        };
     }
 
     /// Write one JSON document (compact, one line) to stdout.
     pub fn json_line<T: Serialize + ?Sized>(&self, value: &T) -> io::Result<()> {
-        let mut out = self.out();
+        // Buffered: the encoder writes a token at a time, and a document may be a
+        // whole 100 MB header's worth of tensors, serialized as it is walked.
+        let mut out = io::BufWriter::with_capacity(JSON_BUFFER, self.out());
         // `io::Error::from` keeps the kind of an I/O failure (a broken pipe must stay
         // a broken pipe to end quietly); other serde errors become InvalidData.
         serde_json::to_writer(&mut out, value).map_err(io::Error::from)?;
@@ -228,7 +422,7 @@ impl Printer {
     /// A line of chatter on stderr, unless quiet.
     pub fn info(&self, line: impl AsRef<str>) {
         if !self.quiet {
-            let _ = writeln!(io::stderr().lock(), "{}", line.as_ref());
+            self.chatter(format_args!("{}", line.as_ref()));
         }
     }
 
@@ -236,11 +430,10 @@ impl Printer {
     pub fn warn(&self, line: impl AsRef<str>) {
         if !self.quiet {
             // Warnings often carry names from files: never let them reach the terminal raw.
-            let _ = writeln!(
-                io::stderr().lock(),
+            self.chatter(format_args!(
                 "tlio: warning: {}",
                 crate::core::text::escape(line.as_ref())
-            );
+            ));
         }
     }
 
