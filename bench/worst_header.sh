@@ -8,15 +8,9 @@
 # (needs ~300 MB free, python3 and GNU time at /usr/bin/time).
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
-cargo build --release --quiet
-TLIO="$PWD/target/release/tlio"
-
-WORK="${1:-}"
-if [ -z "$WORK" ]; then
-    WORK="$(mktemp -d)"
-    trap 'rm -rf "$WORK"' EXIT
-fi
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_setup "${1:-}"
 
 # make PATH TENSORS DIMS NAME_BYTES: TENSORS F32 tensors of shape [1]*DIMS, one element
 # each, names padded to NAME_BYTES; the header padded with spaces to a multiple of 8.

@@ -1,6 +1,7 @@
 //! The one output layer every command shares: results to stdout (human table or JSON),
 //! chatter and progress to stderr, progress bars only on a terminal and never with
-//! `--quiet` or `--json`.
+//! `--quiet` or `--json`. A [`Printer`] can be given any writers instead of the
+//! process's streams ([`Printer::with_writers`]), so rendering is tested in-process.
 //!
 //! Invariant: nothing here panics on a closed pipe; every write returns `io::Result`
 //! so that a broken pipe travels up to `error::report`, which exits 0 quietly. Colour
@@ -540,5 +541,137 @@ mod tests {
         let text = super::table_text(&table);
         assert!(text.lines().all(|l| l == l.trim_end()), "{text:?}");
         assert_eq!(text.lines().count(), 2);
+    }
+
+    /// A writer whose bytes the test reads back.
+    #[derive(Clone, Default)]
+    struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Shared {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    /// A reader that went away: every write is a broken pipe.
+    struct Closed;
+
+    impl std::io::Write for Closed {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    fn printer(json: bool, quiet: bool) -> (super::Printer, Shared, Shared) {
+        let (out, err) = (Shared::default(), Shared::default());
+        let p = super::Printer::with_writers(json, quiet, false, out.clone(), err.clone());
+        (p, out, err)
+    }
+
+    #[test]
+    fn a_piped_table_renders_into_the_writer() {
+        use std::io::Write;
+        let (p, out, err) = printer(false, false);
+        let mut table = p.table();
+        table.set_header(["name", "bytes"]);
+        table.add_row(["w", "24 B"]);
+        table.add_row(["bias", "2 B"]);
+        writeln!(p.out(), "{}", super::table_text(&table)).unwrap();
+        assert_eq!(out.text(), " name  bytes\n w     24 B\n bias  2 B\n");
+        assert_eq!(err.text(), "");
+    }
+
+    #[test]
+    fn a_terminal_table_is_box_drawn() {
+        let (out, err) = (Shared::default(), Shared::default());
+        let p = super::Printer::with_writers(false, false, false, out, err).as_terminal(true);
+        let mut table = p.table();
+        table.set_header(["a"]);
+        table.add_row(["b"]);
+        let text = super::table_text(&table);
+        assert!(text.starts_with('┌'), "{text}");
+        assert!(text.lines().all(|l| l == l.trim_end()), "{text:?}");
+    }
+
+    #[test]
+    fn the_plain_table_writes_what_comfy_table_renders() {
+        let (p, ..) = printer(false, false);
+        let rows: Vec<Vec<&str>> = vec![
+            vec!["name", "dtype", "x"],
+            vec!["café", "F32", ""],
+            vec!["漢字名", "BF16", "e\u{301}"],
+            vec!["a\u{a0}", "", "wide 漢"],
+            vec!["", "I8", "last\u{3000}"],
+        ];
+        let mut table = p.table();
+        table.set_header(rows[0].clone());
+        for r in &rows[1..] {
+            table.add_row(r.clone());
+        }
+        let mut plain = super::PlainTable::new(&rows[0]);
+        for r in &rows[1..] {
+            plain.measure(r);
+        }
+        let mut streamed = Vec::new();
+        plain.write_header(&mut streamed, &rows[0]).unwrap();
+        for r in &rows[1..] {
+            plain.write_row(&mut streamed, r).unwrap();
+        }
+        let expected = format!("{}\n", super::table_text(&table));
+        assert_eq!(String::from_utf8(streamed).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_json_line_is_one_compact_line() {
+        let (p, out, err) = printer(true, false);
+        p.json_line(&serde_json::json!({"b": [1, 2], "a": "é\u{1b}"}))
+            .unwrap();
+        assert_eq!(out.text(), "{\"a\":\"é\\u001b\",\"b\":[1,2]}\n");
+        assert_eq!(err.text(), "");
+    }
+
+    #[test]
+    fn chatter_goes_to_the_error_writer_unless_quiet() {
+        let (p, out, err) = printer(false, false);
+        p.info("working");
+        p.warn("name \u{202e}x");
+        assert_eq!(out.text(), "");
+        assert_eq!(err.text(), "working\ntlio: warning: name \\u{202e}x\n");
+        let (q, _, err) = printer(false, true);
+        q.info("working");
+        q.warn("careful");
+        assert_eq!(err.text(), "");
+    }
+
+    #[test]
+    fn a_closed_reader_is_a_broken_pipe_not_a_panic() {
+        use std::io::Write;
+        let p = super::Printer::with_writers(true, false, false, Closed, Shared::default());
+        let e = p.json_line(&serde_json::json!({"a": 1})).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        assert!(crate::error::is_broken_pipe(&anyhow::Error::from(e)));
+        let p = super::Printer::with_writers(false, false, false, Closed, Shared::default());
+        let e = writeln!(p.out(), "row").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        let mut table = super::PlainTable::new(&["a"]);
+        table.measure(&["b"]);
+        let e = table.write_row(&mut p.out(), &["b"]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        // Chatter on a closed stderr is dropped, never an error or a panic.
+        let p = super::Printer::with_writers(false, false, false, Shared::default(), Closed);
+        p.info("still fine");
     }
 }

@@ -16,7 +16,7 @@ use crate::core::model::int4::DEFAULT_GROUP;
 use crate::core::model::transform::{self, Op, Report as TransformReport};
 use crate::core::model::view::{diff_models, verify_model, Listing, ModelView, Row};
 use crate::core::model::{Kind, Model};
-use crate::core::safetensors::diff::{DiffReport, ValueDiff};
+use crate::core::safetensors::diff::{Changed, DiffReport, Different, MetaChange, ValueDiff};
 use crate::core::safetensors::header::{totals, Totals};
 use crate::core::safetensors::stats::{Number, TensorStats};
 use crate::core::safetensors::verify::{Finding, VerifyOptions};
@@ -999,25 +999,64 @@ fn value_text(v: &Option<ValueDiff>) -> String {
     }
 }
 
+/// `--json st diff`'s document, keys in the byte order of their names (see
+/// [`JsonDoc`]); the report's own types declare their fields in that order too.
+#[derive(Serialize)]
+struct DiffJson<'r> {
+    changed: &'r [Changed<'r>],
+    different: &'r [Different<'r>],
+    equal: &'r [&'r str],
+    identical: bool,
+    metadata: &'r [MetaChange<'r>],
+    only_in_a: &'r [&'r str],
+    only_in_b: &'r [&'r str],
+}
+
 fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let open =
         |p: &PathBuf| ModelView::open(p).with_context(|| format!("cannot diff {}", p.display()));
     let (a, b) = (open(&args.a)?, open(&args.b)?);
-    let report: DiffReport = diff_models(&a, &b);
+    let report = diff_models(&a, &b);
     let identical = report.identical();
     if printer.json {
-        printer.json_line(&serde_json::json!({
-            "identical": identical,
-            "only_in_a": report.only_in_a,
-            "only_in_b": report.only_in_b,
-            "changed": report.changed,
-            "different": report.different,
-            "equal": report.equal,
-            "metadata": report.metadata,
-        }))?;
+        printer.json_line(&DiffJson {
+            changed: &report.changed,
+            different: &report.different,
+            equal: &report.equal,
+            identical,
+            metadata: &report.metadata,
+            only_in_a: &report.only_in_a,
+            only_in_b: &report.only_in_b,
+        })?;
         return Ok(Outcome::from_ok(identical));
     }
-    let mut out = printer.out();
+    let mut out = io::BufWriter::new(printer.out());
+    print_diff(&report, &mut out)?;
+    out.flush()?;
+    Ok(Outcome::from_ok(identical))
+}
+
+/// What changed about a tensor in both models: dtype, shape, values.
+fn changed_text(c: &Changed<'_>) -> String {
+    let mut what = Vec::new();
+    if c.dtype_a != c.dtype_b {
+        what.push(format!("dtype {} -> {}", c.dtype_a, c.dtype_b));
+    }
+    if c.shape_a != c.shape_b {
+        what.push(format!(
+            "shape {} -> {}",
+            shape_text(c.shape_a),
+            shape_text(c.shape_b)
+        ));
+    }
+    if c.values.is_some() {
+        what.push(value_text(&c.values));
+    }
+    what.join(", ")
+}
+
+/// The human form of a diff: one line per difference, then the verdict.
+fn print_diff(report: &DiffReport<'_>, out: &mut impl Write) -> io::Result<()> {
     for n in &report.only_in_a {
         writeln!(out, "only in A: {}", escape(n))?;
     }
@@ -1025,50 +1064,36 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         writeln!(out, "only in B: {}", escape(n))?;
     }
     for c in &report.changed {
-        let mut what = Vec::new();
-        if c.dtype_a != c.dtype_b {
-            what.push(format!("dtype {} -> {}", c.dtype_a, c.dtype_b));
-        }
-        if c.shape_a != c.shape_b {
-            what.push(format!(
-                "shape {} -> {}",
-                shape_text(&c.shape_a),
-                shape_text(&c.shape_b)
-            ));
-        }
-        if c.values.is_some() {
-            what.push(value_text(&c.values));
-        }
-        writeln!(out, "changed: {}: {}", escape(&c.name), what.join(", "))?;
+        writeln!(out, "changed: {}: {}", escape(c.name), changed_text(c))?;
     }
     for d in &report.different {
         writeln!(
             out,
             "differs: {}: {}",
-            escape(&d.name),
+            escape(d.name),
             value_text(&d.values)
         )?;
     }
     for m in &report.metadata {
-        let show = |v: &Option<String>| {
-            v.as_deref().map_or("(absent)".to_string(), |s| {
+        let show = |v: Option<&str>| {
+            v.map_or("(absent)".to_string(), |s| {
                 escape(&crate::core::text::quote(s))
             })
         };
         writeln!(
             out,
             "metadata: {}: {} -> {}",
-            escape(&m.key),
-            show(&m.a),
-            show(&m.b)
+            escape(m.key),
+            show(m.a),
+            show(m.b)
         )?;
     }
-    if identical {
+    if report.identical() {
         writeln!(
             out,
             "identical: {} tensors bitwise equal",
             report.equal.len()
-        )?;
+        )
     } else {
         writeln!(
             out,
@@ -1079,8 +1104,6 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             report.different.len(),
             report.equal.len(),
             report.metadata.len()
-        )?;
+        )
     }
-    out.flush()?;
-    Ok(Outcome::from_ok(identical))
 }

@@ -4,7 +4,7 @@
 //! `--finite`, `--canonical` per shard).
 //!
 //! Invariants: every slice comes from a mapping whose header was validated, through
-//! [`MappedFile::info_bytes`], so it lies inside its file; a listing borrows from the
+//! [`MappedData::info_bytes`], so it lies inside its file; a listing borrows from the
 //! model and is produced a row at a time (a 100 MB header must not be copied per row).
 
 use std::collections::BTreeMap;
@@ -15,14 +15,15 @@ use super::{finding, Kind, Model, ModelError, Storage};
 use crate::core::safetensors::diff::{diff_sides, DiffReport, Side};
 use crate::core::safetensors::stats::{tensor_stats, Acc, TensorStats};
 use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
-use crate::core::safetensors::MappedFile;
+use crate::core::safetensors::mmap::MappedData;
 use crate::core::text::quote;
 
-/// A model and its mapped files (in the order of [`Model::shards`]).
+/// A model and its mapped files (in the order of [`Model::shards`]); the headers are
+/// the model's, read once.
 pub struct ModelView {
     /// The model.
     pub model: Model,
-    maps: Vec<MappedFile>,
+    maps: Vec<MappedData>,
 }
 
 impl ModelView {
@@ -35,7 +36,7 @@ impl ModelView {
     pub fn map(model: Model) -> Result<ModelView, ModelError> {
         let mut maps = Vec::with_capacity(model.shards.len());
         for s in &model.shards {
-            let m = MappedFile::open(&s.path).map_err(|source| ModelError::Shard {
+            let m = MappedData::open(&s.path, &s.header).map_err(|source| ModelError::Shard {
                 shard: (model.shards.len() > 1).then(|| s.name.clone()),
                 source,
             })?;
@@ -54,12 +55,16 @@ impl ModelView {
     /// union of the shards' metadata (shards of one model carry the same keys).
     pub fn side(&self) -> Side<'_> {
         let mut side = Side::default();
-        for m in &self.maps {
-            for (k, v) in &m.header().metadata {
-                side.metadata.entry(k.clone()).or_insert_with(|| v.clone());
+        for s in &self.model.shards {
+            for (k, v) in &s.header.metadata {
+                side.metadata.entry(k.as_str()).or_insert(v.as_str());
             }
-            side.add_file(m);
         }
+        // The model's entries: every physical tensor once, already in name order.
+        side.add(self.model.entries.iter().enumerate().filter_map(|(i, e)| {
+            let bytes = self.entry_bytes(i)?;
+            Some((&e.info, bytes))
+        }));
         side
     }
 
@@ -228,7 +233,7 @@ fn int4_stats(q: &[u8], s: &[u8], group: u64) -> TensorStats {
 }
 
 /// Compare two models by tensor, whatever their sharding.
-pub fn diff_models(a: &ModelView, b: &ModelView) -> DiffReport {
+pub fn diff_models<'a>(a: &'a ModelView, b: &'a ModelView) -> DiffReport<'a> {
     diff_sides(&a.side(), &b.side())
 }
 
