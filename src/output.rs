@@ -284,7 +284,9 @@ impl Write for Out<'_> {
 /// A writer's lock; a writer poisoned by a panic elsewhere is still written to (the
 /// bytes are only output, there is no invariant to protect).
 fn lock(writer: &SharedWriter) -> MutexGuard<'_, Box<dyn Write + Send>> {
-    writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    writer
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Bytes a JSON document is buffered in before it reaches the writer.

@@ -1,6 +1,7 @@
 //! `tlio st`: inspect, verify, convert and diff safetensors files. Each command is one
 //! call into `core::safetensors` plus printing (tables, JSON, progress).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use super::Outcome;
 use crate::core::model::arch::{summary, Summary};
 use crate::core::model::int4::DEFAULT_GROUP;
 use crate::core::model::transform::{self, Op, Report as TransformReport};
-use crate::core::model::view::{diff_models, verify_model, Listing, ModelView, Row};
+use crate::core::model::view::{diff_views, verify_model, Listing, ModelView, Row};
 use crate::core::model::{Kind, Model};
 use crate::core::safetensors::diff::{Changed, DiffReport, Different, MetaChange, ValueDiff};
 use crate::core::safetensors::header::{totals, Totals};
@@ -432,10 +433,7 @@ fn json_file(file: &Inspected) -> anyhow::Result<JsonFile<'_>> {
     let listing = Listing::new(&file.model);
     let (by, total) = file.totals();
     Ok(JsonFile {
-        architecture: file
-            .architecture()
-            .map(serde_json::to_value)
-            .transpose()?,
+        architecture: file.architecture().map(serde_json::to_value).transpose()?,
         file_size: listing.file_size(),
         header_len: file.header_len(),
         kind: file.kind(),
@@ -585,7 +583,10 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             opened.push(inspect_one(path, args.stats, &bar)?);
         }
         bar.finish_and_clear();
-        let files = opened.iter().map(json_file).collect::<anyhow::Result<_>>()?;
+        let files = opened
+            .iter()
+            .map(json_file)
+            .collect::<anyhow::Result<_>>()?;
         printer.json_line(&JsonDoc { files })?;
         return Ok(Outcome::Success);
     }
@@ -1005,18 +1006,18 @@ fn value_text(v: &Option<ValueDiff>) -> String {
 struct DiffJson<'r> {
     changed: &'r [Changed<'r>],
     different: &'r [Different<'r>],
-    equal: &'r [&'r str],
+    equal: &'r [Cow<'r, str>],
     identical: bool,
     metadata: &'r [MetaChange<'r>],
-    only_in_a: &'r [&'r str],
-    only_in_b: &'r [&'r str],
+    only_in_a: &'r [Cow<'r, str>],
+    only_in_b: &'r [Cow<'r, str>],
 }
 
 fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let open =
         |p: &PathBuf| ModelView::open(p).with_context(|| format!("cannot diff {}", p.display()));
     let (a, b) = (open(&args.a)?, open(&args.b)?);
-    let report = diff_models(&a, &b);
+    let report = diff_views(&a, &b);
     let identical = report.identical();
     if printer.json {
         printer.json_line(&DiffJson {
@@ -1045,8 +1046,8 @@ fn changed_text(c: &Changed<'_>) -> String {
     if c.shape_a != c.shape_b {
         what.push(format!(
             "shape {} -> {}",
-            shape_text(c.shape_a),
-            shape_text(c.shape_b)
+            shape_text(&c.shape_a),
+            shape_text(&c.shape_b)
         ));
     }
     if c.values.is_some() {
@@ -1064,13 +1065,13 @@ fn print_diff(report: &DiffReport<'_>, out: &mut impl Write) -> io::Result<()> {
         writeln!(out, "only in B: {}", escape(n))?;
     }
     for c in &report.changed {
-        writeln!(out, "changed: {}: {}", escape(c.name), changed_text(c))?;
+        writeln!(out, "changed: {}: {}", escape(&c.name), changed_text(c))?;
     }
     for d in &report.different {
         writeln!(
             out,
             "differs: {}: {}",
-            escape(d.name),
+            escape(&d.name),
             value_text(&d.values)
         )?;
     }
@@ -1083,9 +1084,9 @@ fn print_diff(report: &DiffReport<'_>, out: &mut impl Write) -> io::Result<()> {
         writeln!(
             out,
             "metadata: {}: {} -> {}",
-            escape(m.key),
-            show(m.a),
-            show(m.b)
+            escape(&m.key),
+            show(m.a.as_deref()),
+            show(m.b.as_deref())
         )?;
     }
     if report.identical() {

@@ -13,9 +13,9 @@ use std::path::Path;
 use super::int4::dequantize_row;
 use super::{finding, Kind, Model, ModelError, Storage};
 use crate::core::safetensors::diff::{diff_sides, DiffReport, Side};
+use crate::core::safetensors::mmap::MappedData;
 use crate::core::safetensors::stats::{tensor_stats, Acc, TensorStats};
 use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
-use crate::core::safetensors::mmap::MappedData;
 use crate::core::text::quote;
 
 /// A model and its mapped files (in the order of [`Model::shards`]); the headers are
@@ -233,7 +233,12 @@ fn int4_stats(q: &[u8], s: &[u8], group: u64) -> TensorStats {
 }
 
 /// Compare two models by tensor, whatever their sharding.
-pub fn diff_models<'a>(a: &'a ModelView, b: &'a ModelView) -> DiffReport<'a> {
+pub fn diff_models(a: &ModelView, b: &ModelView) -> DiffReport<'static> {
+    diff_views(a, b).into_owned()
+}
+
+/// [`diff_models`] borrowing its names from the two models (no copy of every name).
+pub fn diff_views<'a>(a: &'a ModelView, b: &'a ModelView) -> DiffReport<'a> {
     diff_sides(&a.side(), &b.side())
 }
 

@@ -5,6 +5,7 @@
 //! Invariant: two files are identical for `diff` exactly when every list of the report
 //! is empty; values are compared chunk by chunk, in fixed memory.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::dtype::Dtype;
@@ -23,11 +24,11 @@ pub struct Changed<'a> {
     /// Dtype in B.
     pub dtype_b: Dtype,
     /// Name.
-    pub name: &'a str,
+    pub name: Cow<'a, str>,
     /// Shape in A.
-    pub shape_a: &'a [u64],
+    pub shape_a: Cow<'a, [u64]>,
     /// Shape in B.
-    pub shape_b: &'a [u64],
+    pub shape_b: Cow<'a, [u64]>,
     /// Value comparison when the element counts match and both decode.
     pub values: Option<ValueDiff>,
 }
@@ -52,7 +53,7 @@ pub struct Different<'a> {
     /// Dtype.
     pub dtype: Dtype,
     /// Name.
-    pub name: &'a str,
+    pub name: Cow<'a, str>,
     /// Value comparison (None for dtypes that cannot be decoded).
     pub values: Option<ValueDiff>,
 }
@@ -61,32 +62,73 @@ pub struct Different<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct MetaChange<'a> {
     /// Value in A.
-    pub a: Option<&'a str>,
+    pub a: Option<Cow<'a, str>>,
     /// Value in B.
-    pub b: Option<&'a str>,
+    pub b: Option<Cow<'a, str>>,
     /// Key.
-    pub key: &'a str,
+    pub key: Cow<'a, str>,
 }
 
-/// The whole comparison, borrowing its names from the two sides (a diff of two
-/// million-tensor files must not copy every name into the report).
+/// The whole comparison. Made by [`diff_sides`], it borrows its names from the two
+/// sides (a diff of two million-tensor files must not copy every name into the
+/// report); [`DiffReport::into_owned`] detaches it.
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
 pub struct DiffReport<'a> {
     /// Tensors only in A.
-    pub only_in_a: Vec<&'a str>,
+    pub only_in_a: Vec<Cow<'a, str>>,
     /// Tensors only in B.
-    pub only_in_b: Vec<&'a str>,
+    pub only_in_b: Vec<Cow<'a, str>>,
     /// Tensors whose dtype or shape changed.
     pub changed: Vec<Changed<'a>>,
     /// Tensors with the same dtype and shape but different bytes.
     pub different: Vec<Different<'a>>,
     /// Tensors bitwise equal in both.
-    pub equal: Vec<&'a str>,
+    pub equal: Vec<Cow<'a, str>>,
     /// Metadata differences.
     pub metadata: Vec<MetaChange<'a>>,
 }
 
 impl DiffReport<'_> {
+    /// The same report owning its names and values.
+    pub fn into_owned(self) -> DiffReport<'static> {
+        let own = |s: Cow<'_, str>| Cow::Owned(s.into_owned());
+        DiffReport {
+            only_in_a: self.only_in_a.into_iter().map(own).collect(),
+            only_in_b: self.only_in_b.into_iter().map(own).collect(),
+            changed: self
+                .changed
+                .into_iter()
+                .map(|c| Changed {
+                    dtype_a: c.dtype_a,
+                    dtype_b: c.dtype_b,
+                    name: own(c.name),
+                    shape_a: Cow::Owned(c.shape_a.into_owned()),
+                    shape_b: Cow::Owned(c.shape_b.into_owned()),
+                    values: c.values,
+                })
+                .collect(),
+            different: self
+                .different
+                .into_iter()
+                .map(|d| Different {
+                    dtype: d.dtype,
+                    name: own(d.name),
+                    values: d.values,
+                })
+                .collect(),
+            equal: self.equal.into_iter().map(own).collect(),
+            metadata: self
+                .metadata
+                .into_iter()
+                .map(|m| MetaChange {
+                    a: m.a.map(own),
+                    b: m.b.map(own),
+                    key: own(m.key),
+                })
+                .collect(),
+        }
+    }
+
     /// True when nothing differs.
     pub fn identical(&self) -> bool {
         self.only_in_a.is_empty()
@@ -168,8 +210,8 @@ impl<'a> Side<'a> {
 }
 
 /// Compare two mapped files.
-pub fn diff<'a>(a: &'a MappedFile, b: &'a MappedFile) -> DiffReport<'a> {
-    diff_sides(&Side::of_file(a), &Side::of_file(b))
+pub fn diff(a: &MappedFile, b: &MappedFile) -> DiffReport<'static> {
+    diff_sides(&Side::of_file(a), &Side::of_file(b)).into_owned()
 }
 
 /// Compare two sides tensor by tensor, whatever files they came from: one merge of the
@@ -181,20 +223,20 @@ pub fn diff_sides<'a>(a: &Side<'a>, b: &Side<'a>) -> DiffReport<'a> {
         match (ia.peek(), ib.peek()) {
             (None, None) => break,
             (Some(&&(name, ..)), None) => {
-                report.only_in_a.push(name);
+                report.only_in_a.push(Cow::Borrowed(name));
                 ia.next();
             }
             (None, Some(&&(name, ..))) => {
-                report.only_in_b.push(name);
+                report.only_in_b.push(Cow::Borrowed(name));
                 ib.next();
             }
             (Some(&&x), Some(&&y)) => match x.0.cmp(y.0) {
                 std::cmp::Ordering::Less => {
-                    report.only_in_a.push(x.0);
+                    report.only_in_a.push(Cow::Borrowed(x.0));
                     ia.next();
                 }
                 std::cmp::Ordering::Greater => {
-                    report.only_in_b.push(y.0);
+                    report.only_in_b.push(Cow::Borrowed(y.0));
                     ib.next();
                 }
                 std::cmp::Ordering::Equal => {
@@ -217,18 +259,18 @@ fn compare_pair<'a>(report: &mut DiffReport<'a>, a: SideTensor<'a>, b: SideTenso
             .then(|| compare_values(ta, ba, tb, bb))
             .flatten();
         report.changed.push(Changed {
-            name,
+            name: Cow::Borrowed(name),
             dtype_a: ta.dtype,
             dtype_b: tb.dtype,
-            shape_a: &ta.shape,
-            shape_b: &tb.shape,
+            shape_a: Cow::Borrowed(&ta.shape),
+            shape_b: Cow::Borrowed(&tb.shape),
             values,
         });
     } else if ba == bb {
-        report.equal.push(name);
+        report.equal.push(Cow::Borrowed(name));
     } else {
         report.different.push(Different {
-            name,
+            name: Cow::Borrowed(name),
             dtype: ta.dtype,
             values: compare_values(ta, ba, tb, bb),
         });
@@ -245,7 +287,11 @@ fn diff_metadata<'a>(
     for key in keys {
         let (va, vb) = (a.get(key).copied(), b.get(key).copied());
         if va != vb {
-            report.metadata.push(MetaChange { key, a: va, b: vb });
+            report.metadata.push(MetaChange {
+                key: Cow::Borrowed(key),
+                a: va.map(Cow::Borrowed),
+                b: vb.map(Cow::Borrowed),
+            });
         }
     }
 }
