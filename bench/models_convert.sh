@@ -15,16 +15,10 @@
 # Needs GNU time at /usr/bin/time.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
-cargo build --release --quiet
-TLIO="$PWD/target/release/tlio"
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_setup "${1:-}"
 PY="${PYTHON:-python3}"
-
-WORK="${1:-}"
-if [ -z "$WORK" ]; then
-    WORK="$(mktemp -d)"
-    trap 'rm -rf "$WORK"' EXIT
-fi
 SRC="$WORK/llama-f32"
 
 # ~252M parameters in F32 (1.0 GB), five shards of at most 250 MB as save_pretrained

@@ -6,15 +6,9 @@
 # fresh temporary directory, removed at the end). Needs GNU time at /usr/bin/time.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
-cargo build --release --quiet
-TLIO="$PWD/target/release/tlio"
-
-WORK="${1:-}"
-if [ -z "$WORK" ]; then
-    WORK="$(mktemp -d)"
-    trap 'rm -rf "$WORK"' EXIT
-fi
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_setup "${1:-}"
 
 # Write a safetensors file holding one F32 tensor of ELEMS elements whose header is
 # canonical; the data is appended by the caller (or left sparse).

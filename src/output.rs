@@ -1,6 +1,7 @@
 //! The one output layer every command shares: results to stdout (human table or JSON),
 //! chatter and progress to stderr, progress bars only on a terminal and never with
-//! `--quiet` or `--json`.
+//! `--quiet` or `--json`. A [`Printer`] can be given any writers instead of the
+//! process's streams ([`Printer::with_writers`]), so rendering is tested in-process.
 //!
 //! Invariant: nothing here panics on a closed pipe; every write returns `io::Result`
 //! so that a broken pipe travels up to `error::report`, which exits 0 quietly. Colour
@@ -9,6 +10,7 @@
 
 use std::io::{self, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use comfy_table::{presets, Cell, Color, ContentArrangement, Table};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -165,8 +167,133 @@ pub fn table_text(table: &Table) -> String {
     out
 }
 
-/// Decides where and how a command's output goes.
+/// The width comfy-table gives `text` in a column: its display width, counted the way
+/// the table library counts it (ASCII fast; anything else measured by the library
+/// itself, after an `x` so that its "at least one column" rule cannot interfere).
+pub fn display_width(text: &str) -> usize {
+    if text.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return text.len();
+    }
+    let mut probe = Table::new();
+    probe.add_row(vec![format!("x{text}")]);
+    probe
+        .column_max_content_widths()
+        .first()
+        .map_or(0, |&w| usize::from(w).saturating_sub(1))
+}
+
+/// A table in the piped (plain) form written a row at a time, so that a listing of a
+/// million tensors never holds its rows: the caller measures every row, then writes
+/// each. The bytes are those [`table_text`] gives for the same rows in a
+/// [`Printer::table`] that is not on a terminal (no borders, one space of padding each
+/// side, left-aligned, each line without trailing whitespace); cells must be single
+/// lines (escaped text is) and narrower than 65,535 columns (cells are capped).
 #[derive(Debug, Clone)]
+pub struct PlainTable {
+    widths: Vec<usize>,
+}
+
+impl PlainTable {
+    /// A table with this header row (measured already).
+    pub fn new(header: &[&str]) -> Self {
+        let mut table = PlainTable {
+            widths: vec![1; header.len()],
+        };
+        table.measure(header);
+        table
+    }
+
+    /// Widen the columns to fit `row`.
+    pub fn measure<S: AsRef<str>>(&mut self, row: &[S]) {
+        for (w, text) in self.widths.iter_mut().zip(row) {
+            *w = (*w).max(display_width(text.as_ref()));
+        }
+    }
+
+    /// Write `row` as one line (the header row first, through [`PlainTable::write_header`]).
+    pub fn write_row<S: AsRef<str>>(&self, out: &mut impl Write, row: &[S]) -> io::Result<()> {
+        let mut line = String::new();
+        for (w, text) in self.widths.iter().zip(row) {
+            let text = text.as_ref();
+            line.push(' ');
+            line.push_str(text);
+            let pad = w.saturating_sub(display_width(text)).saturating_add(1);
+            line.extend(std::iter::repeat_n(' ', pad));
+        }
+        writeln!(out, "{}", line.trim_end())
+    }
+
+    /// Write the header row.
+    pub fn write_header(&self, out: &mut impl Write, header: &[&str]) -> io::Result<()> {
+        self.write_row(out, header)
+    }
+}
+
+/// A writer a [`Printer`] shares between the places that print (`Write + Send`, so a
+/// printer can be handed to worker threads).
+type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
+
+/// Where one stream of a printer goes: the process's own stream, or any writer (tests
+/// render in-process into a buffer; a library caller can capture the output).
+#[derive(Clone)]
+enum Sink {
+    /// The process's stdout or stderr.
+    Process,
+    /// A caller's writer.
+    Writer(SharedWriter),
+}
+
+impl Sink {
+    fn of(writer: impl Write + Send + 'static) -> Self {
+        let boxed: Box<dyn Write + Send> = Box::new(writer);
+        Sink::Writer(Arc::new(Mutex::new(boxed)))
+    }
+}
+
+/// The locked destination of results: stdout, or the printer's writer.
+pub struct Out<'a>(OutLock<'a>);
+
+enum OutLock<'a> {
+    Stdout(io::StdoutLock<'static>),
+    Writer(MutexGuard<'a, Box<dyn Write + Send>>),
+}
+
+impl Write for Out<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &mut self.0 {
+            OutLock::Stdout(w) => w.write(buf),
+            OutLock::Writer(w) => w.write(buf),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match &mut self.0 {
+            OutLock::Stdout(w) => w.write_all(buf),
+            OutLock::Writer(w) => w.write_all(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match &mut self.0 {
+            OutLock::Stdout(w) => w.flush(),
+            OutLock::Writer(w) => w.flush(),
+        }
+    }
+}
+
+/// A writer's lock; a writer poisoned by a panic elsewhere is still written to (the
+/// bytes are only output, there is no invariant to protect).
+fn lock(writer: &SharedWriter) -> MutexGuard<'_, Box<dyn Write + Send>> {
+    writer
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Bytes a JSON document is buffered in before it reaches the writer.
+const JSON_BUFFER: usize = 64 << 10;
+
+/// Decides where and how a command's output goes.
+#[derive(Clone)]
 pub struct Printer {
     /// Print results as JSON instead of tables.
     pub json: bool,
@@ -176,6 +303,26 @@ pub struct Printer {
     pub color: bool,
     stderr_tty: bool,
     stdout_tty: bool,
+    out: Sink,
+    err: Sink,
+}
+
+impl std::fmt::Debug for Printer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = |s: &Sink| match s {
+            Sink::Process => "process",
+            Sink::Writer(_) => "writer",
+        };
+        f.debug_struct("Printer")
+            .field("json", &self.json)
+            .field("quiet", &self.quiet)
+            .field("color", &self.color)
+            .field("stderr_tty", &self.stderr_tty)
+            .field("stdout_tty", &self.stdout_tty)
+            .field("out", &name(&self.out))
+            .field("err", &name(&self.err))
+            .finish()
+    }
 }
 
 impl Printer {
@@ -192,7 +339,43 @@ impl Printer {
             color: !json && color.enabled_here(stdout_tty),
             stderr_tty,
             stdout_tty,
+            out: Sink::Process,
+            err: Sink::Process,
         }
+    }
+
+    /// A printer that writes results to `out` and chatter to `err`, neither of them a
+    /// terminal (so: plain tables, no progress bars), with colour exactly when `color`
+    /// (and never with `json`). It looks at no terminal and no environment: the caller
+    /// decides, as the command layer does for [`Printer::new`].
+    pub fn with_writers(
+        json: bool,
+        quiet: bool,
+        color: bool,
+        out: impl Write + Send + 'static,
+        err: impl Write + Send + 'static,
+    ) -> Self {
+        Printer {
+            json,
+            quiet,
+            color: !json && color,
+            stderr_tty: false,
+            stdout_tty: false,
+            out: Sink::of(out),
+            err: Sink::of(err),
+        }
+    }
+
+    /// The same printer, told that its stdout is a terminal (box-drawn tables that fit
+    /// its width), for rendering a terminal's view into a writer.
+    pub fn as_terminal(mut self, stdout_tty: bool) -> Self {
+        self.stdout_tty = stdout_tty;
+        self
+    }
+
+    /// Whether results go to a terminal (tables are box-drawn and fitted to it).
+    pub fn stdout_is_terminal(&self) -> bool {
+        self.stdout_tty
     }
 
     /// `text` in the colour of `tone` when stdout gets colour.
@@ -210,14 +393,28 @@ impl Printer {
         }
     }
 
-    /// Standard output, locked, for results.
-    pub fn out(&self) -> io::StdoutLock<'static> {
-        io::stdout().lock()
+    /// The destination of results (standard output unless given a writer), locked.
+    pub fn out(&self) -> Out<'_> {
+        Out(match &self.out {
+            Sink::Process => OutLock::Stdout(io::stdout().lock()),
+            Sink::Writer(w) => OutLock::Writer(lock(w)),
+        })
+    }
+
+    /// Write one line of chatter to the printer's stderr; failures are ignored (chatter
+    /// must never turn a result into an error).
+    fn chatter(&self, line: std::fmt::Arguments<'_>) {
+        let _ = match &self.err {
+            Sink::Process => writeln!(io::stderr().lock(), "{line}"),
+            Sink::Writer(w) => writeln!(lock(w), "{line}"),
+        };
     }
 
     /// Write one JSON document (compact, one line) to stdout.
     pub fn json_line<T: Serialize + ?Sized>(&self, value: &T) -> io::Result<()> {
-        let mut out = self.out();
+        // Buffered: the encoder writes a token at a time, and a document may be a
+        // whole 100 MB header's worth of tensors, serialized as it is walked.
+        let mut out = io::BufWriter::with_capacity(JSON_BUFFER, self.out());
         // `io::Error::from` keeps the kind of an I/O failure (a broken pipe must stay
         // a broken pipe to end quietly); other serde errors become InvalidData.
         serde_json::to_writer(&mut out, value).map_err(io::Error::from)?;
@@ -228,7 +425,7 @@ impl Printer {
     /// A line of chatter on stderr, unless quiet.
     pub fn info(&self, line: impl AsRef<str>) {
         if !self.quiet {
-            let _ = writeln!(io::stderr().lock(), "{}", line.as_ref());
+            self.chatter(format_args!("{}", line.as_ref()));
         }
     }
 
@@ -236,11 +433,10 @@ impl Printer {
     pub fn warn(&self, line: impl AsRef<str>) {
         if !self.quiet {
             // Warnings often carry names from files: never let them reach the terminal raw.
-            let _ = writeln!(
-                io::stderr().lock(),
+            self.chatter(format_args!(
                 "tlio: warning: {}",
                 crate::core::text::escape(line.as_ref())
-            );
+            ));
         }
     }
 
@@ -347,5 +543,137 @@ mod tests {
         let text = super::table_text(&table);
         assert!(text.lines().all(|l| l == l.trim_end()), "{text:?}");
         assert_eq!(text.lines().count(), 2);
+    }
+
+    /// A writer whose bytes the test reads back.
+    #[derive(Clone, Default)]
+    struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Shared {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    /// A reader that went away: every write is a broken pipe.
+    struct Closed;
+
+    impl std::io::Write for Closed {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    fn printer(json: bool, quiet: bool) -> (super::Printer, Shared, Shared) {
+        let (out, err) = (Shared::default(), Shared::default());
+        let p = super::Printer::with_writers(json, quiet, false, out.clone(), err.clone());
+        (p, out, err)
+    }
+
+    #[test]
+    fn a_piped_table_renders_into_the_writer() {
+        use std::io::Write;
+        let (p, out, err) = printer(false, false);
+        let mut table = p.table();
+        table.set_header(["name", "bytes"]);
+        table.add_row(["w", "24 B"]);
+        table.add_row(["bias", "2 B"]);
+        writeln!(p.out(), "{}", super::table_text(&table)).unwrap();
+        assert_eq!(out.text(), " name  bytes\n w     24 B\n bias  2 B\n");
+        assert_eq!(err.text(), "");
+    }
+
+    #[test]
+    fn a_terminal_table_is_box_drawn() {
+        let (out, err) = (Shared::default(), Shared::default());
+        let p = super::Printer::with_writers(false, false, false, out, err).as_terminal(true);
+        let mut table = p.table();
+        table.set_header(["a"]);
+        table.add_row(["b"]);
+        let text = super::table_text(&table);
+        assert!(text.starts_with('┌'), "{text}");
+        assert!(text.lines().all(|l| l == l.trim_end()), "{text:?}");
+    }
+
+    #[test]
+    fn the_plain_table_writes_what_comfy_table_renders() {
+        let (p, ..) = printer(false, false);
+        let rows: Vec<Vec<&str>> = vec![
+            vec!["name", "dtype", "x"],
+            vec!["café", "F32", ""],
+            vec!["漢字名", "BF16", "e\u{301}"],
+            vec!["a\u{a0}", "", "wide 漢"],
+            vec!["", "I8", "last\u{3000}"],
+        ];
+        let mut table = p.table();
+        table.set_header(rows[0].clone());
+        for r in &rows[1..] {
+            table.add_row(r.clone());
+        }
+        let mut plain = super::PlainTable::new(&rows[0]);
+        for r in &rows[1..] {
+            plain.measure(r);
+        }
+        let mut streamed = Vec::new();
+        plain.write_header(&mut streamed, &rows[0]).unwrap();
+        for r in &rows[1..] {
+            plain.write_row(&mut streamed, r).unwrap();
+        }
+        let expected = format!("{}\n", super::table_text(&table));
+        assert_eq!(String::from_utf8(streamed).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_json_line_is_one_compact_line() {
+        let (p, out, err) = printer(true, false);
+        p.json_line(&serde_json::json!({"b": [1, 2], "a": "é\u{1b}"}))
+            .unwrap();
+        assert_eq!(out.text(), "{\"a\":\"é\\u001b\",\"b\":[1,2]}\n");
+        assert_eq!(err.text(), "");
+    }
+
+    #[test]
+    fn chatter_goes_to_the_error_writer_unless_quiet() {
+        let (p, out, err) = printer(false, false);
+        p.info("working");
+        p.warn("name \u{202e}x");
+        assert_eq!(out.text(), "");
+        assert_eq!(err.text(), "working\ntlio: warning: name \\u{202e}x\n");
+        let (q, _, err) = printer(false, true);
+        q.info("working");
+        q.warn("careful");
+        assert_eq!(err.text(), "");
+    }
+
+    #[test]
+    fn a_closed_reader_is_a_broken_pipe_not_a_panic() {
+        use std::io::Write;
+        let p = super::Printer::with_writers(true, false, false, Closed, Shared::default());
+        let e = p.json_line(&serde_json::json!({"a": 1})).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        assert!(crate::error::is_broken_pipe(&anyhow::Error::from(e)));
+        let p = super::Printer::with_writers(false, false, false, Closed, Shared::default());
+        let e = writeln!(p.out(), "row").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        let mut table = super::PlainTable::new(&["a"]);
+        table.measure(&["b"]);
+        let e = table.write_row(&mut p.out(), &["b"]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        // Chatter on a closed stderr is dropped, never an error or a panic.
+        let p = super::Printer::with_writers(false, false, false, Shared::default(), Closed);
+        p.info("still fine");
     }
 }

@@ -1,8 +1,9 @@
 //! `tlio st`: inspect, verify, convert and diff safetensors files. Each command is one
 //! call into `core::safetensors` plus printing (tables, JSON, progress).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -14,15 +15,15 @@ use super::Outcome;
 use crate::core::model::arch::{summary, Summary};
 use crate::core::model::int4::DEFAULT_GROUP;
 use crate::core::model::transform::{self, Op, Report as TransformReport};
-use crate::core::model::view::{diff_models, verify_model, ModelView};
-use crate::core::model::{Kind, Model, Storage};
-use crate::core::safetensors::diff::{DiffReport, ValueDiff};
+use crate::core::model::view::{diff_views, verify_model, Listing, ModelView, Row};
+use crate::core::model::{Kind, Model};
+use crate::core::safetensors::diff::{Changed, DiffReport, Different, MetaChange, ValueDiff};
 use crate::core::safetensors::header::{totals, Totals};
 use crate::core::safetensors::stats::{Number, TensorStats};
 use crate::core::safetensors::verify::{Finding, VerifyOptions};
 use crate::core::safetensors::Dtype;
 use crate::core::text::escape;
-use crate::output::{human_bytes, human_count, Printer, Tone};
+use crate::output::{human_bytes, human_count, PlainTable, Printer, Tone};
 
 /// The `st` subcommands.
 #[derive(Debug, Subcommand)]
@@ -272,6 +273,106 @@ pub fn run(cmd: StCommand, printer: &Printer) -> anyhow::Result<Outcome> {
 mod tests {
     use super::significant;
 
+    /// A small file with a name needing JSON escapes, a non-ASCII name, metadata and a
+    /// zero-size tensor; written by the canonical writer into `dir`.
+    fn sample(dir: &std::path::Path, name: &str, scale: f32) -> std::path::PathBuf {
+        use crate::core::safetensors::{save, Dtype, Tensor, TensorData};
+        let path = dir.join(name);
+        let w = [1.0f32, -2.5, scale, 4.0];
+        let tensors = [
+            Tensor {
+                name: "w\"q\u{1b}".to_string(),
+                dtype: Dtype::F32,
+                shape: vec![2, 2],
+                data: TensorData::F32(&w),
+            },
+            Tensor {
+                name: "café".to_string(),
+                dtype: Dtype::BF16,
+                shape: vec![0, 3],
+                data: TensorData::F32(&[]),
+            },
+        ];
+        let meta = [("format".to_string(), "pt".to_string())].into();
+        save(&path, &tensors, &meta).unwrap();
+        path
+    }
+
+    /// The streamed documents must have the bytes a `serde_json::Value` (sorted keys)
+    /// of the same document has: that is how they were printed before streaming.
+    fn assert_sorted_like_a_value<T: serde::Serialize>(doc: &T) {
+        let streamed = serde_json::to_string(doc).unwrap();
+        let value = serde_json::to_value(doc).unwrap();
+        assert_eq!(streamed, serde_json::to_string(&value).unwrap());
+    }
+
+    #[test]
+    fn streamed_inspect_json_is_the_sorted_document() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = sample(dir.path(), "a.safetensors", 3.0);
+        let bar = indicatif::ProgressBar::hidden();
+        for stats in [false, true] {
+            let file = super::inspect_one(&path, stats, &bar).unwrap();
+            let doc = super::JsonDoc {
+                files: vec![super::json_file(&file).unwrap()],
+            };
+            assert_sorted_like_a_value(&doc);
+        }
+    }
+
+    #[test]
+    fn streamed_diff_json_is_the_sorted_document() {
+        use crate::core::model::view::{diff_views, ModelView};
+        let dir = tempfile::tempdir().unwrap();
+        let a = ModelView::open(&sample(dir.path(), "a.safetensors", 3.0)).unwrap();
+        let b = ModelView::open(&sample(dir.path(), "b.safetensors", 5.0)).unwrap();
+        let report = diff_views(&a, &b);
+        assert_eq!(report.different.len(), 1);
+        assert_eq!(report.equal.len(), 1);
+        assert_sorted_like_a_value(&super::DiffJson {
+            changed: &report.changed,
+            different: &report.different,
+            equal: &report.equal,
+            identical: report.identical(),
+            metadata: &report.metadata,
+            only_in_a: &report.only_in_a,
+            only_in_b: &report.only_in_b,
+        });
+    }
+
+    #[test]
+    fn the_streamed_table_is_the_piped_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = sample(dir.path(), "a.safetensors", 3.0);
+        let bar = indicatif::ProgressBar::hidden();
+        let file = super::inspect_one(&path, true, &bar).unwrap();
+        let listing = super::Listing::new(&file.model);
+        let printer = crate::output::Printer::with_writers(
+            false,
+            false,
+            false,
+            std::io::sink(),
+            std::io::sink(),
+        );
+        let mut streamed = Vec::new();
+        super::print_tensor_table(&file, &listing, true, &printer, &mut streamed).unwrap();
+        // What comfy-table made of the same rows before the table was streamed.
+        let mut table = printer.table();
+        table.set_header(vec![
+            "name", "dtype", "shape", "params", "bytes", "offsets", "min", "max", "mean", "std",
+            "nan", "inf",
+        ]);
+        for r in listing.rows() {
+            table.add_row(super::tensor_cells(&r, false, file.stats_of(&r)));
+        }
+        let expected = format!("{}\n", crate::output::table_text(&table));
+        assert_eq!(String::from_utf8(streamed).unwrap(), expected);
+        // File order (the writer puts the zero-size tensor last), names escaped.
+        let lines: Vec<&str> = expected.lines().collect();
+        assert!(lines[1].starts_with(" w\"q\\u{1b}  F32"), "{expected}");
+        assert!(lines[2].starts_with(" café       BF16"), "{expected}");
+    }
+
     #[test]
     fn significant_digits_for_people() {
         assert_eq!(significant(1e-8), "1e-8");
@@ -287,116 +388,160 @@ mod tests {
     }
 }
 
-#[derive(Serialize)]
-struct TensorRow {
-    name: String,
-    dtype: String,
-    shape: Vec<u64>,
-    params: u64,
-    bytes: u64,
-    data_offsets: [u64; 2],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    shard: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stats: Option<TensorStats>,
-}
-
-#[derive(Serialize)]
-struct FileReport {
+/// One model opened for `st inspect`: the model, the statistics of its logical tensors
+/// (with `--stats`, in the order of `Model::logical`) and its listing order. Rows are
+/// made from it one at a time, for the table and for JSON alike.
+struct Inspected {
     path: String,
-    kind: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    header_len: Option<u64>,
-    file_size: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    architecture: Option<Summary>,
-    metadata: BTreeMap<String, serde_json::Value>,
-    tensors: Vec<TensorRow>,
-    totals: Vec<Totals>,
-    total: Totals,
+    model: Model,
+    stats: Option<Vec<Option<TensorStats>>>,
 }
 
 fn inspect_one(
     path: &Path,
     stats: bool,
     bar: &indicatif::ProgressBar,
-) -> anyhow::Result<FileReport> {
+) -> anyhow::Result<Inspected> {
     let context = || format!("cannot inspect {}", path.display());
     let model = Model::open(path).with_context(context)?;
-    let mut values = BTreeMap::new();
-    let model = if stats {
+    let (model, stats) = if stats {
         let view = ModelView::map(model).with_context(context)?;
         bar.inc_length(view.model.shards.iter().map(|s| s.header.data_len()).sum());
-        values = view.stats(&mut |n| bar.inc(n));
-        view.model
+        let values = view.stats(&mut |n| bar.inc(n));
+        (view.model, Some(values))
     } else {
-        model
+        (model, None)
     };
-    let sharded = model.kind != Kind::File;
-    let mut tensors: Vec<TensorRow> = model
-        .logical
-        .iter()
-        .map(|l| {
-            let (dtype, bytes) = model.stored(l);
-            let first = match l.storage {
-                Storage::Plain(i) => i,
-                Storage::Int4 { qweight, .. } => qweight,
-            };
-            let offsets = model.entry(first).map_or((0, 0), |e| e.info.data_offsets);
-            TensorRow {
-                name: l.name.clone(),
-                dtype,
-                shape: l.shape.clone(),
-                params: crate::core::safetensors::dtype::numel(&l.shape).unwrap_or(0),
-                bytes,
-                data_offsets: [offsets.0, offsets.1],
-                shard: sharded
-                    .then(|| model.shard_of(l).map(|s| s.name.clone()))
-                    .flatten(),
-                stats: values.get(&l.name).copied().flatten(),
-            }
-        })
-        .collect();
-    if !sharded {
-        // A single file lists its tensors in file order, as its header lays them out.
-        tensors.sort_by_key(|r| r.data_offsets);
-    }
-    let (by, total) = totals(model.entries.iter().map(|e| &e.info));
-    let file_size = model
-        .shards
-        .iter()
-        .fold(0u64, |acc, s| acc.saturating_add(s.header.file_size));
-    let metadata = if model.kind == Kind::File || model.index_path.is_none() {
-        model
-            .shards
-            .first()
-            .map(|s| {
-                s.header
-                    .metadata
-                    .iter()
-                    .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                    .collect()
-            })
-            .unwrap_or_default()
-    } else {
-        model.index_metadata.clone()
-    };
-    Ok(FileReport {
+    Ok(Inspected {
         path: path.display().to_string(),
-        kind: match model.kind {
+        model,
+        stats,
+    })
+}
+
+impl Inspected {
+    fn kind(&self) -> &'static str {
+        match self.model.kind {
             Kind::File => "file",
             Kind::Index => "index",
             Kind::Directory => "directory",
-        },
-        header_len: (model.kind == Kind::File)
-            .then(|| model.shards.first().map(|s| s.header.header_len))
-            .flatten(),
-        file_size,
-        architecture: sharded.then(|| summary(&model)),
-        metadata,
-        tensors,
-        totals: by,
-        total,
+        }
+    }
+
+    fn sharded(&self) -> bool {
+        self.model.kind != Kind::File
+    }
+
+    fn header_len(&self) -> Option<u64> {
+        (self.model.kind == Kind::File)
+            .then(|| self.model.shards.first().map(|s| s.header.header_len))
+            .flatten()
+    }
+
+    fn architecture(&self) -> Option<Summary> {
+        self.sharded().then(|| summary(&self.model))
+    }
+
+    /// Totals by dtype and overall, of the physical tensors.
+    fn totals(&self) -> (Vec<Totals>, Totals) {
+        totals(self.model.entries.iter().map(|e| &e.info))
+    }
+
+    /// The statistics of a row, when `--stats` was asked (inner None: not decodable).
+    fn stats_of(&self, row: &Row<'_>) -> Option<Option<TensorStats>> {
+        self.stats
+            .as_ref()
+            .map(|all| all.get(row.logical).copied().flatten())
+    }
+}
+
+/// `--json st inspect`'s document. Its keys are declared in the byte order of their
+/// names: the document used to be built as a `serde_json::Value`, whose objects sort
+/// their keys, and streaming it must not change a byte. Small nested values (the
+/// architecture, totals, statistics) still go through a `Value` for the same reason.
+#[derive(Serialize)]
+struct JsonDoc<'a> {
+    files: Vec<JsonFile<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonFile<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    architecture: Option<serde_json::Value>,
+    file_size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    header_len: Option<u64>,
+    kind: &'static str,
+    metadata: BTreeMap<String, serde_json::Value>,
+    path: &'a str,
+    tensors: JsonRows<'a>,
+    total: serde_json::Value,
+    totals: serde_json::Value,
+}
+
+/// The tensors of one file, serialized a row at a time from its listing.
+struct JsonRows<'a> {
+    file: &'a Inspected,
+    listing: Listing<'a>,
+}
+
+impl Serialize for JsonRows<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let stats = |r: &Row<'_>| -> Result<Option<serde_json::Value>, S::Error> {
+            match self.file.stats_of(r).flatten() {
+                None => Ok(None),
+                Some(st) => serde_json::to_value(st)
+                    .map(Some)
+                    .map_err(serde::ser::Error::custom),
+            }
+        };
+        let mut seq = s.serialize_seq(Some(self.listing.len()))?;
+        for r in self.listing.rows() {
+            serde::ser::SerializeSeq::serialize_element(
+                &mut seq,
+                &JsonRow {
+                    bytes: r.bytes,
+                    data_offsets: [r.data_offsets.0, r.data_offsets.1],
+                    stats: stats(&r)?,
+                    dtype: r.dtype,
+                    name: r.name,
+                    params: r.params,
+                    shape: r.shape,
+                    shard: r.shard,
+                },
+            )?;
+        }
+        serde::ser::SerializeSeq::end(seq)
+    }
+}
+
+#[derive(Serialize)]
+struct JsonRow<'a> {
+    bytes: u64,
+    data_offsets: [u64; 2],
+    dtype: String,
+    name: &'a str,
+    params: u64,
+    shape: &'a [u64],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stats: Option<serde_json::Value>,
+}
+
+fn json_file(file: &Inspected) -> anyhow::Result<JsonFile<'_>> {
+    let listing = Listing::new(&file.model);
+    let (by, total) = file.totals();
+    Ok(JsonFile {
+        architecture: file.architecture().map(serde_json::to_value).transpose()?,
+        file_size: listing.file_size(),
+        header_len: file.header_len(),
+        kind: file.kind(),
+        metadata: listing.metadata(),
+        path: &file.path,
+        tensors: JsonRows { file, listing },
+        total: serde_json::to_value(total)?,
+        totals: serde_json::to_value(by)?,
     })
 }
 
@@ -530,120 +675,167 @@ fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         }
     };
     if printer.json {
+        // Every model is opened before anything is written: a file that cannot be read
+        // leaves no half document behind.
         let bar = new_bar();
-        let mut files = Vec::new();
+        let mut opened = Vec::new();
         for path in &args.files {
-            files.push(inspect_one(path, args.stats, &bar)?);
+            opened.push(inspect_one(path, args.stats, &bar)?);
         }
         bar.finish_and_clear();
-        printer.json_line(&serde_json::json!({ "files": files }))?;
+        let files = opened
+            .iter()
+            .map(json_file)
+            .collect::<anyhow::Result<_>>()?;
+        printer.json_line(&JsonDoc { files })?;
         return Ok(Outcome::Success);
     }
-    let mut out = printer.out();
     for (i, path) in args.files.iter().enumerate() {
         let bar = new_bar();
-        let report = inspect_one(path, args.stats, &bar)?;
+        let file = inspect_one(path, args.stats, &bar)?;
         bar.finish_and_clear();
+        let mut out = io::BufWriter::new(printer.out());
         if i > 0 {
             writeln!(out)?;
         }
-        let header = match (report.header_len, &report.architecture) {
-            (Some(n), _) => format!("header {}", human_bytes(n)),
-            (None, Some(a)) if report.kind == "directory" => {
-                format!(
-                    "model directory, {} safetensors file{}",
-                    a.shards,
-                    if a.shards == 1 { "" } else { "s" }
-                )
-            }
-            (None, a) => format!(
-                "sharded index, {} shard{}",
-                opt(a.as_ref().map(|a| a.shards)),
-                if a.as_ref().is_some_and(|a| a.shards == 1) {
-                    ""
-                } else {
-                    "s"
-                }
-            ),
-        };
-        writeln!(
-            out,
-            "{}: {} tensors, {} parameters, {} ({header})",
-            escape(&report.path),
-            report.total.tensors,
-            human_count(report.total.params),
-            human_bytes(report.file_size)
-        )?;
-        if let Some(a) = &report.architecture {
-            for line in summary_lines(a) {
-                writeln!(out, "{line}")?;
-            }
-        }
-        let sharded = report.kind != "file";
-        let mut table = printer.table();
-        let mut head = vec!["name", "dtype", "shape", "params", "bytes", "offsets"];
-        if sharded {
-            head.push("shard");
-        }
-        if args.stats {
-            head.extend(["min", "max", "mean", "std", "nan", "inf"]);
-        }
-        table.set_header(head);
-        for r in &report.tensors {
-            let mut row = vec![
-                cell(escape(&r.name)),
-                escape(&r.dtype),
-                shape_text(&r.shape),
-                human_count(r.params),
-                human_bytes(r.bytes),
-                format!("[{}, {})", r.data_offsets[0], r.data_offsets[1]),
-            ];
-            if sharded {
-                row.push(
-                    r.shard
-                        .as_deref()
-                        .map_or("-".to_string(), |s| cell(escape(s))),
-                );
-            }
-            if args.stats {
-                match &r.stats {
-                    Some(s) => row.extend([
-                        extreme(s.min),
-                        extreme(s.max),
-                        num(s.mean),
-                        num(s.std),
-                        s.nan.to_string(),
-                        s.inf.to_string(),
-                    ]),
-                    None => row.extend(std::iter::repeat_n("raw".to_string(), 6)),
-                }
-            }
-            table.add_row(row);
-        }
-        if !report.tensors.is_empty() {
-            writeln!(out, "{}", crate::output::table_text(&table))?;
-        }
-        if !report.metadata.is_empty() {
-            writeln!(out, "metadata:")?;
-            for (k, v) in &report.metadata {
-                writeln!(out, "  {} = {}", escape(k), meta_text(v))?;
-            }
-        }
-        let mut totals_table = printer.table();
-        totals_table.set_header(vec!["dtype", "tensors", "params", "bytes"]);
-        for t in report.totals.iter().chain(std::iter::once(&report.total)) {
-            totals_table.add_row(vec![
-                t.dtype.map_or("total".to_string(), |d| d.to_string()),
-                t.tensors.to_string(),
-                human_count(t.params),
-                human_bytes(t.bytes),
-            ]);
-        }
-        writeln!(out, "totals:")?;
-        writeln!(out, "{}", crate::output::table_text(&totals_table))?;
+        print_inspected(&file, args.stats, printer, &mut out)?;
+        out.flush()?;
     }
-    out.flush()?;
     Ok(Outcome::Success)
+}
+
+/// The first line of a model's report: counts, size and what it is.
+fn headline(file: &Inspected, total: &Totals, file_size: u64) -> String {
+    let shards = file.model.shards.len();
+    let header = match (file.header_len(), file.model.kind) {
+        (Some(n), _) => format!("header {}", human_bytes(n)),
+        (None, Kind::Directory) => format!(
+            "model directory, {shards} safetensors file{}",
+            if shards == 1 { "" } else { "s" }
+        ),
+        (None, _) => format!(
+            "sharded index, {shards} shard{}",
+            if shards == 1 { "" } else { "s" }
+        ),
+    };
+    format!(
+        "{}: {} tensors, {} parameters, {} ({header})",
+        escape(&file.path),
+        total.tensors,
+        human_count(total.params),
+        human_bytes(file_size)
+    )
+}
+
+/// One model's human report: headline, architecture, tensors, metadata, totals.
+fn print_inspected(
+    file: &Inspected,
+    stats: bool,
+    printer: &Printer,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let listing = Listing::new(&file.model);
+    let (by, total) = file.totals();
+    writeln!(out, "{}", headline(file, &total, listing.file_size()))?;
+    if let Some(a) = file.architecture() {
+        for line in summary_lines(&a) {
+            writeln!(out, "{line}")?;
+        }
+    }
+    if !listing.is_empty() {
+        print_tensor_table(file, &listing, stats, printer, out)?;
+    }
+    let metadata = listing.metadata();
+    if !metadata.is_empty() {
+        writeln!(out, "metadata:")?;
+        for (k, v) in &metadata {
+            writeln!(out, "  {} = {}", escape(k), meta_text(v))?;
+        }
+    }
+    let mut totals_table = printer.table();
+    totals_table.set_header(vec!["dtype", "tensors", "params", "bytes"]);
+    for t in by.iter().chain(std::iter::once(&total)) {
+        totals_table.add_row(vec![
+            t.dtype.map_or("total".to_string(), |d| d.to_string()),
+            t.tensors.to_string(),
+            human_count(t.params),
+            human_bytes(t.bytes),
+        ]);
+    }
+    writeln!(out, "totals:")?;
+    writeln!(out, "{}", crate::output::table_text(&totals_table))?;
+    Ok(())
+}
+
+/// Rows up to which a terminal gets the box-drawn table fitted to its width; a longer
+/// listing is written in the streamed plain form (the box-drawn table holds every
+/// cell of every row, many times the header's size for a million tensors).
+const MAX_BOXED_ROWS: usize = 10_000;
+
+/// The tensor table: box-drawn on a terminal for up to [`MAX_BOXED_ROWS`] rows, else
+/// the plain form, measured in one pass and written a row at a time in a second (the
+/// bytes a piped comfy-table gave, without holding any row).
+fn print_tensor_table(
+    file: &Inspected,
+    listing: &Listing<'_>,
+    stats: bool,
+    printer: &Printer,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut head = vec!["name", "dtype", "shape", "params", "bytes", "offsets"];
+    if file.sharded() {
+        head.push("shard");
+    }
+    if stats {
+        head.extend(["min", "max", "mean", "std", "nan", "inf"]);
+    }
+    let cells = |r: &Row<'_>| tensor_cells(r, file.sharded(), file.stats_of(r));
+    if printer.stdout_is_terminal() && listing.len() <= MAX_BOXED_ROWS {
+        let mut table = printer.table();
+        table.set_header(head);
+        for r in listing.rows() {
+            table.add_row(cells(&r));
+        }
+        writeln!(out, "{}", crate::output::table_text(&table))?;
+        return Ok(());
+    }
+    let mut table = PlainTable::new(&head);
+    for r in listing.rows() {
+        table.measure(&cells(&r));
+    }
+    table.write_header(out, &head)?;
+    for r in listing.rows() {
+        table.write_row(out, &cells(&r))?;
+    }
+    Ok(())
+}
+
+/// The cells of one tensor row (`stats`: Some with `--stats`).
+fn tensor_cells(r: &Row<'_>, sharded: bool, stats: Option<Option<TensorStats>>) -> Vec<String> {
+    let mut row = vec![
+        cell(escape(r.name)),
+        escape(&r.dtype),
+        shape_text(r.shape),
+        human_count(r.params),
+        human_bytes(r.bytes),
+        format!("[{}, {})", r.data_offsets.0, r.data_offsets.1),
+    ];
+    if sharded {
+        row.push(r.shard.map_or("-".to_string(), |s| cell(escape(s))));
+    }
+    match stats {
+        None => {}
+        Some(Some(s)) => row.extend([
+            extreme(s.min),
+            extreme(s.max),
+            num(s.mean),
+            num(s.std),
+            s.nan.to_string(),
+            s.inf.to_string(),
+        ]),
+        Some(None) => row.extend(std::iter::repeat_n("raw".to_string(), 6)),
+    }
+    row
 }
 
 #[derive(Serialize)]
@@ -908,25 +1100,64 @@ fn value_text(v: &Option<ValueDiff>) -> String {
     }
 }
 
+/// `--json st diff`'s document, keys in the byte order of their names (see
+/// [`JsonDoc`]); the report's own types declare their fields in that order too.
+#[derive(Serialize)]
+struct DiffJson<'r> {
+    changed: &'r [Changed<'r>],
+    different: &'r [Different<'r>],
+    equal: &'r [Cow<'r, str>],
+    identical: bool,
+    metadata: &'r [MetaChange<'r>],
+    only_in_a: &'r [Cow<'r, str>],
+    only_in_b: &'r [Cow<'r, str>],
+}
+
 fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let open =
         |p: &PathBuf| ModelView::open(p).with_context(|| format!("cannot diff {}", p.display()));
     let (a, b) = (open(&args.a)?, open(&args.b)?);
-    let report: DiffReport = diff_models(&a, &b);
+    let report = diff_views(&a, &b);
     let identical = report.identical();
     if printer.json {
-        printer.json_line(&serde_json::json!({
-            "identical": identical,
-            "only_in_a": report.only_in_a,
-            "only_in_b": report.only_in_b,
-            "changed": report.changed,
-            "different": report.different,
-            "equal": report.equal,
-            "metadata": report.metadata,
-        }))?;
+        printer.json_line(&DiffJson {
+            changed: &report.changed,
+            different: &report.different,
+            equal: &report.equal,
+            identical,
+            metadata: &report.metadata,
+            only_in_a: &report.only_in_a,
+            only_in_b: &report.only_in_b,
+        })?;
         return Ok(Outcome::from_ok(identical));
     }
-    let mut out = printer.out();
+    let mut out = io::BufWriter::new(printer.out());
+    print_diff(&report, &mut out)?;
+    out.flush()?;
+    Ok(Outcome::from_ok(identical))
+}
+
+/// What changed about a tensor in both models: dtype, shape, values.
+fn changed_text(c: &Changed<'_>) -> String {
+    let mut what = Vec::new();
+    if c.dtype_a != c.dtype_b {
+        what.push(format!("dtype {} -> {}", c.dtype_a, c.dtype_b));
+    }
+    if c.shape_a != c.shape_b {
+        what.push(format!(
+            "shape {} -> {}",
+            shape_text(&c.shape_a),
+            shape_text(&c.shape_b)
+        ));
+    }
+    if c.values.is_some() {
+        what.push(value_text(&c.values));
+    }
+    what.join(", ")
+}
+
+/// The human form of a diff: one line per difference, then the verdict.
+fn print_diff(report: &DiffReport<'_>, out: &mut impl Write) -> io::Result<()> {
     for n in &report.only_in_a {
         writeln!(out, "only in A: {}", escape(n))?;
     }
@@ -934,21 +1165,7 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         writeln!(out, "only in B: {}", escape(n))?;
     }
     for c in &report.changed {
-        let mut what = Vec::new();
-        if c.dtype_a != c.dtype_b {
-            what.push(format!("dtype {} -> {}", c.dtype_a, c.dtype_b));
-        }
-        if c.shape_a != c.shape_b {
-            what.push(format!(
-                "shape {} -> {}",
-                shape_text(&c.shape_a),
-                shape_text(&c.shape_b)
-            ));
-        }
-        if c.values.is_some() {
-            what.push(value_text(&c.values));
-        }
-        writeln!(out, "changed: {}: {}", escape(&c.name), what.join(", "))?;
+        writeln!(out, "changed: {}: {}", escape(&c.name), changed_text(c))?;
     }
     for d in &report.different {
         writeln!(
@@ -959,8 +1176,8 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         )?;
     }
     for m in &report.metadata {
-        let show = |v: &Option<String>| {
-            v.as_deref().map_or("(absent)".to_string(), |s| {
+        let show = |v: Option<&str>| {
+            v.map_or("(absent)".to_string(), |s| {
                 escape(&crate::core::text::quote(s))
             })
         };
@@ -968,16 +1185,16 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             out,
             "metadata: {}: {} -> {}",
             escape(&m.key),
-            show(&m.a),
-            show(&m.b)
+            show(m.a.as_deref()),
+            show(m.b.as_deref())
         )?;
     }
-    if identical {
+    if report.identical() {
         writeln!(
             out,
             "identical: {} tensors bitwise equal",
             report.equal.len()
-        )?;
+        )
     } else {
         writeln!(
             out,
@@ -988,8 +1205,6 @@ fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             report.different.len(),
             report.equal.len(),
             report.metadata.len()
-        )?;
+        )
     }
-    out.flush()?;
-    Ok(Outcome::from_ok(identical))
 }

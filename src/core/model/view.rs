@@ -1,9 +1,11 @@
-//! A model with its files mapped: logical tensors' bytes for `diff`, `--stats` (int4
-//! pairs dequantized) and `verify`'s data checks (int4 scales finite and >= 0,
+//! A model as commands show it: its listing (`st inspect`'s rows, whatever the
+//! sharding) and, with its files mapped, logical tensors' bytes for `diff`, `--stats`
+//! (int4 pairs dequantized) and `verify`'s data checks (int4 scales finite and >= 0,
 //! `--finite`, `--canonical` per shard).
 //!
-//! Invariant: every slice comes from a mapping whose header was validated, through
-//! [`MappedFile::info_bytes`], so it lies inside its file.
+//! Invariants: every slice comes from a mapping whose header was validated, through
+//! [`MappedData::info_bytes`], so it lies inside its file; a listing borrows from the
+//! model and is produced a row at a time (a 100 MB header must not be copied per row).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,16 +13,17 @@ use std::path::Path;
 use super::int4::dequantize_row;
 use super::{finding, Kind, Model, ModelError, Storage};
 use crate::core::safetensors::diff::{diff_sides, DiffReport, Side};
+use crate::core::safetensors::mmap::MappedData;
 use crate::core::safetensors::stats::{tensor_stats, Acc, TensorStats};
 use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
-use crate::core::safetensors::MappedFile;
 use crate::core::text::quote;
 
-/// A model and its mapped files (in the order of [`Model::shards`]).
+/// A model and its mapped files (in the order of [`Model::shards`]); the headers are
+/// the model's, read once.
 pub struct ModelView {
     /// The model.
     pub model: Model,
-    maps: Vec<MappedFile>,
+    maps: Vec<MappedData>,
 }
 
 impl ModelView {
@@ -33,7 +36,7 @@ impl ModelView {
     pub fn map(model: Model) -> Result<ModelView, ModelError> {
         let mut maps = Vec::with_capacity(model.shards.len());
         for s in &model.shards {
-            let m = MappedFile::open(&s.path).map_err(|source| ModelError::Shard {
+            let m = MappedData::open(&s.path, &s.header).map_err(|source| ModelError::Shard {
                 shard: (model.shards.len() > 1).then(|| s.name.clone()),
                 source,
             })?;
@@ -52,19 +55,24 @@ impl ModelView {
     /// union of the shards' metadata (shards of one model carry the same keys).
     pub fn side(&self) -> Side<'_> {
         let mut side = Side::default();
-        for m in &self.maps {
-            for (k, v) in &m.header().metadata {
-                side.metadata.entry(k.clone()).or_insert_with(|| v.clone());
+        for s in &self.model.shards {
+            for (k, v) in &s.header.metadata {
+                side.metadata.entry(k.as_str()).or_insert(v.as_str());
             }
-            side.add_file(m);
         }
+        // The model's entries: every physical tensor once, already in name order.
+        side.add(self.model.entries.iter().enumerate().filter_map(|(i, e)| {
+            let bytes = self.entry_bytes(i)?;
+            Some((&e.info, bytes))
+        }));
         side
     }
 
-    /// Statistics of every logical tensor by name (int4 pairs dequantized); None for a
-    /// tensor whose dtype cannot be decoded. `progress(bytes)` after each tensor.
-    pub fn stats(&self, progress: &mut dyn FnMut(u64)) -> BTreeMap<String, Option<TensorStats>> {
-        let mut out = BTreeMap::new();
+    /// Statistics of every logical tensor, in the order of [`Model::logical`] (int4
+    /// pairs dequantized); None for a tensor whose dtype cannot be decoded.
+    /// `progress(bytes)` after each tensor.
+    pub fn stats(&self, progress: &mut dyn FnMut(u64)) -> Vec<Option<TensorStats>> {
+        let mut out = Vec::with_capacity(self.model.logical.len());
         for l in &self.model.logical {
             let s = match l.storage {
                 Storage::Plain(i) => {
@@ -80,17 +88,124 @@ impl ModelView {
                 } => {
                     let (Some(q), Some(s)) = (self.entry_bytes(qweight), self.entry_bytes(scales))
                     else {
-                        out.insert(l.name.clone(), None);
+                        out.push(None);
                         continue;
                     };
                     progress((q.len() + s.len()) as u64);
                     Some(int4_stats(q, s, group))
                 }
             };
-            out.insert(l.name.clone(), s);
+            out.push(s);
         }
         out
     }
+}
+
+/// One logical tensor as a listing shows it, borrowed from its model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row<'m> {
+    /// Index into [`Model::logical`].
+    pub logical: usize,
+    /// The name (`<name>` for an int4 pair).
+    pub name: &'m str,
+    /// The stored dtype (`int4-gG-sym` for a pair).
+    pub dtype: String,
+    /// The logical shape.
+    pub shape: &'m [u64],
+    /// Element count of the logical shape.
+    pub params: u64,
+    /// Bytes as stored (both tensors of a pair).
+    pub bytes: u64,
+    /// The data offsets of the tensor (of the `.qweight` of a pair) in its shard.
+    pub data_offsets: (u64, u64),
+    /// The shard holding it, for a sharded model.
+    pub shard: Option<&'m str>,
+}
+
+/// The logical tensors of a model in the order a listing shows them: a single file's
+/// in file order, as its header lays them out; a sharded model's by name.
+pub struct Listing<'m> {
+    model: &'m Model,
+    order: Vec<usize>,
+}
+
+impl<'m> Listing<'m> {
+    /// The listing of `model` (one index per tensor; the rows are made on demand).
+    pub fn new(model: &'m Model) -> Self {
+        let mut order: Vec<usize> = (0..model.logical.len()).collect();
+        if model.kind == Kind::File {
+            // Stable: ties (zero-size tensors) stay in name order.
+            order.sort_by_key(|&i| model.logical.get(i).map(|l| offsets(model, l)));
+        }
+        Listing { model, order }
+    }
+
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether there is no row.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The rows, in listing order.
+    pub fn rows(&self) -> impl Iterator<Item = Row<'m>> + '_ {
+        let model = self.model;
+        self.order.iter().filter_map(move |&i| row(model, i))
+    }
+
+    /// The metadata shown: a file's own (also a directory's single file), else the
+    /// index's `metadata` object.
+    pub fn metadata(&self) -> BTreeMap<String, serde_json::Value> {
+        let model = self.model;
+        if model.kind != Kind::File && model.index_path.is_some() {
+            return model.index_metadata.clone();
+        }
+        model.shards.first().map_or_else(BTreeMap::new, |s| {
+            s.header
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect()
+        })
+    }
+
+    /// The size of every file of the model together.
+    pub fn file_size(&self) -> u64 {
+        self.model
+            .shards
+            .iter()
+            .fold(0u64, |acc, s| acc.saturating_add(s.header.file_size))
+    }
+}
+
+/// The data offsets of a logical tensor (of its `.qweight` for a pair).
+fn offsets(model: &Model, l: &super::Logical) -> (u64, u64) {
+    let first = match l.storage {
+        Storage::Plain(i) => i,
+        Storage::Int4 { qweight, .. } => qweight,
+    };
+    model.entry(first).map_or((0, 0), |e| e.info.data_offsets)
+}
+
+fn row(model: &Model, i: usize) -> Option<Row<'_>> {
+    let l = model.logical.get(i)?;
+    let (dtype, bytes) = model.stored(l);
+    let shard = (model.kind != Kind::File)
+        .then(|| model.shard_of(l).map(|s| s.name.as_str()))
+        .flatten();
+    Some(Row {
+        logical: i,
+        name: &l.name,
+        dtype,
+        shape: &l.shape,
+        params: crate::core::safetensors::dtype::numel(&l.shape).unwrap_or(0),
+        bytes,
+        data_offsets: offsets(model, l),
+        shard,
+    })
 }
 
 fn scales_of(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
@@ -118,7 +233,12 @@ fn int4_stats(q: &[u8], s: &[u8], group: u64) -> TensorStats {
 }
 
 /// Compare two models by tensor, whatever their sharding.
-pub fn diff_models(a: &ModelView, b: &ModelView) -> DiffReport {
+pub fn diff_models(a: &ModelView, b: &ModelView) -> DiffReport<'static> {
+    diff_views(a, b).into_owned()
+}
+
+/// [`diff_models`] borrowing its names from the two models (no copy of every name).
+pub fn diff_views<'a>(a: &'a ModelView, b: &'a ModelView) -> DiffReport<'a> {
     diff_sides(&a.side(), &b.side())
 }
 

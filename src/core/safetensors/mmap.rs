@@ -30,6 +30,70 @@ impl std::fmt::Debug for MappedFile {
     }
 }
 
+/// Map `file` (opened from `path`) read-only, checking that it still has `size` bytes.
+fn map_file(file: &File, path: &Path, size: u64) -> Result<Mmap, SafetensorsError> {
+    // SAFETY: the file is opened read-only and tlio never writes to its inputs (its
+    // outputs are new files renamed into place, so they never replace a file's
+    // contents in place). Another process truncating the file while it is mapped
+    // could fault on access; that is the documented risk of every memory-mapped
+    // reader, the reference library included.
+    #[allow(unsafe_code, reason = "memory-mapping an input; see SAFETY")]
+    let map = unsafe { Mmap::map(file) }.map_err(|source| SafetensorsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if map.len() as u64 != size {
+        return Err(SafetensorsError::Changed {
+            path: path.to_path_buf(),
+            expected: size,
+            actual: map.len() as u64,
+        });
+    }
+    Ok(map)
+}
+
+/// The mapped bytes of a file whose header was validated already (a model's shard):
+/// tensors' slices without parsing and holding the header a second time.
+///
+/// Invariant: the mapping has exactly the size the header was validated against, so
+/// every tensor of that header lies inside it.
+pub struct MappedData {
+    data_start: u64,
+    map: Mmap,
+}
+
+impl std::fmt::Debug for MappedData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedData")
+            .field("data_start", &self.data_start)
+            .field("len", &self.map.len())
+            .finish()
+    }
+}
+
+impl MappedData {
+    /// Map `path`, whose header `header` was read from it; fails with
+    /// [`SafetensorsError::Changed`] when its size is no longer the header's file size.
+    pub fn open(path: &Path, header: &Header) -> Result<Self, SafetensorsError> {
+        let file = File::open(path).map_err(|source| SafetensorsError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(MappedData {
+            data_start: header.data_start(),
+            map: map_file(&file, path, header.file_size)?,
+        })
+    }
+
+    /// The bytes of a tensor of the header, from the mapping.
+    pub fn info_bytes(&self, info: &TensorInfo) -> Option<&[u8]> {
+        let start = self.data_start.checked_add(info.data_offsets.0)?;
+        let end = self.data_start.checked_add(info.data_offsets.1)?;
+        self.map
+            .get(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
+    }
+}
+
 impl MappedFile {
     /// Open, validate the header and map `path` read-only.
     pub fn open(path: &Path) -> Result<Self, SafetensorsError> {
@@ -43,20 +107,7 @@ impl MappedFile {
             ReadFailure::Io(source) => io(source),
             ReadFailure::Invalid(e) => e,
         })?;
-        // SAFETY: the file is opened read-only and tlio never writes to its inputs (its
-        // outputs are new files renamed into place, so they never replace a file's
-        // contents in place). Another process truncating the file while it is mapped
-        // could fault on access; that is the documented risk of every memory-mapped
-        // reader, the reference library included.
-        #[allow(unsafe_code, reason = "memory-mapping an input; see SAFETY")]
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        if map.len() as u64 != size {
-            return Err(SafetensorsError::Changed {
-                path: path.to_path_buf(),
-                expected: size,
-                actual: map.len() as u64,
-            });
-        }
+        let map = map_file(&file, path, size)?;
         Ok(MappedFile {
             path: path.to_path_buf(),
             header,
