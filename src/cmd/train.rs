@@ -11,7 +11,9 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use super::Outcome;
 use crate::core::optim::{OptimConfig, ADAMW_WEIGHT_DECAY, SGD_MOMENTUM};
-use crate::core::train::run::{run as run_training, Method, Progress, RunSpec, CKPT_DIR};
+use crate::core::train::layout::CKPT_DIR;
+use crate::core::train::run::run as run_training;
+use crate::core::train::spec::{Method, Progress, RunSpec};
 use crate::output::Printer;
 
 /// AdamW's default learning rate (the spec's example).
@@ -129,6 +131,8 @@ pub fn run(cmd: TrainCommand, printer: &Printer) -> anyhow::Result<Outcome> {
     }
 }
 
+/// The optimizer the flags ask for: torch's defaults but for the learning rate, the
+/// weight decay and SGD's momentum.
 fn optim_config(args: &BigramArgs) -> anyhow::Result<OptimConfig> {
     Ok(match args.optimizer {
         OptimizerArg::Adamw => {
@@ -137,22 +141,14 @@ fn optim_config(args: &BigramArgs) -> anyhow::Result<OptimConfig> {
                     "--momentum applies to --optimizer sgd only",
                 ));
             }
-            let mut c = OptimConfig::adamw(args.lr.unwrap_or(ADAMW_LR));
-            if let OptimConfig::Adamw { weight_decay, .. } = &mut c {
-                *weight_decay = args.weight_decay.unwrap_or(ADAMW_WEIGHT_DECAY);
-            }
-            c
+            OptimConfig::adamw(args.lr.unwrap_or(ADAMW_LR))
+                .with_weight_decay(args.weight_decay.unwrap_or(ADAMW_WEIGHT_DECAY))
         }
-        OptimizerArg::Sgd => {
-            let mut c = OptimConfig::sgd(
-                args.lr.unwrap_or(SGD_LR),
-                args.momentum.unwrap_or(SGD_MOMENTUM),
-            );
-            if let OptimConfig::Sgd { weight_decay, .. } = &mut c {
-                *weight_decay = args.weight_decay.unwrap_or(0.0);
-            }
-            c
-        }
+        OptimizerArg::Sgd => OptimConfig::sgd(
+            args.lr.unwrap_or(SGD_LR),
+            args.momentum.unwrap_or(SGD_MOMENTUM),
+        )
+        .with_weight_decay(args.weight_decay.unwrap_or(0.0)),
     })
 }
 

@@ -5,11 +5,15 @@
 //! fixed order on one thread, so the same inputs give the same bits on the same machine.
 
 pub mod bigram;
+pub mod checks;
 pub mod config;
 pub mod counts;
-#[cfg(test)]
-pub(crate) mod fixture;
+pub mod final_line;
+pub mod layout;
 pub mod run;
+pub mod spec;
+pub mod trainer;
+pub mod writers;
 
 use std::io;
 use std::path::PathBuf;
