@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use super::checks::{
     build_config, check_resume_config, check_spec, decide_vocab, holds_checkpoints, RunLock,
 };
-use super::counts::CountsBuilder;
+use super::counts::{CountsBuilder, CountsFit};
 use super::final_line::{sha256_f32, FinalLine};
 use super::layout::{CKPT_DIR, CONFIG_FILE, COUNTS_STEP, FINAL_FILE, MODEL_FILE};
 use super::spec::{Method, Progress, RunOutcome, RunSpec};
@@ -52,7 +52,19 @@ pub fn run(spec: &RunSpec, progress: &mut dyn FnMut(Progress)) -> Result<RunOutc
         shards.push(Shard::open(path, Some(vocab))?);
     }
     let config = build_config(spec, vocab, &shards)?;
-    // No output may replace a data shard (compared by device and inode).
+    prepare_out(spec)?;
+    let _lock = RunLock::acquire(&spec.out)?;
+    let loaded = resume_point(spec, &config, progress)?;
+    write_atomic(&spec.out.join(CONFIG_FILE), &config)?;
+    match spec.method {
+        Method::Gradient => run_gradient(spec, vocab, shards, config, loaded, progress),
+        Method::Counts => run_counts(spec, vocab, &shards, &config, progress),
+    }
+}
+
+/// Refuse outputs that would replace a data shard (compared by device and inode) or
+/// are not plain files, then create `--out`.
+fn prepare_out(spec: &RunSpec) -> Result<(), TrainError> {
     let inputs: Vec<&Path> = spec.data.iter().map(PathBuf::as_path).collect();
     for name in [CONFIG_FILE, FINAL_FILE, MODEL_FILE] {
         let path = spec.out.join(name);
@@ -62,33 +74,35 @@ pub fn run(spec: &RunSpec, progress: &mut dyn FnMut(Progress)) -> Result<RunOutc
     fs::create_dir_all(&spec.out).map_err(|source| TrainError::Io {
         path: spec.out.clone(),
         source,
-    })?;
-    let _lock = RunLock::acquire(&spec.out)?;
+    })
+}
+
+/// The checkpoint to continue from: the newest good one with `--resume` (`None` when
+/// there is none yet), refused without `--resume` when checkpoints exist.
+fn resume_point(
+    spec: &RunSpec,
+    config: &[u8],
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Option<Loaded>, TrainError> {
     let ckpt = spec.out.join(CKPT_DIR);
     // A `.lock` that is a directory, symlink or FIFO would fail the first save: refuse
     // it now, before any step is computed.
     checkpoint::check_lock_file(&ckpt)?;
-    let loaded = if spec.resume && holds_checkpoints(&ckpt)? {
-        let loaded = checkpoint::load(&ckpt, None)?;
-        for (name, reason) in &loaded.skipped {
-            progress(Progress::Skipped {
-                name: name.clone(),
-                reason: reason.clone(),
-            });
-        }
-        check_resume_config(&loaded, &config)?;
-        Some(loaded)
-    } else {
-        if holds_checkpoints(&ckpt)? {
-            return Err(TrainError::ExistingCheckpoints { dir: ckpt });
-        }
-        None
-    };
-    write_atomic(&spec.out.join(CONFIG_FILE), &config)?;
-    match spec.method {
-        Method::Gradient => run_gradient(spec, vocab, shards, config, loaded, progress),
-        Method::Counts => run_counts(spec, vocab, &shards, config, loaded, progress),
+    if !holds_checkpoints(&ckpt)? {
+        return Ok(None);
     }
+    if !spec.resume {
+        return Err(TrainError::ExistingCheckpoints { dir: ckpt });
+    }
+    let loaded = checkpoint::load(&ckpt, None)?;
+    for (name, reason) in &loaded.skipped {
+        progress(Progress::Skipped {
+            name: name.clone(),
+            reason: reason.clone(),
+        });
+    }
+    check_resume_config(&loaded, config)?;
+    Ok(Some(loaded))
 }
 
 fn run_gradient(
@@ -99,11 +113,8 @@ fn run_gradient(
     loaded: Option<Loaded>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<RunOutcome, TrainError> {
-    let ckpt = spec.out.join(CKPT_DIR);
-    let final_path = spec.out.join(FINAL_FILE);
     let rng = Pcg32::seed(spec.seed, DEFAULT_SEQ);
     let stream = TokenStream::new(shards, spec.seq_len, spec.batch, rng, Some(vocab))?;
-    let nothing_to_resume = spec.resume && loaded.is_none();
     let mut trainer = match &loaded {
         Some(l) => Trainer::from_checkpoint(stream, vocab, spec.optim, config, l)?,
         None => Trainer::fresh(stream, vocab, spec.optim, config)?,
@@ -114,35 +125,43 @@ fn run_gradient(
         max_steps: spec.max_steps,
         tokens_seen: trainer.tokens_seen(),
         resumed_from: loaded.as_ref().map(|l| l.path.clone()),
-        nothing_to_resume,
+        nothing_to_resume: spec.resume && loaded.is_none(),
     });
+    let past = TrainError::PastMaxSteps {
+        step: start,
+        max_steps: spec.max_steps,
+    };
     if start > spec.max_steps {
-        return Err(TrainError::PastMaxSteps {
-            step: start,
-            max_steps: spec.max_steps,
-        });
+        return Err(past);
     }
     if start == spec.max_steps {
-        // Finished before: the line is in final.json, which was written before the
-        // final checkpoint; it must describe exactly the loaded state.
-        let existing = fs::read(&final_path).ok();
-        let line = existing
-            .as_deref()
-            .and_then(|bytes| {
-                let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-                let bits = u32::from_str_radix(value.get("loss_bits")?.as_str()?, 16).ok()?;
-                let line = trainer.final_line(f32::from_bits(bits)).to_line();
-                (line.as_bytes() == bytes).then_some(line)
-            })
-            .ok_or(TrainError::PastMaxSteps {
-                step: start,
-                max_steps: spec.max_steps,
-            })?;
+        let line = finished_line(&trainer, &spec.out.join(FINAL_FILE)).ok_or(past)?;
         return Ok(RunOutcome {
             line,
             checkpoint: loaded.map(|l| l.path),
         });
     }
+    train_to_the_end(spec, &mut trainer, progress)
+}
+
+/// A run that finished before: its line is in final.json, which was written before
+/// the final checkpoint; it must describe exactly the loaded state (else `None`).
+fn finished_line(trainer: &Trainer, final_path: &Path) -> Option<String> {
+    let bytes = fs::read(final_path).ok()?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let bits = u32::from_str_radix(value.get("loss_bits")?.as_str()?, 16).ok()?;
+    let line = trainer.final_line(f32::from_bits(bits)).to_line();
+    (line.as_bytes() == bytes.as_slice()).then_some(line)
+}
+
+/// Step until `max_steps` (start < max_steps), checkpointing every `ckpt_every` steps
+/// and after the last, whose final line goes to final.json first.
+fn train_to_the_end(
+    spec: &RunSpec,
+    trainer: &mut Trainer,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<RunOutcome, TrainError> {
+    let ckpt = spec.out.join(CKPT_DIR);
     let mut last = None;
     while trainer.step_count() < spec.max_steps {
         let loss = trainer.train_step()?;
@@ -162,7 +181,7 @@ fn run_gradient(
         let mut line = None;
         if is_last {
             let text = trainer.final_line(loss).to_line();
-            write_atomic(&final_path, text.as_bytes())?;
+            write_atomic(&spec.out.join(FINAL_FILE), text.as_bytes())?;
             line = Some(text);
         }
         if is_last || step % spec.ckpt_every == 0 {
@@ -195,8 +214,7 @@ fn run_counts(
     spec: &RunSpec,
     vocab: u32,
     shards: &[Shard],
-    config: Vec<u8>,
-    _loaded: Option<Loaded>,
+    config: &[u8],
     progress: &mut dyn FnMut(Progress),
 ) -> Result<RunOutcome, TrainError> {
     progress(Progress::Start {
@@ -206,6 +224,38 @@ fn run_counts(
         resumed_from: None,
         nothing_to_resume: false,
     });
+    let fit = count_shards(vocab, shards, progress)?;
+    let line = FinalLine {
+        step: COUNTS_STEP,
+        tokens_seen: fit.positions,
+        loss: fit.loss,
+        loss_bits: format!("{:08x}", fit.loss.to_bits()),
+        model_sha256: sha256_f32([fit.model.weight()]),
+        optimizer_sha256: None,
+        cursor: None,
+    }
+    .to_line();
+    let model_path = spec.out.join(MODEL_FILE);
+    let mut file = crate::core::atomic::AtomicFile::create(&model_path)?;
+    write_model(&mut file, &fit.model).map_err(|source| TrainError::Io {
+        path: model_path.clone(),
+        source,
+    })?;
+    file.commit()?;
+    write_atomic(&spec.out.join(FINAL_FILE), line.as_bytes())?;
+    let path = save_counts(spec, &fit, config, progress)?;
+    Ok(RunOutcome {
+        line,
+        checkpoint: Some(path),
+    })
+}
+
+/// One counting pass over every shard, in chunks, reporting after each shard.
+fn count_shards(
+    vocab: u32,
+    shards: &[Shard],
+    progress: &mut dyn FnMut(Progress),
+) -> Result<CountsFit, TrainError> {
     let mut counts = CountsBuilder::new(vocab)?;
     for (index, shard) in shards.iter().enumerate() {
         let n = shard.len();
@@ -227,36 +277,26 @@ fn run_counts(
             positions: counts.positions(),
         });
     }
-    let fit = counts.finish()?;
-    let model_sha256 = sha256_f32([fit.model.weight()]);
-    let line = FinalLine {
-        step: COUNTS_STEP,
-        tokens_seen: fit.positions,
-        loss: fit.loss,
-        loss_bits: format!("{:08x}", fit.loss.to_bits()),
-        model_sha256,
-        optimizer_sha256: None,
-        cursor: None,
-    }
-    .to_line();
-    let model_path = spec.out.join(MODEL_FILE);
-    let mut file = crate::core::atomic::AtomicFile::create(&model_path)?;
-    write_model(&mut file, &fit.model).map_err(|source| TrainError::Io {
-        path: model_path.clone(),
-        source,
-    })?;
-    file.commit()?;
-    write_atomic(&spec.out.join(FINAL_FILE), line.as_bytes())?;
+    counts.finish()
+}
+
+/// The count model's one checkpoint, at [`COUNTS_STEP`]; returns its directory.
+fn save_counts(
+    spec: &RunSpec,
+    fit: &CountsFit,
+    config: &[u8],
+    progress: &mut dyn FnMut(Progress),
+) -> Result<PathBuf, TrainError> {
     let mut state = TrainerState::new(COUNTS_STEP);
     state.tokens_seen = fit.positions;
-    state.config_sha256 = Some(sha256_hex(&config));
+    state.config_sha256 = Some(sha256_hex(config));
     let model = &fit.model;
     let req = SaveRequest {
         step: COUNTS_STEP,
         model: Payload::Writer(Box::new(move |out: &mut dyn Write| write_model(out, model))),
         optimizer: None,
         state,
-        config: Some(Cow::Borrowed(&config)),
+        config: Some(Cow::Borrowed(config)),
         keep: spec.keep,
         overwrite: true,
         force: false,
@@ -270,8 +310,5 @@ fn run_counts(
         step: COUNTS_STEP,
         path: report.path.clone(),
     });
-    Ok(RunOutcome {
-        line,
-        checkpoint: Some(report.path),
-    })
+    Ok(report.path)
 }
