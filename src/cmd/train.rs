@@ -276,8 +276,9 @@ impl ProgressView<'_> {
         let done = tokens_seen.saturating_sub(self.start_tokens) as f64;
         let rate = if secs > 0.0 { done / secs } else { 0.0 };
         self.bar.set_position(step);
-        self.bar.set_message(format!("loss {loss:.4}  {rate:.0} tok/s"));
-        if self.plain && self.log_every > 0 && step % self.log_every == 0 {
+        self.bar
+            .set_message(format!("loss {loss:.4}  {rate:.0} tok/s"));
+        if self.plain && self.log_every > 0 && step.is_multiple_of(self.log_every) {
             self.printer.info(format!(
                 "step {step} loss {loss:.6} tokens {tokens_seen} tok/s {rate:.0}"
             ));

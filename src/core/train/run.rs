@@ -184,7 +184,7 @@ fn train_to_the_end(
             write_atomic(&spec.out.join(FINAL_FILE), text.as_bytes())?;
             line = Some(text);
         }
-        if is_last || step % spec.ckpt_every == 0 {
+        if is_last || step.is_multiple_of(spec.ckpt_every) {
             let report = trainer.save_waiting(&ckpt, spec.keep, &mut |path| {
                 progress(Progress::WaitingForLock {
                     path: path.to_path_buf(),
