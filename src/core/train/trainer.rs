@@ -3,7 +3,8 @@
 //!
 //! Invariants: a checkpoint holds the whole of a trainer (model, optimizer state,
 //! step, tokens seen, the stream's cursor and the run's config), so a trainer rebuilt
-//! from one continues bit for bit; `after_step`-style hooks live in `run`, not here.
+//! from one continues bit for bit. The checkpoint schedule and the failpoint after each
+//! step are `run`'s, not the trainer's.
 
 use std::borrow::Cow;
 use std::io::Write;
