@@ -388,11 +388,12 @@ fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result
         .removed
         .iter()
         .map(|r| {
-            let name = r
-                .path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            // Every removal is `dir/<entry>`; a path without a last component would
+            // be shown whole rather than as an empty name.
+            let name = r.path.file_name().map_or_else(
+                || r.path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
             (name, r.reason.describe())
         })
         .collect();

@@ -327,8 +327,32 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
     let corpus = ch.dir.join("corpus.txt");
     crate::core::atomic::write_file(&corpus, CORPUS)
         .with_context(|| format!("cannot write {}", corpus.display()))?;
+    if !pack_shard(ch, checks)? || !inspect_shard(ch, checks)? {
+        return Ok(false);
+    }
+    let Some((line_a, final_a)) = uninterrupted_run(ch, checks, report)? else {
+        return Ok(false);
+    };
+    let res_args = train_args(RESUMED);
+    let res_refs: Vec<&str> = res_args.iter().map(String::as_str).collect();
+    if !aborted_run(ch, checks, report, &res_refs)? {
+        return Ok(false);
+    }
+    let Some(last_saved) = crash_leftover(ch, checks)? else {
+        return Ok(false);
+    };
+    if !resumed_run(ch, checks, report, &res_refs, last_saved, &line_a)? {
+        return Ok(false);
+    }
+    report.final_line = final_a;
+    report.final_line_text = Some(line_a);
+    compare_final_files(ch, checks)?;
+    verify_dirs(ch, checks)?;
+    Ok(true)
+}
 
-    // 1. Pack the corpus into a shard (every byte is a token).
+/// Step 1: the built-in corpus packed into a shard (every byte is a token).
+fn pack_shard(ch: &Children, checks: &mut Checks) -> anyhow::Result<bool> {
     ch.stage("packing the built-in corpus into a token shard");
     let pack = ["tokens", "pack", "corpus.txt", "-o", SHARD];
     let out = ch.run(&pack, None)?;
@@ -341,7 +365,11 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
         return Ok(false);
     }
 
-    // 2. Inspect it: the header must validate and count every byte.
+    Ok(true)
+}
+
+/// Step 2: the shard's header validates and counts every byte.
+fn inspect_shard(ch: &Children, checks: &mut Checks) -> anyhow::Result<bool> {
     let header = ["tokens", "header", SHARD, "--json"];
     let out = ch.run(&header, None)?;
     let doc: Option<Value> = serde_json::from_slice(&out.stdout).ok();
@@ -367,7 +395,15 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
         return Ok(false);
     }
 
-    // 3. The uninterrupted run.
+    Ok(true)
+}
+
+/// Step 3: the uninterrupted run; its final line (text and parsed).
+fn uninterrupted_run(
+    ch: &Children,
+    checks: &mut Checks,
+    report: &mut Report,
+) -> anyhow::Result<Option<(String, Option<Value>)>> {
     ch.stage(&format!("training {STEPS} steps uninterrupted"));
     let full_args = train_args(FULL);
     let full_refs: Vec<&str> = full_args.iter().map(String::as_str).collect();
@@ -397,14 +433,17 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
         ),
     ) {
         ch.show_failure(&full_refs, &out);
-        return Ok(false);
+        return Ok(None);
     }
-    let saved = fs::read(ch.dir.join(FULL).join("final.json")).unwrap_or_default();
-    checks.add(
-        "train: final.json = the final line",
-        saved.strip_suffix(b"\n").unwrap_or(&saved) == line_a.as_bytes(),
-        format!("{FULL}/final.json"),
-    );
+    // An unreadable final.json fails the check with the reason, never as empty text.
+    let (same, detail) = match fs::read(ch.dir.join(FULL).join("final.json")) {
+        Ok(saved) => (
+            saved.strip_suffix(b"\n").unwrap_or(&saved) == line_a.as_bytes(),
+            format!("{FULL}/final.json"),
+        ),
+        Err(e) => (false, format!("{FULL}/final.json: {e}")),
+    };
+    checks.add("train: final.json = the final line", same, detail);
     let ln_v = (VOCAB as f64).ln();
     checks.add(
         "train: the loss fell",
@@ -415,15 +454,22 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
         ),
     );
 
-    // 4. The same run, aborted by the failpoint right after step ABORT_AFTER + 1.
+    Ok(Some((line_a, final_a)))
+}
+
+/// Step 4: the same run, aborted by the failpoint right after step ABORT_AFTER + 1.
+fn aborted_run(
+    ch: &Children,
+    checks: &mut Checks,
+    report: &mut Report,
+    res_refs: &[&str],
+) -> anyhow::Result<bool> {
     ch.stage(&format!(
         "training the same run, aborted after step {}",
         ABORT_AFTER + 1
     ));
     let spec = format!("train/after-step={ABORT_AFTER}*off->return");
-    let res_args = train_args(RESUMED);
-    let res_refs: Vec<&str> = res_args.iter().map(String::as_str).collect();
-    let out = ch.run(&res_refs, Some(&spec))?;
+    let out = ch.run(res_refs, Some(&spec))?;
     let no_final = !ch.dir.join(RESUMED).join("final.json").exists();
     report.runs.push(Run {
         run: "aborted by failpoint".into(),
@@ -435,11 +481,15 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
         aborted(&out.status) && out.stdout.is_empty() && no_final,
         format!("FAILPOINTS='{spec}': ended by {}", describe(&out.status)),
     ) {
-        ch.show_failure(&res_refs, &out);
+        ch.show_failure(res_refs, &out);
         return Ok(false);
     }
 
-    // 5. What the crash left: the newest checkpoint before the abort.
+    Ok(true)
+}
+
+/// Step 5: what the crash left, the newest checkpoint before the abort; its step.
+fn crash_leftover(ch: &Children, checks: &mut Checks) -> anyhow::Result<Option<u64>> {
     let ckpt = format!("{RESUMED}/ckpt");
     let latest = ["ckpt", "latest", ckpt.as_str()];
     let out = ch.run(&latest, None)?;
@@ -456,12 +506,23 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
         },
     ) {
         ch.show_failure(&latest, &out);
-        return Ok(false);
+        return Ok(None);
     }
 
-    // 6. Resume it.
+    Ok(Some(last_saved))
+}
+
+/// Step 6: resume the aborted run; its final line must equal the uninterrupted one's.
+fn resumed_run(
+    ch: &Children,
+    checks: &mut Checks,
+    report: &mut Report,
+    res_refs: &[&str],
+    last_saved: u64,
+    line_a: &str,
+) -> anyhow::Result<bool> {
     ch.stage(&format!("resuming from step {last_saved}"));
-    let mut resume_refs = res_refs.clone();
+    let mut resume_refs = res_refs.to_vec();
     resume_refs.push("--resume");
     let out = ch.run(&resume_refs, None)?;
     let line_b = stdout_text(&out);
@@ -488,10 +549,12 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
         !line_a.is_empty() && line_a == line_b,
         format!("{} bytes each", line_a.len()),
     );
-    report.final_line = final_a;
-    report.final_line_text = Some(line_a.clone());
 
-    // 7. The final models and optimizer states, bitwise.
+    Ok(true)
+}
+
+/// Step 7: the final models and optimizer states, bitwise.
+fn compare_final_files(ch: &Children, checks: &mut Checks) -> anyhow::Result<()> {
     let last = step_name(STEPS);
     for file in ["model.safetensors", "optimizer.safetensors"] {
         let a = format!("{FULL}/ckpt/{last}/{file}");
@@ -507,7 +570,11 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
         }
     }
 
-    // 8. The checkpoint directories as a whole.
+    Ok(())
+}
+
+/// Step 8: the checkpoint directories as a whole.
+fn verify_dirs(ch: &Children, checks: &mut Checks) -> anyhow::Result<()> {
     for run in [FULL, RESUMED] {
         let ckpt = format!("{run}/ckpt");
         let verify = ["ckpt", "verify", ckpt.as_str()];
@@ -520,7 +587,7 @@ fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Res
             ch.show_failure(&verify, &out);
         }
     }
-    Ok(true)
+    Ok(())
 }
 
 fn print_report(report: &Report, printer: &Printer) -> anyhow::Result<()> {

@@ -8,10 +8,13 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
+use indicatif::ProgressBar;
 
 use super::Outcome;
 use crate::core::optim::{OptimConfig, ADAMW_WEIGHT_DECAY, SGD_MOMENTUM};
-use crate::core::train::run::{run as run_training, Method, Progress, RunSpec, CKPT_DIR};
+use crate::core::train::layout::CKPT_DIR;
+use crate::core::train::run::run as run_training;
+use crate::core::train::spec::{Method, Progress, RunSpec};
 use crate::output::Printer;
 
 /// AdamW's default learning rate (the spec's example).
@@ -129,6 +132,8 @@ pub fn run(cmd: TrainCommand, printer: &Printer) -> anyhow::Result<Outcome> {
     }
 }
 
+/// The optimizer the flags ask for: torch's defaults but for the learning rate, the
+/// weight decay and SGD's momentum.
 fn optim_config(args: &BigramArgs) -> anyhow::Result<OptimConfig> {
     Ok(match args.optimizer {
         OptimizerArg::Adamw => {
@@ -137,22 +142,14 @@ fn optim_config(args: &BigramArgs) -> anyhow::Result<OptimConfig> {
                     "--momentum applies to --optimizer sgd only",
                 ));
             }
-            let mut c = OptimConfig::adamw(args.lr.unwrap_or(ADAMW_LR));
-            if let OptimConfig::Adamw { weight_decay, .. } = &mut c {
-                *weight_decay = args.weight_decay.unwrap_or(ADAMW_WEIGHT_DECAY);
-            }
-            c
+            OptimConfig::adamw(args.lr.unwrap_or(ADAMW_LR))
+                .with_weight_decay(args.weight_decay.unwrap_or(ADAMW_WEIGHT_DECAY))
         }
-        OptimizerArg::Sgd => {
-            let mut c = OptimConfig::sgd(
-                args.lr.unwrap_or(SGD_LR),
-                args.momentum.unwrap_or(SGD_MOMENTUM),
-            );
-            if let OptimConfig::Sgd { weight_decay, .. } = &mut c {
-                *weight_decay = args.weight_decay.unwrap_or(0.0);
-            }
-            c
-        }
+        OptimizerArg::Sgd => OptimConfig::sgd(
+            args.lr.unwrap_or(SGD_LR),
+            args.momentum.unwrap_or(SGD_MOMENTUM),
+        )
+        .with_weight_decay(args.weight_decay.unwrap_or(0.0)),
     })
 }
 
@@ -178,87 +175,113 @@ fn bigram(args: BigramArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         },
         vocab_size: args.vocab_size,
     };
-    let ckpt = args.out.join(CKPT_DIR);
-    let bar = printer.bar(
-        args.max_steps,
-        "train",
-        "{msg} {bar:30} {pos}/{len} steps, eta {eta}",
-    );
-    let plain = printer.wants_plain_progress();
-    let log_every = args.log_every;
-    let mut started = Instant::now();
-    let mut start_tokens = 0u64;
-    let mut on_progress = |p: Progress| match p {
-        Progress::Start {
-            step,
-            max_steps,
-            tokens_seen,
-            resumed_from,
-            nothing_to_resume,
-        } => {
-            if nothing_to_resume {
-                printer.info(format!(
-                    "tlio: --resume: no checkpoint in {} yet, starting from step 0",
-                    ckpt.display()
-                ));
-            }
-            if let Some(path) = resumed_from {
-                printer.info(format!(
-                    "tlio: resuming from {} (step {step})",
-                    path.display()
-                ));
-            }
-            bar.set_length(max_steps);
-            bar.set_position(step);
-            started = Instant::now();
-            start_tokens = tokens_seen;
-        }
-        Progress::Step {
-            step,
-            loss,
-            tokens_seen,
-        } => {
-            // Progress only: the rate never reaches stdout or any file.
-            let secs = started.elapsed().as_secs_f64();
-            let done = tokens_seen.saturating_sub(start_tokens) as f64;
-            let rate = if secs > 0.0 { done / secs } else { 0.0 };
-            bar.set_position(step);
-            bar.set_message(format!("loss {loss:.4}  {rate:.0} tok/s"));
-            if plain && log_every > 0 && step % log_every == 0 {
-                printer.info(format!(
-                    "step {step} loss {loss:.6} tokens {tokens_seen} tok/s {rate:.0}"
-                ));
-            }
-        }
-        Progress::Saved { step, path } => {
-            if plain {
-                printer.info(format!("checkpoint step {step}: {}", path.display()));
-            }
-        }
-        Progress::Skipped { name, reason } => {
-            // Not silenced by --json: falling back past a newer step is worth knowing
-            // even when stdout is for machines (it goes to stderr).
-            printer.warn(format!("--resume: skipped {name}: {reason}"));
-        }
-        Progress::WaitingForLock { path } => {
-            printer.warn(format!(
-                "waiting for {} (another tlio save or gc holds it)",
-                path.display()
-            ));
-        }
-        Progress::Counted { shard, positions } => {
-            if plain {
-                printer.info(format!(
-                    "counted shard {shard}: {positions} positions so far"
-                ));
-            }
-        }
+    let mut view = ProgressView {
+        printer,
+        ckpt: args.out.join(CKPT_DIR),
+        bar: printer.bar(
+            args.max_steps,
+            "train",
+            "{msg} {bar:30} {pos}/{len} steps, eta {eta}",
+        ),
+        plain: printer.wants_plain_progress(),
+        log_every: args.log_every,
+        started: Instant::now(),
+        start_tokens: 0,
     };
-    let outcome = run_training(&spec, &mut on_progress)
+    let outcome = run_training(&spec, &mut |p| view.show(p))
         .with_context(|| format!("train bigram {}", args.out.display()))?;
-    bar.finish_and_clear();
+    view.bar.finish_and_clear();
     let mut out = printer.out();
     out.write_all(outcome.line.as_bytes())?;
     out.flush()?;
     Ok(Outcome::Success)
+}
+
+/// How a run's progress is drawn on stderr: a bar on a terminal, plain lines every
+/// `--log-every` steps otherwise. Nothing here reaches stdout.
+struct ProgressView<'p> {
+    printer: &'p Printer,
+    ckpt: PathBuf,
+    bar: ProgressBar,
+    plain: bool,
+    log_every: u64,
+    /// When this process started stepping, for the token rate.
+    started: Instant,
+    /// Tokens consumed before this process started.
+    start_tokens: u64,
+}
+
+impl ProgressView<'_> {
+    fn show(&mut self, p: Progress) {
+        let printer = self.printer;
+        match p {
+            Progress::Start {
+                step,
+                max_steps,
+                tokens_seen,
+                resumed_from,
+                nothing_to_resume,
+            } => {
+                if nothing_to_resume {
+                    printer.info(format!(
+                        "tlio: --resume: no checkpoint in {} yet, starting from step 0",
+                        self.ckpt.display()
+                    ));
+                }
+                if let Some(path) = resumed_from {
+                    printer.info(format!(
+                        "tlio: resuming from {} (step {step})",
+                        path.display()
+                    ));
+                }
+                self.bar.set_length(max_steps);
+                self.bar.set_position(step);
+                self.started = Instant::now();
+                self.start_tokens = tokens_seen;
+            }
+            Progress::Step {
+                step,
+                loss,
+                tokens_seen,
+            } => self.step(step, loss, tokens_seen),
+            Progress::Saved { step, path } => {
+                if self.plain {
+                    printer.info(format!("checkpoint step {step}: {}", path.display()));
+                }
+            }
+            Progress::Skipped { name, reason } => {
+                // Not silenced by --json: falling back past a newer step is worth
+                // knowing even when stdout is for machines (it goes to stderr).
+                printer.warn(format!("--resume: skipped {name}: {reason}"));
+            }
+            Progress::WaitingForLock { path } => {
+                printer.warn(format!(
+                    "waiting for {} (another tlio save or gc holds it)",
+                    path.display()
+                ));
+            }
+            Progress::Counted { shard, positions } => {
+                if self.plain {
+                    printer.info(format!(
+                        "counted shard {shard}: {positions} positions so far"
+                    ));
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, step: u64, loss: f32, tokens_seen: u64) {
+        // Progress only: the rate never reaches stdout or any file.
+        let secs = self.started.elapsed().as_secs_f64();
+        let done = tokens_seen.saturating_sub(self.start_tokens) as f64;
+        let rate = if secs > 0.0 { done / secs } else { 0.0 };
+        self.bar.set_position(step);
+        self.bar
+            .set_message(format!("loss {loss:.4}  {rate:.0} tok/s"));
+        if self.plain && self.log_every > 0 && step.is_multiple_of(self.log_every) {
+            self.printer.info(format!(
+                "step {step} loss {loss:.6} tokens {tokens_seen} tok/s {rate:.0}"
+            ));
+        }
+    }
 }

@@ -20,7 +20,8 @@ mod tests {
         ("safetensors", &["atomic", "files"]),
         ("model", &["atomic", "files", "safetensors"]),
         ("tokens", &["atomic", "files"]),
-        ("checkpoint", &["atomic", "files", "safetensors"]),
+        // The optimizer file stores `optim`'s one definition of the hyper-parameters.
+        ("checkpoint", &["atomic", "files", "optim", "safetensors"]),
         ("optim", &[]),
         (
             "train",

@@ -2,8 +2,10 @@
 //!
 //! Arrows run one way (checked against the sources by `layering`'s test):
 //! `train` uses `checkpoint`, `tokens`, `safetensors` and `optim`; `checkpoint` and
-//! `model` use `safetensors`; `safetensors`, `model`, `tokens` and `checkpoint` use
-//! `files` and `atomic`; `files` uses `atomic`. The leaves `failure` (what kind of
+//! `model` use `safetensors`; `checkpoint` uses `optim` (whose hyper-parameter type the
+//! optimizer file stores; `optim` uses nothing of tlio's but `failure`);
+//! `safetensors`, `model`, `tokens` and `checkpoint` use `files` and `atomic`; `files`
+//! uses `atomic`. The leaves `failure` (what kind of
 //! failure an error is), `text` (escaping names for display), `digest` (sha256 and
 //! hex), `pcg` (the generator) and `failpoints` use nothing of tlio's but `failure`,
 //! and every area may use them. Nothing here prints, exits, looks at a terminal or

@@ -14,19 +14,34 @@
 //! written with an explicit fused multiply-add there (`vec::fmadd`), so they are fused
 //! here (`f32::mul_add`); `mul_`, `addcmul_`, `addcdiv_`, `sqrt` and `/` are separate
 //! roundings in the order torch's kernels write them.
+//!
+//! The hyper-parameters are defined once, in [`Hyper`]: a run's configuration is
+//! [`OptimConfig`] (no step count) and the optimizer's scalar state is
+//! [`OptimizerState`] (AdamW's step count too); [`Hyper::with_step`] is the only
+//! crossing between them. Their serde form is the JSON of config.json's `optimizer`
+//! and of `optimizer.safetensors`' `state`, whose file rules live in
+//! `checkpoint::optimizer` (the one home of the optimizer's on-disk form). The state
+//! keys (`exp_avg`, ...) are torch's names and are defined here too.
 
 use serde::{Deserialize, Serialize};
+
+#[cfg(test)]
+pub(crate) mod fixture;
 
 use crate::core::failure::{Failure, FailureKind};
 
 /// PyTorch's AdamW defaults.
-pub const ADAMW_BETAS: (f64, f64) = (0.9, 0.999);
+pub const ADAMW_BETAS: [f64; 2] = [0.9, 0.999];
 /// PyTorch's AdamW default epsilon.
 pub const ADAMW_EPS: f64 = 1e-8;
 /// PyTorch's AdamW default decoupled weight decay.
 pub const ADAMW_WEIGHT_DECAY: f64 = 0.01;
 /// The SGD momentum `tlio train` uses unless told otherwise (torch's own default is 0).
 pub const SGD_MOMENTUM: f64 = 0.9;
+/// AdamW's per-parameter state arrays (torch's state-dict keys), in file order.
+pub const ADAMW_KEYS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
+/// SGD's per-parameter state array (with momentum).
+pub const SGD_KEYS: [&str; 1] = ["momentum_buffer"];
 
 /// Errors of the optimizers.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -65,24 +80,80 @@ impl Failure for OptimError {
     }
 }
 
-/// The hyperparameters. Their serde form is the `optimizer` object of a run's
-/// config.json (the pair `betas` as a JSON array), so its field order is part of the
-/// run's identity bytes.
+/// Where a [`Hyper`] keeps AdamW's step count: `u64` in the optimizer's state
+/// ([`OptimizerState`]), nothing in a run's configuration ([`OptimConfig`]).
+pub trait StepSlot: Copy + PartialEq + std::fmt::Debug {
+    /// True when the slot holds nothing and is left out of the JSON form.
+    fn is_absent(&self) -> bool;
+}
+
+impl StepSlot for u64 {
+    fn is_absent(&self) -> bool {
+        false
+    }
+}
+
+/// No step count: a configuration says how to step, not how far it got. Its JSON form
+/// is absence; a `step` key in a configuration is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NoStep;
+
+impl StepSlot for NoStep {
+    fn is_absent(&self) -> bool {
+        true
+    }
+}
+
+impl Serialize for NoStep {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // Never reached through `Hyper` (the field is skipped when absent).
+        serializer.serialize_none()
+    }
+}
+
+impl<'de> Deserialize<'de> for NoStep {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Absent;
+        impl<'de> serde::de::Visitor<'de> for Absent {
+            type Value = NoStep;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("no `step` (the step count is state, not config)")
+            }
+            fn visit_none<E: serde::de::Error>(self) -> Result<NoStep, E> {
+                Ok(NoStep)
+            }
+        }
+        // A missing field reaches here as `none`; any present value is refused.
+        deserializer.deserialize_option(Absent)
+    }
+}
+
+/// The optimizer's hyper-parameters, defined once: with `S = NoStep` the `optimizer`
+/// object of a run's config.json ([`OptimConfig`]), with `S = u64` the scalar state of
+/// `optimizer.safetensors` ([`OptimizerState`], AdamW's step count after the tag; SGD's
+/// update does not depend on the step, so its state has none). The serde form is both
+/// files' JSON (the checkpoint core reads and writes it), so the field order is part
+/// of a run's identity bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
-pub enum OptimConfig {
-    /// `torch.optim.AdamW`.
-    Adamw {
+#[serde(tag = "type", deny_unknown_fields)]
+pub enum Hyper<S: StepSlot> {
+    /// `torch.optim.AdamW` (decoupled weight decay).
+    #[serde(rename = "adamw")]
+    AdamW {
+        /// Steps taken (bias correction uses it); absent in a configuration.
+        #[serde(skip_serializing_if = "StepSlot::is_absent")]
+        step: S,
         /// Learning rate.
         lr: f64,
         /// (beta1, beta2).
-        betas: (f64, f64),
+        betas: [f64; 2],
         /// Added to the denominator.
         eps: f64,
         /// Decoupled weight decay.
         weight_decay: f64,
     },
     /// `torch.optim.SGD`.
+    #[serde(rename = "sgd")]
     Sgd {
         /// Learning rate.
         lr: f64,
@@ -97,10 +168,19 @@ pub enum OptimConfig {
     },
 }
 
+/// A run's optimizer configuration: the hyper-parameters without a step count.
+pub type OptimConfig = Hyper<NoStep>;
+
+/// The optimizer's scalar state: the hyper-parameters and AdamW's step count (the
+/// metadata `state` of `optimizer.safetensors`; its file rules are in
+/// `checkpoint::optimizer`).
+pub type OptimizerState = Hyper<u64>;
+
 impl OptimConfig {
     /// AdamW with torch's defaults and the given learning rate.
     pub fn adamw(lr: f64) -> Self {
-        OptimConfig::Adamw {
+        Hyper::AdamW {
+            step: NoStep,
             lr,
             betas: ADAMW_BETAS,
             eps: ADAMW_EPS,
@@ -110,7 +190,7 @@ impl OptimConfig {
 
     /// SGD with the given learning rate and momentum, torch's defaults otherwise.
     pub fn sgd(lr: f64, momentum: f64) -> Self {
-        OptimConfig::Sgd {
+        Hyper::Sgd {
             lr,
             momentum,
             dampening: 0.0,
@@ -118,114 +198,144 @@ impl OptimConfig {
             weight_decay: 0.0,
         }
     }
+}
+
+impl OptimizerState {
+    /// Optimizer steps taken (0 for SGD, whose state does not count them).
+    pub fn step(&self) -> u64 {
+        match *self {
+            Hyper::AdamW { step, .. } => step,
+            Hyper::Sgd { .. } => 0,
+        }
+    }
+}
+
+/// One hyper-parameter check: `Ok` when `ok`, else the value and its valid range.
+fn check(name: &'static str, value: f64, ok: bool, why: &'static str) -> Result<(), OptimError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(OptimError::Hyper { name, value, why })
+    }
+}
+
+/// Finite and not negative (learning rates, epsilons, weight decays, momenta).
+fn check_non_negative(name: &'static str, value: f64) -> Result<(), OptimError> {
+    check(
+        name,
+        value,
+        value.is_finite() && value >= 0.0,
+        "must be finite and >= 0",
+    )
+}
+
+impl<S: StepSlot> Hyper<S> {
+    /// The same hyper-parameters with `step` in the step slot (AdamW only: SGD has
+    /// none). The one crossing between a configuration and a state.
+    pub fn with_step<T: StepSlot>(self, step: T) -> Hyper<T> {
+        match self {
+            Hyper::AdamW {
+                lr,
+                betas,
+                eps,
+                weight_decay,
+                ..
+            } => Hyper::AdamW {
+                step,
+                lr,
+                betas,
+                eps,
+                weight_decay,
+            },
+            Hyper::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay,
+            } => Hyper::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay,
+            },
+        }
+    }
+
+    /// The hyper-parameters without the step count.
+    pub fn config(self) -> OptimConfig {
+        self.with_step(NoStep)
+    }
+
+    /// The same hyper-parameters with weight decay `wd` (AdamW's is decoupled, SGD's
+    /// an L2 penalty).
+    pub fn with_weight_decay(mut self, wd: f64) -> Self {
+        match &mut self {
+            Hyper::AdamW { weight_decay, .. } | Hyper::Sgd { weight_decay, .. } => {
+                *weight_decay = wd;
+            }
+        }
+        self
+    }
 
     /// The learning rate.
     pub fn lr(&self) -> f64 {
         match *self {
-            OptimConfig::Adamw { lr, .. } | OptimConfig::Sgd { lr, .. } => lr,
+            Hyper::AdamW { lr, .. } | Hyper::Sgd { lr, .. } => lr,
         }
     }
 
     /// `"adamw"` or `"sgd"`.
     pub fn kind(&self) -> &'static str {
         match self {
-            OptimConfig::Adamw { .. } => "adamw",
-            OptimConfig::Sgd { .. } => "sgd",
+            Hyper::AdamW { .. } => "adamw",
+            Hyper::Sgd { .. } => "sgd",
         }
     }
 
     /// The state keys stored per parameter (`<param>.<key>`), in file order.
     pub fn state_keys(&self) -> &'static [&'static str] {
         match *self {
-            OptimConfig::Adamw { .. } => &["exp_avg", "exp_avg_sq"],
-            OptimConfig::Sgd { momentum, .. } if momentum != 0.0 => &["momentum_buffer"],
-            OptimConfig::Sgd { .. } => &[],
+            Hyper::AdamW { .. } => &ADAMW_KEYS,
+            Hyper::Sgd { momentum, .. } if momentum != 0.0 => &SGD_KEYS,
+            Hyper::Sgd { .. } => &[],
         }
     }
 
     /// Check every hyperparameter the way torch's constructors do.
     pub fn validate(&self) -> Result<(), OptimError> {
-        fn check(
-            name: &'static str,
-            value: f64,
-            ok: bool,
-            why: &'static str,
-        ) -> Result<(), OptimError> {
-            if ok {
-                Ok(())
-            } else {
-                Err(OptimError::Hyper { name, value, why })
-            }
-        }
         match *self {
-            OptimConfig::Adamw {
+            Hyper::AdamW {
                 lr,
-                betas,
+                betas: [beta1, beta2],
                 eps,
                 weight_decay,
+                ..
             } => {
-                check(
-                    "lr",
-                    lr,
-                    lr.is_finite() && lr >= 0.0,
-                    "must be finite and >= 0",
-                )?;
-                check(
-                    "beta1",
-                    betas.0,
-                    (0.0..1.0).contains(&betas.0),
-                    "must be in [0, 1)",
-                )?;
-                check(
-                    "beta2",
-                    betas.1,
-                    (0.0..1.0).contains(&betas.1),
-                    "must be in [0, 1)",
-                )?;
-                check(
-                    "eps",
-                    eps,
-                    eps.is_finite() && eps >= 0.0,
-                    "must be finite and >= 0",
-                )?;
-                check(
-                    "weight_decay",
-                    weight_decay,
-                    weight_decay.is_finite() && weight_decay >= 0.0,
-                    "must be finite and >= 0",
-                )
+                check_non_negative("lr", lr)?;
+                let unit = "must be in [0, 1)";
+                check("beta1", beta1, (0.0..1.0).contains(&beta1), unit)?;
+                check("beta2", beta2, (0.0..1.0).contains(&beta2), unit)?;
+                check_non_negative("eps", eps)?;
+                check_non_negative("weight_decay", weight_decay)
             }
-            OptimConfig::Sgd {
+            Hyper::Sgd {
                 lr,
                 momentum,
                 dampening,
                 nesterov,
                 weight_decay,
             } => {
-                check(
-                    "lr",
-                    lr,
-                    lr.is_finite() && lr >= 0.0,
-                    "must be finite and >= 0",
-                )?;
-                check(
-                    "momentum",
-                    momentum,
-                    momentum.is_finite() && momentum >= 0.0,
-                    "must be finite and >= 0",
-                )?;
+                check_non_negative("lr", lr)?;
+                check_non_negative("momentum", momentum)?;
                 check(
                     "dampening",
                     dampening,
                     dampening.is_finite(),
                     "must be finite",
                 )?;
-                check(
-                    "weight_decay",
-                    weight_decay,
-                    weight_decay.is_finite() && weight_decay >= 0.0,
-                    "must be finite and >= 0",
-                )?;
+                check_non_negative("weight_decay", weight_decay)?;
                 check(
                     "momentum",
                     momentum,
@@ -235,18 +345,6 @@ impl OptimConfig {
             }
         }
     }
-}
-
-/// The optimizer's scalar state: the configuration plus the step count (what
-/// checkpoint.md's metadata JSON holds; the checkpoint core owns that JSON form). SGD's
-/// update does not depend on the step; whether its momentum buffer exists is told by
-/// the buffer tensors.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct OptimHeader {
-    /// Hyperparameters.
-    pub config: OptimConfig,
-    /// Optimizer steps taken (AdamW's bias corrections depend on it).
-    pub step: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -316,8 +414,8 @@ impl Optimizer {
                 name: name.to_string(),
                 len,
                 state: match config {
-                    OptimConfig::Adamw { .. } => vec![vec![0.0; len], vec![0.0; len]],
-                    OptimConfig::Sgd { .. } => Vec::new(),
+                    Hyper::AdamW { .. } => vec![vec![0.0; len], vec![0.0; len]],
+                    Hyper::Sgd { .. } => Vec::new(),
                 },
             })
             .collect();
@@ -339,12 +437,9 @@ impl Optimizer {
         self.step
     }
 
-    /// The header (config + step) for the checkpoint's metadata.
-    pub fn header(&self) -> OptimHeader {
-        OptimHeader {
-            config: self.config,
-            step: self.step,
-        }
+    /// The scalar state (hyper-parameters and AdamW's step) for the checkpoint.
+    pub fn state(&self) -> OptimizerState {
+        self.config.with_step(self.step)
     }
 
     /// Start a step: count it and compute its scalars. Every element of every
@@ -352,31 +447,20 @@ impl Optimizer {
     pub fn begin_step(&mut self) {
         self.step = self.step.saturating_add(1);
         let kind = match self.config {
-            OptimConfig::Adamw {
+            Hyper::AdamW {
                 lr,
-                betas: (beta1, beta2),
+                betas: [beta1, beta2],
                 eps,
                 weight_decay,
-            } => {
-                // torch keeps `step` as an f32 tensor and reads it back with `.item()`,
-                // so the exponent is a Python float; `powf` is C's `pow`, as
-                // Python's `**` on floats.
-                let t = self.step as f64;
-                let bias_correction1 = 1.0 - beta1.powf(t);
-                let bias_correction2 = 1.0 - beta2.powf(t);
-                let step_size = lr / bias_correction1;
-                let bias_correction2_sqrt = bias_correction2.powf(0.5);
-                StepKind::Adamw(AdamwScalars {
-                    decay: (weight_decay != 0.0).then_some((1.0 - lr * weight_decay) as f32),
-                    lerp_w: (1.0 - beta1) as f32,
-                    beta2: beta2 as f32,
-                    one_minus_beta2: (1.0 - beta2) as f32,
-                    bc2_sqrt: bias_correction2_sqrt as f32,
-                    eps: eps as f32,
-                    neg_step_size: (-step_size) as f32,
-                })
-            }
-            OptimConfig::Sgd {
+                ..
+            } => StepKind::Adamw(AdamwScalars::new(
+                self.step,
+                lr,
+                (beta1, beta2),
+                eps,
+                weight_decay,
+            )),
+            Hyper::Sgd {
                 lr,
                 momentum,
                 dampening,
@@ -384,6 +468,13 @@ impl Optimizer {
                 weight_decay,
             } => {
                 let first = self.slots.iter().any(|s| s.state.is_empty());
+                if momentum != 0.0 {
+                    for slot in &mut self.slots {
+                        if slot.state.is_empty() {
+                            slot.state.push(vec![0.0; slot.len]);
+                        }
+                    }
+                }
                 StepKind::Sgd {
                     weight_decay: (weight_decay != 0.0).then_some(weight_decay as f32),
                     momentum: (momentum != 0.0).then_some((
@@ -396,15 +487,6 @@ impl Optimizer {
                 }
             }
         };
-        if let OptimConfig::Sgd { momentum, .. } = self.config {
-            if momentum != 0.0 {
-                for slot in &mut self.slots {
-                    if slot.state.is_empty() {
-                        slot.state.push(vec![0.0; slot.len]);
-                    }
-                }
-            }
-        }
         self.current = Some(StepScalars { kind });
     }
 
@@ -440,64 +522,27 @@ impl Optimizer {
             }
         };
         match scalars.kind {
-            StepKind::Adamw(scalars) => {
-                let [m, v] = slot.state.as_mut_slice() else {
-                    return Err(OptimError::State(format!("{}: missing moments", slot.name)));
-                };
-                let (Some(m), Some(v)) = (m.get_mut(offset..end), v.get_mut(offset..end)) else {
-                    return Err(OptimError::State(format!("{}: short moments", slot.name)));
-                };
-                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                    scalars.element(p, g, m, v);
-                }
-            }
+            StepKind::Adamw(scalars) => scalars.update(slot, offset..end, p, g),
             StepKind::Sgd {
                 weight_decay,
                 momentum,
                 nesterov,
                 neg_lr,
-            } => match momentum {
-                None => {
-                    for (p, &g) in p.iter_mut().zip(g) {
-                        let g = match weight_decay {
-                            Some(wd) => (*p).mul_add(wd, g),
-                            None => g,
-                        };
-                        *p = g.mul_add(neg_lr, *p);
+            } => {
+                let sgd = SgdScalars {
+                    weight_decay,
+                    nesterov,
+                    neg_lr,
+                };
+                match momentum {
+                    None => {
+                        sgd.update_plain(p, g);
+                        Ok(())
                     }
+                    Some(m) => sgd.update_momentum(m, slot, offset..end, p, g),
                 }
-                Some((mom, one_minus_damp, first)) => {
-                    let buf = slot
-                        .state
-                        .first_mut()
-                        .and_then(|b| b.get_mut(offset..end))
-                        .ok_or_else(|| {
-                            OptimError::State(format!("{}: missing momentum buffer", slot.name))
-                        })?;
-                    for ((p, &g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
-                        // grad.add(param, alpha=wd): vec::fmadd(param, wd, grad).
-                        let g = match weight_decay {
-                            Some(wd) => (*p).mul_add(wd, g),
-                            None => g,
-                        };
-                        // First step: buf = clone(grad). Then buf.mul_(m) (one rounding)
-                        // .add_(grad, alpha=1-dampening) (fused).
-                        *b = if first {
-                            g
-                        } else if one_minus_damp == 1.0 {
-                            // fma(g, 1, x) rounds g + x once: a plain add, same bits.
-                            *b * mom + g
-                        } else {
-                            g.mul_add(one_minus_damp, *b * mom)
-                        };
-                        let d = if nesterov { (*b).mul_add(mom, g) } else { *b };
-                        // param.add_(d, alpha=-lr): vec::fmadd(d, -lr, param).
-                        *p = d.mul_add(neg_lr, *p);
-                    }
-                }
-            },
+            }
         }
-        Ok(())
     }
 
     /// Close the step opened by [`Optimizer::begin_step`].
@@ -555,14 +600,14 @@ impl Optimizer {
     /// the given parameters. Every expected tensor must be present with the right
     /// length and nothing else; SGD's buffers are absent only at step 0.
     pub fn from_state(
-        header: OptimHeader,
+        state: OptimizerState,
         params: &[(&str, usize)],
         mut tensors: std::collections::BTreeMap<String, Vec<f32>>,
     ) -> Result<Self, OptimError> {
-        let mut opt = Optimizer::new(header.config, params)?;
-        opt.step = header.step;
-        let keys = header.config.state_keys();
-        let sgd_fresh = matches!(header.config, OptimConfig::Sgd { .. }) && tensors.is_empty();
+        let mut opt = Optimizer::new(state.config(), params)?;
+        opt.step = state.step();
+        let keys = state.state_keys();
+        let sgd_fresh = matches!(state, Hyper::Sgd { .. }) && tensors.is_empty();
         for slot in &mut opt.slots {
             if sgd_fresh {
                 break;
@@ -587,6 +632,114 @@ impl Optimizer {
             return Err(OptimError::State(format!("unexpected tensor {name}")));
         }
         Ok(opt)
+    }
+}
+
+impl AdamwScalars {
+    /// The scalars of step `t` (counted from 1). torch keeps `step` as an f32 tensor
+    /// and reads it back with `.item()`, so the exponent is a Python float; `powf` is
+    /// C's `pow`, as Python's `**` on floats.
+    fn new(t: u64, lr: f64, (beta1, beta2): (f64, f64), eps: f64, weight_decay: f64) -> Self {
+        let t = t as f64;
+        let bias_correction1 = 1.0 - beta1.powf(t);
+        let bias_correction2 = 1.0 - beta2.powf(t);
+        let step_size = lr / bias_correction1;
+        let bias_correction2_sqrt = bias_correction2.powf(0.5);
+        AdamwScalars {
+            decay: (weight_decay != 0.0).then_some((1.0 - lr * weight_decay) as f32),
+            lerp_w: (1.0 - beta1) as f32,
+            beta2: beta2 as f32,
+            one_minus_beta2: (1.0 - beta2) as f32,
+            bc2_sqrt: bias_correction2_sqrt as f32,
+            eps: eps as f32,
+            neg_step_size: (-step_size) as f32,
+        }
+    }
+
+    /// Update the elements `range` of `slot`'s parameter (`p`, gradient `g`).
+    fn update(
+        &self,
+        slot: &mut Slot,
+        range: std::ops::Range<usize>,
+        p: &mut [f32],
+        g: &[f32],
+    ) -> Result<(), OptimError> {
+        let [m, v] = slot.state.as_mut_slice() else {
+            return Err(OptimError::State(format!("{}: missing moments", slot.name)));
+        };
+        let (Some(m), Some(v)) = (m.get_mut(range.clone()), v.get_mut(range)) else {
+            return Err(OptimError::State(format!("{}: short moments", slot.name)));
+        };
+        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            self.element(p, g, m, v);
+        }
+        Ok(())
+    }
+}
+
+/// SGD's per-step scalars (the momentum part is passed separately: it exists only
+/// with momentum).
+#[derive(Debug, Clone, Copy)]
+struct SgdScalars {
+    weight_decay: Option<f32>,
+    nesterov: bool,
+    neg_lr: f32,
+}
+
+impl SgdScalars {
+    /// grad.add(param, alpha=wd): vec::fmadd(param, wd, grad).
+    #[inline]
+    fn decayed(&self, p: f32, g: f32) -> f32 {
+        match self.weight_decay {
+            Some(wd) => p.mul_add(wd, g),
+            None => g,
+        }
+    }
+
+    /// Plain SGD: `param.add_(grad, alpha=-lr)`.
+    fn update_plain(&self, p: &mut [f32], g: &[f32]) {
+        for (p, &g) in p.iter_mut().zip(g) {
+            let g = self.decayed(*p, g);
+            *p = g.mul_add(self.neg_lr, *p);
+        }
+    }
+
+    /// SGD with momentum `(momentum, 1 - dampening, first step)` over the elements
+    /// `range` of `slot`'s buffer.
+    fn update_momentum(
+        &self,
+        (mom, one_minus_damp, first): (f32, f32, bool),
+        slot: &mut Slot,
+        range: std::ops::Range<usize>,
+        p: &mut [f32],
+        g: &[f32],
+    ) -> Result<(), OptimError> {
+        let buf = slot
+            .state
+            .first_mut()
+            .and_then(|b| b.get_mut(range))
+            .ok_or_else(|| OptimError::State(format!("{}: missing momentum buffer", slot.name)))?;
+        for ((p, &g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
+            let g = self.decayed(*p, g);
+            // First step: buf = clone(grad). Then buf.mul_(m) (one rounding)
+            // .add_(grad, alpha=1-dampening) (fused).
+            *b = if first {
+                g
+            } else if one_minus_damp == 1.0 {
+                // fma(g, 1, x) rounds g + x once: a plain add, same bits.
+                *b * mom + g
+            } else {
+                g.mul_add(one_minus_damp, *b * mom)
+            };
+            let d = if self.nesterov {
+                (*b).mul_add(mom, g)
+            } else {
+                *b
+            };
+            // param.add_(d, alpha=-lr): vec::fmadd(d, -lr, param).
+            *p = d.mul_add(self.neg_lr, *p);
+        }
+        Ok(())
     }
 }
 
@@ -711,7 +864,7 @@ mod tests {
                 opt.step(&mut [&mut pa, &mut pb], &[&grad(s, 5), &grad(s + 9, 3)])
                     .unwrap();
             }
-            let header = opt.header();
+            let header = opt.state();
             let tensors: BTreeMap<String, Vec<f32>> = opt
                 .state_tensors()
                 .into_iter()
@@ -733,10 +886,7 @@ mod tests {
 
     #[test]
     fn import_refuses_missing_extra_and_short_tensors() {
-        let header = OptimHeader {
-            config: adamw_default(0.01),
-            step: 1,
-        };
+        let header = adamw_default(0.01).with_step(1);
         let params = [("w", 2usize)];
         let full = |extra: Option<&str>, len: usize| {
             let mut m = BTreeMap::new();
@@ -768,8 +918,12 @@ mod tests {
     /// 1e-6 * max(1, |ref|) of the float64 evaluation (the fixture README's
     /// tolerance). `cargo test -- --nocapture` prints the largest distances seen.
     #[test]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one scenario: every fixture case, step by step, against the reference"
+    )]
     fn matches_the_independent_reference_fixtures() {
-        use crate::core::train::fixture::{f32s, load, ulps_at};
+        use super::fixture::{f32s, load, ulps_at};
         let fx = load();
         let cases = fx["optimizers"].as_array().unwrap();
         assert_eq!(cases.len(), 7);
@@ -780,13 +934,14 @@ mod tests {
             let h = &case["hyper"];
             let num = |k: &str| h[k].as_f64().unwrap();
             let config = match case["optimizer"].as_str().unwrap() {
-                "adamw" => OptimConfig::Adamw {
+                "adamw" => OptimConfig::AdamW {
+                    step: NoStep,
                     lr: num("lr"),
-                    betas: (num("beta1"), num("beta2")),
+                    betas: [num("beta1"), num("beta2")],
                     eps: num("eps"),
                     weight_decay: num("weight_decay"),
                 },
-                _ => OptimConfig::Sgd {
+                _ => Hyper::Sgd {
                     lr: num("lr"),
                     momentum: num("momentum"),
                     dampening: num("dampening"),
@@ -798,8 +953,8 @@ mod tests {
             let n = f32s(&case["param0"]).len();
             let mut prev_p = f32s(&case["param0"]);
             let mut prev_state: Vec<Vec<f32>> = match config {
-                OptimConfig::Adamw { .. } => vec![vec![0.0; n], vec![0.0; n]],
-                OptimConfig::Sgd { .. } => vec![],
+                Hyper::AdamW { .. } => vec![vec![0.0; n], vec![0.0; n]],
+                Hyper::Sgd { .. } => vec![],
             };
             let mut worst = 0.0f64;
             for (t, step) in case["steps"].as_array().unwrap().iter().enumerate() {
@@ -808,10 +963,7 @@ mod tests {
                     .zip(&prev_state)
                     .map(|(k, v)| (format!("w.{k}"), v.clone()))
                     .collect();
-                let header = OptimHeader {
-                    config,
-                    step: t as u64,
-                };
+                let header = config.with_step(t as u64);
                 let mut opt = Optimizer::from_state(header, &[("w", n)], tensors).unwrap();
                 let g = f32s(&step["grad"]);
                 let mut p = prev_p.clone();
@@ -854,14 +1006,14 @@ mod tests {
                     }
                 };
                 match config {
-                    OptimConfig::Adamw { .. } => {
+                    Hyper::AdamW { .. } => {
                         compare("param", &p, &|i| vec![prev_p[i], lr]);
                         compare("exp_avg", &state[0], &|i| vec![prev_state[0][i], g[i]]);
                         compare("exp_avg_sq", &state[1], &|i| {
                             vec![prev_state[1][i], g[i] * g[i]]
                         });
                     }
-                    OptimConfig::Sgd {
+                    Hyper::Sgd {
                         momentum,
                         weight_decay,
                         ..
@@ -892,14 +1044,45 @@ mod tests {
         eprintln!("{exact} of {total} values bit-identical to the documented-order reference");
     }
 
+    /// A configuration and a state are one type: the state is the configuration with
+    /// AdamW's step after the tag; SGD's has none and reads back at step 0.
+    #[test]
+    fn config_and_state_are_one_definition() {
+        let config = OptimConfig::adamw(0.003).with_weight_decay(0.0);
+        let state = config.with_step(7);
+        assert_eq!(state.step(), 7);
+        assert_eq!(state.config(), config);
+        assert_eq!(
+            serde_json::to_string(&config).unwrap(),
+            r#"{"type":"adamw","lr":0.003,"betas":[0.9,0.999],"eps":1e-8,"weight_decay":0.0}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&state).unwrap(),
+            r#"{"type":"adamw","step":7,"lr":0.003,"betas":[0.9,0.999],"eps":1e-8,"weight_decay":0.0}"#
+        );
+        // A configuration never carries a step; a state always does (AdamW).
+        let with_step = serde_json::to_string(&state).unwrap();
+        assert!(serde_json::from_str::<OptimConfig>(&with_step).is_err());
+        let without = serde_json::to_string(&config).unwrap();
+        assert!(serde_json::from_str::<OptimizerState>(&without).is_err());
+        let sgd = OptimConfig::sgd(0.1, 0.9);
+        assert_eq!(sgd.with_step(5).step(), 0);
+        assert_eq!(sgd.with_step(5).config(), sgd);
+        assert_eq!(
+            serde_json::to_string(&sgd).unwrap(),
+            serde_json::to_string(&sgd.with_step(5)).unwrap()
+        );
+    }
+
     #[test]
     fn invalid_hyperparameters_are_refused() {
         assert!(Optimizer::new(OptimConfig::adamw(-1.0), &[]).is_err());
         assert!(Optimizer::new(OptimConfig::adamw(f64::NAN), &[]).is_err());
         assert!(Optimizer::new(OptimConfig::sgd(0.1, -0.5), &[]).is_err());
-        let bad_beta = OptimConfig::Adamw {
+        let bad_beta = OptimConfig::AdamW {
+            step: NoStep,
             lr: 0.1,
-            betas: (1.0, 0.999),
+            betas: [1.0, 0.999],
             eps: 1e-8,
             weight_decay: 0.0,
         };

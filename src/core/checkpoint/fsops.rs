@@ -249,8 +249,7 @@ struct Tee<'a> {
 impl Write for Tee<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.out.write(buf)?;
-        self.copy
-            .extend_from_slice(buf.get(..n).unwrap_or_default());
+        self.copy.extend_from_slice(super::save::written(buf, n)?);
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {

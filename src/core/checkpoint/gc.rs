@@ -132,8 +132,6 @@ pub fn gc_with(
         Some(DirLock::acquire(dir)?)
     };
     let listing = list(dir)?;
-    let mut kept_newer = Vec::new();
-    let mut latest_problem = None;
     let mut plan: Vec<Removal> = Vec::new();
     for t in &listing.tmps {
         plan.push(Removal {
@@ -147,10 +145,45 @@ pub fn gc_with(
             reason: GcReason::StaleLatestTmp,
         });
     }
-    // "Newer than LATEST" means "never declared complete" only when LATEST itself
-    // names a checkpoint that verifies; a missing, dangling, malformed or corrupt
-    // LATEST proves nothing about newer steps, so none newer than the newest verifying
-    // step is removed.
+    let newer = newer_than_latest(dir, &listing);
+    plan.extend(newer.removals);
+    for n in plan_keep(dir, &listing, keep, None) {
+        plan.push(Removal {
+            path: dir.join(step_name(n)),
+            reason: GcReason::BeyondKeep,
+        });
+    }
+    if !dry_run {
+        for r in &plan {
+            remove_entry(fs_ops, &r.path).map_err(io_at(&r.path))?;
+        }
+    }
+    Ok(GcReport {
+        removed: plan,
+        kept_newer: newer.kept,
+        latest_problem: newer.latest_problem,
+    })
+}
+
+/// What to do with the steps newer than `LATEST`.
+struct Newer {
+    /// Their removals, when `LATEST` names a verifying step.
+    removals: Vec<Removal>,
+    /// Steps newer than the newest verifying one, kept because `LATEST` proves nothing.
+    kept: Vec<u64>,
+    /// Why they were kept.
+    latest_problem: Option<String>,
+}
+
+/// "Newer than LATEST" means "never declared complete" only when LATEST itself names a
+/// checkpoint that verifies; a missing, dangling, malformed or corrupt LATEST proves
+/// nothing about newer steps, so none newer than the newest verifying step is removed.
+fn newer_than_latest(dir: &Path, listing: &Listing) -> Newer {
+    let mut newer = Newer {
+        removals: Vec::new(),
+        kept: Vec::new(),
+        latest_problem: None,
+    };
     let latest_check = match listing.latest() {
         Latest::Names(b) => match inspect(&dir.join(step_name(b))).problems.first() {
             None => Ok(b),
@@ -165,7 +198,7 @@ pub fn gc_with(
     match latest_check {
         Ok(b) => {
             for &n in listing.steps.iter().filter(|&&n| n > b) {
-                plan.push(Removal {
+                newer.removals.push(Removal {
                     path: dir.join(step_name(n)),
                     reason: GcReason::NewerThanLatest,
                 });
@@ -178,31 +211,16 @@ pub fn gc_with(
                 .rev()
                 .copied()
                 .find(|&n| inspect(&dir.join(step_name(n))).problems.is_empty());
-            kept_newer = listing
+            newer.kept = listing
                 .steps
                 .iter()
                 .copied()
                 .filter(|&n| newest_valid.is_none_or(|v| n > v))
                 .collect();
-            if !kept_newer.is_empty() {
-                latest_problem = Some(why);
+            if !newer.kept.is_empty() {
+                newer.latest_problem = Some(why);
             }
         }
     }
-    for n in plan_keep(dir, &listing, keep, None) {
-        plan.push(Removal {
-            path: dir.join(step_name(n)),
-            reason: GcReason::BeyondKeep,
-        });
-    }
-    if !dry_run {
-        for r in &plan {
-            remove_entry(fs_ops, &r.path).map_err(io_at(&r.path))?;
-        }
-    }
-    Ok(GcReport {
-        removed: plan,
-        kept_newer,
-        latest_problem,
-    })
+    newer
 }

@@ -1,18 +1,25 @@
 //! `optimizer.safetensors`: the optimizer's arrays as F32 tensors named
 //! `<parameter>.<state key>` and the rest of its state as compact JSON in the metadata
-//! key `state` (checkpoint.md). Only the file format lives here; the update rules are
-//! the trainer's.
+//! key `state` (checkpoint.md).
+//!
+//! This module is the one home of the optimizer's on-disk form: the metadata keys, the
+//! tensor naming and layout rules, the strict reading and canonical writing of the
+//! file, and the JSON rules of `state` ([`OptimizerState::to_json`] and
+//! [`OptimizerState::from_json`]). What it stores is defined once, in `optim`: the
+//! hyper-parameters with AdamW's step ([`OptimizerState`], the same type a run's
+//! config.json holds without the step) and the state keys; the update rules are
+//! `optim`'s too. The trainer hands the optimizer's own state and tensors to
+//! [`OptimizerFile`] without converting them.
 //!
 //! Invariants: AdamW holds exactly `<p>.exp_avg` and `<p>.exp_avg_sq` per parameter,
 //! SGD `<p>.momentum_buffer` per parameter when momentum is nonzero (or none at all
-//! before the first step, like torch) and nothing when it is zero; each array has its parameter's shape; floats in the JSON are written in
-//! shortest round-trip form, so reading them back gives the identical bits.
+//! before the first step, like torch) and nothing when it is zero; each array has its
+//! parameter's shape; floats in the JSON are written in shortest round-trip form, so
+//! reading them back gives the identical bits.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
-
-use serde::{Deserialize, Serialize};
 
 use crate::core::safetensors::{
     read_header, Dtype, Header, MappedFile, SafetensorsError, Tensor, TensorData,
@@ -24,55 +31,12 @@ pub const FORMAT_KEY: &str = "format";
 pub const FORMAT_VALUE: &str = "tinyllm";
 /// Metadata key holding the optimizer state JSON.
 pub const STATE_KEY: &str = "state";
-/// AdamW's per-parameter arrays.
-pub const ADAMW_KEYS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
-/// SGD's per-parameter array (with momentum).
-pub const SGD_KEYS: [&str; 1] = ["momentum_buffer"];
+/// The per-parameter array keys, defined with the optimizer's hyper-parameters.
+pub use crate::core::optim::{OptimizerState, ADAMW_KEYS, SGD_KEYS};
 
-/// The optimizer's scalar state and hyperparameters, as stored in metadata `state`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
-pub enum OptimizerState {
-    /// AdamW (decoupled weight decay).
-    #[serde(rename = "adamw")]
-    AdamW {
-        /// Steps taken (bias correction uses it).
-        step: u64,
-        /// Learning rate.
-        lr: f64,
-        /// (beta1, beta2).
-        betas: [f64; 2],
-        /// Denominator epsilon.
-        eps: f64,
-        /// Decoupled weight decay.
-        weight_decay: f64,
-    },
-    /// SGD with optional momentum.
-    #[serde(rename = "sgd")]
-    Sgd {
-        /// Learning rate.
-        lr: f64,
-        /// Momentum factor (0 keeps no buffers).
-        momentum: f64,
-        /// Dampening of the momentum.
-        dampening: f64,
-        /// Nesterov momentum.
-        nesterov: bool,
-        /// L2 weight decay.
-        weight_decay: f64,
-    },
-}
-
+/// The on-disk rules of metadata `state`: its floats finite, its JSON compact and
+/// strict. (Its fields and their order are [`crate::core::optim::Hyper`]'s.)
 impl OptimizerState {
-    /// The per-parameter array keys this state stores.
-    pub fn keys(&self) -> &'static [&'static str] {
-        match self {
-            OptimizerState::AdamW { .. } => &ADAMW_KEYS,
-            OptimizerState::Sgd { momentum, .. } if *momentum != 0.0 => &SGD_KEYS,
-            OptimizerState::Sgd { .. } => &[],
-        }
-    }
-
     fn floats(&self) -> Vec<(&'static str, f64)> {
         match *self {
             OptimizerState::AdamW {
@@ -104,7 +68,7 @@ impl OptimizerState {
     }
 
     /// Every float finite (JSON cannot hold the others).
-    pub fn validate(&self) -> Result<(), OptimizerError> {
+    pub fn check_finite(&self) -> Result<(), OptimizerError> {
         for (name, v) in self.floats() {
             if !v.is_finite() {
                 return Err(OptimizerError::State(format!("{name} is {v}, not finite")));
@@ -115,7 +79,7 @@ impl OptimizerState {
 
     /// The compact JSON of metadata `state`.
     pub fn to_json(&self) -> Result<String, OptimizerError> {
-        self.validate()?;
+        self.check_finite()?;
         serde_json::to_string(self).map_err(|e| OptimizerError::State(e.to_string()))
     }
 
@@ -130,7 +94,7 @@ impl OptimizerState {
         }
         let s: OptimizerState =
             serde_json::from_str(text).map_err(|e| OptimizerError::State(e.to_string()))?;
-        s.validate()?;
+        s.check_finite()?;
         Ok(s)
     }
 }
@@ -188,7 +152,7 @@ fn check_layout(
     names_shapes: &BTreeMap<&str, &[u64]>,
     params: Option<&BTreeMap<String, Vec<u64>>>,
 ) -> Result<(), OptimizerError> {
-    let keys = state.keys();
+    let keys = state.state_keys();
     let mut implied: BTreeMap<&str, &[u64]> = BTreeMap::new();
     for (&name, &shape) in names_shapes {
         let (param, _) = split_name(name, keys).ok_or_else(|| {
@@ -309,7 +273,7 @@ impl OptimizerFile {
         &self,
         params: Option<&BTreeMap<String, Vec<u64>>>,
     ) -> Result<(), OptimizerError> {
-        self.state.validate()?;
+        self.state.check_finite()?;
         for (name, (shape, values)) in &self.tensors {
             let numel = crate::core::safetensors::dtype::numel(shape);
             if numel != Some(values.len() as u64) {

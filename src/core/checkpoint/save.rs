@@ -124,6 +124,17 @@ pub fn save_waiting(
     save_with_wait(&mut RealFs, dir, req, on_wait)
 }
 
+/// The first `n` bytes of `buf`, as a `Read` or `Write` reported them; a count past
+/// the buffer (a broken reader or writer) is an error, never an empty slice.
+pub(crate) fn written(buf: &[u8], n: usize) -> io::Result<&[u8]> {
+    buf.get(..n).ok_or_else(|| {
+        io::Error::other(format!(
+            "a reader or writer reported {n} bytes of a {}-byte buffer",
+            buf.len()
+        ))
+    })
+}
+
 /// A writer that hashes and counts what passes through.
 struct Hashing<'w> {
     inner: &'w mut dyn Write,
@@ -134,7 +145,7 @@ struct Hashing<'w> {
 impl Write for Hashing<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
-        self.hasher.update(buf.get(..n).unwrap_or_default());
+        self.hasher.update(written(buf, n)?);
         self.size = self.size.saturating_add(n as u64);
         Ok(n)
     }
@@ -155,7 +166,7 @@ fn copy_from(path: &Path, out: &mut dyn Write) -> io::Result<()> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        out.write_all(buf.get(..n).unwrap_or_default())?;
+        out.write_all(written(&buf, n)?)?;
     }
 }
 

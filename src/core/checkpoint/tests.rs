@@ -559,6 +559,10 @@ fn flip(path: &Path, at: usize) {
 }
 
 #[test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: every kind of incomplete or corrupt step in one directory, then what load and verify say"
+)]
 fn test_load_skips_incomplete_and_corrupt() {
     // A flipped byte anywhere in any file: load falls back, verify names the file.
     let base = tempfile::tempdir().unwrap();

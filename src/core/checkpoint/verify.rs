@@ -12,7 +12,7 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use super::fsops::open_no_follow;
-use super::manifest::{Manifest, MANIFEST_NAME};
+use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 use super::state::TrainerState;
 use super::{parse_step_name, CONFIG_NAME, MODEL_NAME, STATE_NAME};
 use crate::core::digest::{hex, sha256_stream};
@@ -184,28 +184,61 @@ pub fn inspect(step_dir: &Path) -> Inspection {
 /// `inspect`, reporting the bytes hashed as it goes.
 pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspection {
     let mut out = Inspection::default();
+    let Some(entries) = read_entries(step_dir, &mut out) else {
+        return out;
+    };
+    let Some(manifest) = read_manifest(step_dir, &entries, &mut out) else {
+        return out;
+    };
+    check_manifest_step(step_dir, &manifest, &mut out);
+    let mut config_sha = None;
+    for entry in &manifest.files {
+        check_entry(
+            step_dir,
+            entry,
+            &entries,
+            &mut out,
+            progress,
+            &mut config_sha,
+        );
+    }
+    for name in entries.keys() {
+        if name != MANIFEST_NAME && manifest.get(name).is_none() {
+            out.problems.push(Problem::Unlisted(name.clone()));
+        }
+    }
+    check_state(&manifest, config_sha.as_deref(), &mut out);
+    out.manifest = Some(manifest);
+    if !out.problems.is_empty() {
+        out.state = None;
+        out.config = None;
+    }
+    out
+}
+
+/// The step directory's entries, with a problem for each that is not a regular file;
+/// `None` (the problem recorded) when the directory itself cannot be read.
+fn read_entries(step_dir: &Path, out: &mut Inspection) -> Option<BTreeMap<String, Kind>> {
+    let unreadable = |e: io::Error| Problem::Unreadable {
+        name: ".".into(),
+        reason: e.to_string(),
+    };
     match fs::symlink_metadata(step_dir) {
         Ok(m) if m.file_type().is_dir() => {}
         Ok(_) => {
             out.problems.push(Problem::NotADirectory);
-            return out;
+            return None;
         }
         Err(e) => {
-            out.problems.push(Problem::Unreadable {
-                name: ".".into(),
-                reason: e.to_string(),
-            });
-            return out;
+            out.problems.push(unreadable(e));
+            return None;
         }
     }
     let entries = match list_entries(step_dir) {
         Ok(e) => e,
         Err(e) => {
-            out.problems.push(Problem::Unreadable {
-                name: ".".into(),
-                reason: e.to_string(),
-            });
-            return out;
+            out.problems.push(unreadable(e));
+            return None;
         }
     };
     for (name, kind) in &entries {
@@ -215,29 +248,43 @@ pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspectio
             Kind::Other => out.problems.push(Problem::NotAFile(name.clone())),
         }
     }
-    let manifest = match entries.get(MANIFEST_NAME) {
+    Some(entries)
+}
+
+/// The parsed manifest; `None` when it is missing, not a file (already reported as
+/// such) or broken.
+fn read_manifest(
+    step_dir: &Path,
+    entries: &BTreeMap<String, Kind>,
+    out: &mut Inspection,
+) -> Option<Manifest> {
+    match entries.get(MANIFEST_NAME) {
         None => {
             out.problems.push(Problem::MissingManifest);
-            return out;
+            None
         }
         Some(Kind::File) => match read_small(&step_dir.join(MANIFEST_NAME), MAX_MANIFEST_BYTES) {
             Ok(bytes) => {
                 out.size = out.size.saturating_add(bytes.len() as u64);
                 match Manifest::from_json(&bytes) {
-                    Ok(m) => m,
+                    Ok(m) => Some(m),
                     Err(e) => {
                         out.problems.push(Problem::BadManifest(e.to_string()));
-                        return out;
+                        None
                     }
                 }
             }
             Err(e) => {
                 out.problems.push(Problem::BadManifest(e.to_string()));
-                return out;
+                None
             }
         },
-        Some(_) => return out,
-    };
+        Some(_) => None,
+    }
+}
+
+/// The manifest's step is the directory's, and it lists every required file.
+fn check_manifest_step(step_dir: &Path, manifest: &Manifest, out: &mut Inspection) {
     let dir_step = step_dir
         .file_name()
         .and_then(|n| n.to_str())
@@ -255,128 +302,155 @@ pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspectio
             out.problems.push(Problem::NotListed(required.into()));
         }
     }
-    let mut config_sha = None;
-    for entry in &manifest.files {
-        let name = &entry.name;
-        match entries.get(name.as_str()) {
-            None => {
-                out.problems.push(Problem::Missing(name.clone()));
-                continue;
-            }
-            Some(Kind::File) => {}
-            Some(_) => continue,
+}
+
+/// One listed file: present, its size and sha256 as listed, then its content by kind.
+fn check_entry(
+    step_dir: &Path,
+    entry: &ManifestEntry,
+    entries: &BTreeMap<String, Kind>,
+    out: &mut Inspection,
+    progress: &mut dyn FnMut(u64),
+    config_sha: &mut Option<String>,
+) {
+    let name = &entry.name;
+    match entries.get(name.as_str()) {
+        None => {
+            out.problems.push(Problem::Missing(name.clone()));
+            return;
         }
-        let path = step_dir.join(name);
-        let is_json = name.ends_with(".json");
-        // Opening and reading fail alike, and the size is checked before reading (from
-        // the metadata) and after (by the bytes actually read).
-        let unreadable = |e: io::Error| Problem::Unreadable {
+        Some(Kind::File) => {}
+        Some(_) => return,
+    }
+    let path = step_dir.join(name);
+    let Some((actual, kept)) = hash_entry(&path, entry, out, progress) else {
+        return;
+    };
+    if actual != entry.sha256 {
+        out.problems.push(Problem::Sha256 {
             name: name.clone(),
-            reason: e.to_string(),
-        };
-        let wrong_size = |actual: u64| {
-            (actual != entry.size).then(|| Problem::Size {
+            expected: entry.sha256.clone(),
+            actual,
+        });
+        return;
+    }
+    if name.ends_with(".json") {
+        check_json(entry, kept, actual, out, config_sha);
+    } else if name.ends_with(".safetensors") {
+        if let Some(reason) = safetensors_problem(&path) {
+            out.problems.push(Problem::BadSafetensors {
                 name: name.clone(),
-                expected: entry.size,
-                actual,
-            })
-        };
-        let mut file = match open_no_follow(&path) {
-            Ok(f) => f,
-            Err(e) => {
-                out.problems.push(unreadable(e));
-                continue;
-            }
-        };
-        if let Some(p) = wrong_size(file.metadata().map(|m| m.len()).unwrap_or(u64::MAX)) {
-            out.problems.push(p);
-            continue;
-        }
-        let mut kept = Vec::new();
-        let keep = (is_json && entry.size <= MAX_JSON_BYTES).then_some(&mut kept);
-        let (n, digest) = match sha256_stream(&mut file, keep, progress) {
-            Ok(r) => r,
-            Err(e) => {
-                out.problems.push(unreadable(e));
-                continue;
-            }
-        };
-        out.size = out.size.saturating_add(n);
-        let actual = hex(&digest);
-        if let Some(p) = wrong_size(n) {
-            out.problems.push(p);
-            continue;
-        }
-        if actual != entry.sha256 {
-            out.problems.push(Problem::Sha256 {
-                name: name.clone(),
-                expected: entry.sha256.clone(),
-                actual,
+                reason,
             });
-            continue;
-        }
-        if is_json {
-            if entry.size > MAX_JSON_BYTES {
-                out.problems.push(Problem::BadJson {
-                    name: name.clone(),
-                    reason: format!("larger than {MAX_JSON_BYTES} bytes"),
-                });
-            } else if name == STATE_NAME {
-                match TrainerState::from_json(&kept) {
-                    Ok(s) => out.state = Some(s),
-                    Err(e) => out.problems.push(Problem::BadJson {
-                        name: name.clone(),
-                        reason: e.to_string(),
-                    }),
-                }
-            } else if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&kept) {
-                out.problems.push(Problem::BadJson {
-                    name: name.clone(),
-                    reason: e.to_string(),
-                });
-            } else if name == CONFIG_NAME {
-                config_sha = Some(actual);
-                out.config = Some(kept);
-            }
-        } else if name.ends_with(".safetensors") {
-            if let Some(reason) = safetensors_problem(&path) {
-                out.problems.push(Problem::BadSafetensors {
-                    name: name.clone(),
-                    reason,
-                });
-            }
         }
     }
-    for name in entries.keys() {
-        if name != MANIFEST_NAME && manifest.get(name).is_none() {
-            out.problems.push(Problem::Unlisted(name.clone()));
+}
+
+/// Hash a listed file (keeping a small JSON file's bytes); `None` with the problem
+/// recorded when it cannot be read or its size is not the listed one.
+fn hash_entry(
+    path: &Path,
+    entry: &ManifestEntry,
+    out: &mut Inspection,
+    progress: &mut dyn FnMut(u64),
+) -> Option<(String, Vec<u8>)> {
+    let name = &entry.name;
+    // Opening and reading fail alike, and the size is checked before reading (from
+    // the metadata) and after (by the bytes actually read).
+    let unreadable = |e: io::Error| Problem::Unreadable {
+        name: name.clone(),
+        reason: e.to_string(),
+    };
+    let wrong_size = |actual: u64| {
+        (actual != entry.size).then(|| Problem::Size {
+            name: name.clone(),
+            expected: entry.size,
+            actual,
+        })
+    };
+    let mut file = match open_no_follow(path) {
+        Ok(f) => f,
+        Err(e) => {
+            out.problems.push(unreadable(e));
+            return None;
         }
+    };
+    if let Some(p) = wrong_size(file.metadata().map(|m| m.len()).unwrap_or(u64::MAX)) {
+        out.problems.push(p);
+        return None;
     }
-    if let Some(state) = &out.state {
-        if state.step != manifest.step {
-            out.problems.push(Problem::BadJson {
+    let mut kept = Vec::new();
+    let is_json = name.ends_with(".json");
+    let keep = (is_json && entry.size <= MAX_JSON_BYTES).then_some(&mut kept);
+    let (n, digest) = match sha256_stream(&mut file, keep, progress) {
+        Ok(r) => r,
+        Err(e) => {
+            out.problems.push(unreadable(e));
+            return None;
+        }
+    };
+    out.size = out.size.saturating_add(n);
+    if let Some(p) = wrong_size(n) {
+        out.problems.push(p);
+        return None;
+    }
+    Some((hex(&digest), kept))
+}
+
+/// A listed JSON file whose bytes match: small enough, valid JSON, the trainer state
+/// by its schema; the config (and its sha256) kept for the loader.
+fn check_json(
+    entry: &ManifestEntry,
+    kept: Vec<u8>,
+    actual: String,
+    out: &mut Inspection,
+    config_sha: &mut Option<String>,
+) {
+    let name = &entry.name;
+    let bad = |reason: String| Problem::BadJson {
+        name: name.clone(),
+        reason,
+    };
+    if entry.size > MAX_JSON_BYTES {
+        out.problems
+            .push(bad(format!("larger than {MAX_JSON_BYTES} bytes")));
+    } else if name == STATE_NAME {
+        match TrainerState::from_json(&kept) {
+            Ok(s) => out.state = Some(s),
+            Err(e) => out.problems.push(bad(e.to_string())),
+        }
+    } else if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&kept) {
+        out.problems.push(bad(e.to_string()));
+    } else if name == CONFIG_NAME {
+        *config_sha = Some(actual);
+        out.config = Some(kept);
+    }
+}
+
+/// The trainer state agrees with the manifest's step and with config.json's sha256.
+fn check_state(manifest: &Manifest, config_sha: Option<&str>, out: &mut Inspection) {
+    let Some(state) = &out.state else {
+        return;
+    };
+    let mut problems = Vec::new();
+    if state.step != manifest.step {
+        problems.push(Problem::BadJson {
+            name: STATE_NAME.into(),
+            reason: format!(
+                "step {} differs from the manifest's {}",
+                state.step, manifest.step
+            ),
+        });
+    }
+    if let Some(sha) = config_sha {
+        if state.config_sha256.as_deref() != Some(sha) {
+            problems.push(Problem::BadJson {
                 name: STATE_NAME.into(),
-                reason: format!(
-                    "step {} differs from the manifest's {}",
-                    state.step, manifest.step
-                ),
+                reason: format!("config_sha256 is not the sha256 of config.json ({sha})"),
             });
         }
-        if let Some(sha) = &config_sha {
-            if state.config_sha256.as_deref() != Some(sha.as_str()) {
-                out.problems.push(Problem::BadJson {
-                    name: STATE_NAME.into(),
-                    reason: format!("config_sha256 is not the sha256 of config.json ({sha})"),
-                });
-            }
-        }
     }
-    out.manifest = Some(manifest);
-    if !out.problems.is_empty() {
-        out.state = None;
-        out.config = None;
-    }
-    out
+    out.problems.extend(problems);
 }
 
 /// Names and kinds of a directory's entries, sorted; a name that is not UTF-8 is kept

@@ -413,7 +413,7 @@ mod tests {
     /// boundary, and the test reports how many values were exact.
     #[test]
     fn matches_the_independent_reference_fixtures() {
-        use crate::core::train::fixture::{f32_of, f32s, ints, load, ulps_at};
+        use crate::core::optim::fixture::{f32_of, f32s, ints, load, ulps_at};
         let fx = load();
         let cases = fx["bigram"].as_array().unwrap();
         assert_eq!(cases.len(), 2);

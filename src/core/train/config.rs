@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::optim::OptimConfig;
+use crate::core::optim::{Hyper, OptimConfig};
 
 /// The `format` value of a train config.
 pub const CONFIG_FORMAT: &str = "tlio-train-bigram";
@@ -73,11 +73,15 @@ fn opt_text<T: std::fmt::Display>(v: &Option<T>) -> String {
 
 impl RunConfig {
     /// The compact JSON bytes, followed by a newline.
+    #[allow(
+        clippy::expect_used,
+        reason = "serde_json fails only on non-string map keys or a failing Serialize impl; this struct has neither"
+    )]
     pub fn to_bytes(&self) -> Vec<u8> {
-        // A struct of strings, integers and finite floats always serializes; a
-        // non-finite float (refused earlier by the optimizer's validation) would
+        // A non-finite float (refused earlier by the optimizer's validation) would
         // become null and then fail the comparison, never pass silently.
-        let mut bytes = serde_json::to_vec(self).unwrap_or_default();
+        let mut bytes = serde_json::to_vec(self)
+            .expect("invariant: a RunConfig of strings, integers and floats serializes");
         bytes.push(b'\n');
         bytes
     }
@@ -164,30 +168,31 @@ fn optim_mismatch(c: Option<&OptimConfig>, g: Option<&OptimConfig>) -> Option<Mi
         })
     };
     let kind = |o: Option<&OptimConfig>| o.map_or("none", OptimConfig::kind).to_string();
-    // Written as the config.json array, as before betas were a pair.
-    let pair = |(b1, b2): (f64, f64)| format!("{:?}", [b1, b2]);
     match (c, g) {
         (None, None) => None,
         (
-            Some(&OptimConfig::Adamw {
+            Some(&Hyper::AdamW {
                 lr: l1,
                 betas: b1,
                 eps: e1,
                 weight_decay: w1,
+                ..
             }),
-            Some(&OptimConfig::Adamw {
+            Some(&Hyper::AdamW {
                 lr: l2,
                 betas: b2,
                 eps: e2,
                 weight_decay: w2,
+                ..
             }),
         ) => {
             if !same(l1, l2) {
                 m("--lr", l1.to_string(), l2.to_string())
             } else if !same(w1, w2) {
                 m("--weight-decay", w1.to_string(), w2.to_string())
-            } else if !same(b1.0, b2.0) || !same(b1.1, b2.1) {
-                m("betas", pair(b1), pair(b2))
+            } else if !b1.iter().zip(&b2).all(|(x, y)| same(*x, *y)) {
+                // Written as the config.json array.
+                m("betas", format!("{b1:?}"), format!("{b2:?}"))
             } else if !same(e1, e2) {
                 m("eps", e1.to_string(), e2.to_string())
             } else {
@@ -195,14 +200,14 @@ fn optim_mismatch(c: Option<&OptimConfig>, g: Option<&OptimConfig>) -> Option<Mi
             }
         }
         (
-            Some(&OptimConfig::Sgd {
+            Some(&Hyper::Sgd {
                 lr: l1,
                 momentum: m1,
                 dampening: d1,
                 nesterov: n1,
                 weight_decay: w1,
             }),
-            Some(&OptimConfig::Sgd {
+            Some(&Hyper::Sgd {
                 lr: l2,
                 momentum: m2,
                 dampening: d2,
@@ -231,6 +236,7 @@ fn optim_mismatch(c: Option<&OptimConfig>, g: Option<&OptimConfig>) -> Option<Mi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::optim::NoStep;
 
     fn config() -> RunConfig {
         RunConfig {
@@ -277,9 +283,10 @@ mod tests {
         );
         let cases = [
             (
-                OptimConfig::Adamw {
+                OptimConfig::AdamW {
+                    step: NoStep,
                     lr: 0.003,
-                    betas: (0.8, 0.95),
+                    betas: [0.8, 0.95],
                     eps: 1e-6,
                     weight_decay: 0.0,
                 },
@@ -324,9 +331,10 @@ mod tests {
             g.optimizer = o;
             g
         };
-        let betas = OptimConfig::Adamw {
+        let betas = OptimConfig::AdamW {
+            step: NoStep,
             lr: 0.01,
-            betas: (0.8, 0.999),
+            betas: [0.8, 0.999],
             eps: 1e-8,
             weight_decay: 0.01,
         };
@@ -369,9 +377,10 @@ mod tests {
             (
                 "--weight-decay",
                 Box::new(|g| {
-                    g.optimizer = Some(OptimConfig::Adamw {
+                    g.optimizer = Some(OptimConfig::AdamW {
+                        step: NoStep,
                         lr: 0.01,
-                        betas: (0.9, 0.999),
+                        betas: [0.9, 0.999],
                         eps: 1e-8,
                         weight_decay: 0.0,
                     })

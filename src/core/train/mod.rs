@@ -1,15 +1,26 @@
 //! Training: the bigram model, its exact gradient, the count model, and the memory
 //! limit that refuses a vocabulary too large for this machine before allocating.
 //!
+//! The modules, by job: `bigram` (the model and its gradient), `counts` (the count
+//! model), `config` (config.json, a run's identity), `spec` (what a run is asked and
+//! reports), `layout` (the names inside `--out`), `checks` (what is refused before the
+//! first step, and the run's lock), `trainer` (a gradient run in memory and its
+//! checkpoints), `writers` (the model and optimizer files' bytes), `final_line` (the
+//! final line and its hashes), `run` (the orchestration of both methods).
+//!
 //! Invariant: a run is a pure function of its flags and data: every reduction runs in a
 //! fixed order on one thread, so the same inputs give the same bits on the same machine.
 
 pub mod bigram;
+pub mod checks;
 pub mod config;
 pub mod counts;
-#[cfg(test)]
-pub(crate) mod fixture;
+pub mod final_line;
+pub mod layout;
 pub mod run;
+pub mod spec;
+pub mod trainer;
+pub mod writers;
 
 use std::io;
 use std::path::PathBuf;

@@ -1,6 +1,8 @@
 //! Test-only access to `fixtures/optim/optim.json` (independent reference values for
 //! the optimizers, the bigram loss and gradient, and the count model; see its README)
-//! and the ulp measure the comparisons use.
+//! and the ulp measure the comparisons use. It lives with the optimizer, the lowest
+//! area whose tests read it, so that `train`'s tests reach it along the allowed
+//! `train -> optim` edge.
 
 use serde_json::Value;
 
