@@ -259,6 +259,14 @@ fn fill(reader: &mut dyn Read, buf: &mut [u8], name: &str) -> Result<usize, Toke
         }
         match reader.read(rest) {
             Ok(0) => break,
+            // Read's contract, checked: a reader claiming more than it was given is an
+            // error, so the count returned never exceeds `buf`.
+            Ok(n) if n > rest.len() => {
+                return Err(TokensError::Read {
+                    input: name.to_string(),
+                    error: io::Error::other("the reader reported more bytes than it was given"),
+                })
+            }
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(error) => {
@@ -380,11 +388,25 @@ fn pack_input(
         offset: 0,
     };
     loop {
-        let space = buf.get_mut(carry..).unwrap_or(&mut []);
+        // `carry` is a partial id (under 4 bytes) and `got` at most the space after it,
+        // so both ranges lie inside `buf`; an empty slice here would end the input early.
+        #[allow(
+            clippy::expect_used,
+            reason = "the ranges are inside buf by construction"
+        )]
+        let space = buf
+            .get_mut(carry..)
+            .expect("invariant: the carried partial id is shorter than the buffer");
         let got = fill(&mut input.reader, space, name)?;
         progress(got as u64);
         let total = carry + got;
-        let data = buf.get(..total).unwrap_or(&[]);
+        #[allow(
+            clippy::expect_used,
+            reason = "the ranges are inside buf by construction"
+        )]
+        let data = buf
+            .get(..total)
+            .expect("invariant: a read never returns more than the space it was given");
         ids.clear();
         let rest = match format {
             InputFormat::Bytes => {

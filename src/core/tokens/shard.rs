@@ -404,7 +404,11 @@ impl Shard {
     }
 
     fn id_bytes(&self) -> &[u8] {
-        self.map.get(HEADER_BYTES..).unwrap_or(&[])
+        // Opening checked that the map is the header plus n ids long.
+        #[allow(clippy::expect_used, reason = "checked when the shard was opened")]
+        self.map
+            .get(HEADER_BYTES..)
+            .expect("invariant: an open shard's map holds its whole header")
     }
 
     /// The file this shard was opened from.
