@@ -188,7 +188,7 @@ pub fn entries(
     let mut holder: BTreeMap<&str, usize> = BTreeMap::new();
     let mut out = Vec::new();
     for (si, shard) in shards.iter().enumerate() {
-        for t in &shard.header.tensors {
+        for t in shard.header.tensors() {
             if let Some(&other) = holder.get(t.name.as_str()) {
                 let other = shards.get(other).map_or("", |s| s.name.as_str());
                 problems.push(finding(

@@ -412,8 +412,8 @@ fn shard_to(
             copied: r.copied,
             file_size: r.bytes_out,
             data_len: header.data_len(),
-            params: header.tensors.iter().map(|t| t.numel()).sum(),
-            names: header.tensors.iter().map(|t| t.name.clone()).collect(),
+            params: header.tensors().iter().map(|t| t.numel()).sum(),
+            names: header.tensors().iter().map(|t| t.name.clone()).collect(),
         });
     }
     let (tensors, metadata) = plan_shard(model, si, op)?;

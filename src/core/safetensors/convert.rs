@@ -84,8 +84,8 @@ pub fn convert_saturating(
         ReadFailure::Io(source) => io(source),
         ReadFailure::Invalid(e) => e,
     })?;
-    let mut out_dtypes = Vec::with_capacity(header.tensors.len());
-    for t in &header.tensors {
+    let mut out_dtypes = Vec::with_capacity(header.tensors().len());
+    for t in header.tensors() {
         let convert = t.dtype.is_float() && t.dtype != target && select(&t.name);
         if convert && !t.dtype.decodable() {
             return Err(SafetensorsError::CannotDecode {
@@ -96,7 +96,7 @@ pub fn convert_saturating(
         out_dtypes.push(if convert { target } else { t.dtype });
     }
     let specs: Vec<TensorSpec<'_>> = header
-        .tensors
+        .tensors()
         .iter()
         .zip(&out_dtypes)
         .map(|(t, &dtype)| TensorSpec {
@@ -120,7 +120,7 @@ pub fn convert_saturating(
     let (mut v32, mut v64) = (Vec::new(), Vec::new());
     let mut done = 0u64;
     for &i in &layout.order {
-        let (Some(t), Some(&to)) = (header.tensors.get(i), out_dtypes.get(i)) else {
+        let (Some(t), Some(&to)) = (header.tensors().get(i), out_dtypes.get(i)) else {
             continue;
         };
         let start = header.data_start() + t.data_offsets.0;

@@ -118,7 +118,7 @@ impl<'a> Side<'a> {
     /// Add every tensor of `f` (a later file's tensor of the same name replaces an
     /// earlier one; callers pass files whose names are disjoint).
     pub fn add_file(&mut self, f: &'a MappedFile) {
-        for t in &f.header().tensors {
+        for t in f.header().tensors() {
             if let Some(bytes) = f.info_bytes(t) {
                 self.tensors.insert(t.name.as_str(), (t, bytes));
             }

@@ -56,12 +56,13 @@ impl TensorInfo {
 ///
 /// Invariant: `by_name` holds the positions of `tensors` ordered by name, so that
 /// [`Header::get`] is a binary search, not a scan (a diff of two 80,000-tensor files
-/// looks every name up). Build headers with [`Header::new`] and do not reorder or
-/// grow `tensors` afterwards.
+/// looks every name up). The tensors are private so that nothing can reorder or grow
+/// them after [`Header::new`]: read them with [`Header::tensors`] (file order),
+/// [`Header::get`] (by name) and [`Header::len`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     /// The tensors in data-offset order (zero-size ties in canonical order).
-    pub tensors: Vec<TensorInfo>,
+    tensors: Vec<TensorInfo>,
     /// The metadata (empty when absent).
     pub metadata: BTreeMap<String, String>,
     /// N, the header length in bytes.
@@ -100,7 +101,27 @@ impl Header {
         N_LEN + self.header_len
     }
 
-    /// The tensor of that name.
+    /// The tensors in file order: data-offset order, zero-size ties in canonical order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The tensors in file order, giving the header up.
+    pub fn into_tensors(self) -> Vec<TensorInfo> {
+        self.tensors
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// True when the header holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// The tensor of that name (a binary search of the name index).
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
         let tensor = |i: usize| self.tensors.get(i);
         let at = self

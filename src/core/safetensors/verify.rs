@@ -77,7 +77,7 @@ pub fn verify_with_progress(
     if opts.finite {
         let file = MappedFile::open(path)?;
         let total = file.header().data_len();
-        for info in &file.header().tensors {
+        for info in file.header().tensors() {
             let Some(bytes) = file.info_bytes(info) else {
                 continue;
             };
@@ -105,7 +105,7 @@ pub fn canonical_mismatch(
     raw: &[u8],
 ) -> Result<Option<Finding>, SafetensorsError> {
     let specs: Vec<TensorSpec<'_>> = header
-        .tensors
+        .tensors()
         .iter()
         .map(|t| TensorSpec {
             name: &t.name,
@@ -130,7 +130,7 @@ pub fn canonical_mismatch(
         tensor: tensor.map(str::to_string),
         message: format!("canonical: {detail}"),
     };
-    for (i, t) in header.tensors.iter().enumerate() {
+    for (i, t) in header.tensors().iter().enumerate() {
         let want = layout.offsets.get(i).copied().unwrap_or_default();
         if t.data_offsets != want {
             return Ok(Some(finding(

@@ -424,7 +424,7 @@ impl Trainer {
         };
         let file = loaded.model()?;
         let v = u64::from(vocab);
-        match file.header().tensors.as_slice() {
+        match file.header().tensors() {
             [t] if t.name == WEIGHT_NAME && t.dtype == Dtype::F32 && t.shape == [v, v] => {}
             _ => {
                 return Err(bad(format!(
