@@ -419,11 +419,7 @@ fn shard_to(
     let (tensors, metadata) = plan_shard(model, si, op)?;
     let specs: Vec<TensorSpec<'_>> = tensors
         .iter()
-        .map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype,
-            shape: &t.shape,
-        })
+        .map(|t| TensorSpec::new(&t.name, t.dtype, &t.shape))
         .collect();
     let layout = canonical_header(&specs, &metadata).map_err(shard_err)?;
     let result = ShardResult {

@@ -99,11 +99,7 @@ pub fn convert_saturating(
         .tensors()
         .iter()
         .zip(&out_dtypes)
-        .map(|(t, &dtype)| TensorSpec {
-            name: &t.name,
-            dtype,
-            shape: &t.shape,
-        })
+        .map(|(t, &dtype)| TensorSpec::from_info(t, dtype))
         .collect();
     let layout = canonical_header(&specs, &header.metadata)?;
 

@@ -107,11 +107,7 @@ pub fn canonical_mismatch(
     let specs: Vec<TensorSpec<'_>> = header
         .tensors()
         .iter()
-        .map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype,
-            shape: &t.shape,
-        })
+        .map(|t| TensorSpec::from_info(t, t.dtype))
         .collect();
     let layout = match canonical_header(&specs, &header.metadata) {
         Ok(l) => l,

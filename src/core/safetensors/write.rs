@@ -12,7 +12,7 @@ use std::path::Path;
 
 use super::dtype::{byte_len, numel, Dtype, SizeError};
 use super::float::{encode_f32, encode_f64, EncodeError, EncodeFailure};
-use super::header::{MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
+use super::header::{TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
 use super::{SafetensorsError, Tensor, TensorData};
 use crate::core::atomic::AtomicFile;
 
@@ -28,6 +28,19 @@ pub struct TensorSpec<'a> {
     pub dtype: Dtype,
     /// Shape.
     pub shape: &'a [u64],
+}
+
+impl<'a> TensorSpec<'a> {
+    /// The spec of a tensor named `name` stored as `dtype` with `shape`: the one way
+    /// every writer (file, conversion, model transformation, canonical check) builds it.
+    pub fn new(name: &'a str, dtype: Dtype, shape: &'a [u64]) -> Self {
+        TensorSpec { name, dtype, shape }
+    }
+
+    /// The spec of a header's tensor stored as `dtype` (its own, or a conversion target).
+    pub fn from_info(info: &'a TensorInfo, dtype: Dtype) -> Self {
+        TensorSpec::new(&info.name, dtype, &info.shape)
+    }
 }
 
 /// The canonical layout of a set of tensors.
@@ -237,11 +250,7 @@ pub fn write<W: Write>(
     }
     let specs: Vec<TensorSpec<'_>> = tensors
         .iter()
-        .map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype,
-            shape: &t.shape,
-        })
+        .map(|t| TensorSpec::new(&t.name, t.dtype, &t.shape))
         .collect();
     let layout = canonical_header(&specs, metadata)?;
     for t in tensors {
