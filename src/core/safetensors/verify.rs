@@ -126,8 +126,8 @@ pub fn canonical_mismatch(
         tensor: tensor.map(str::to_string),
         message: format!("canonical: {detail}"),
     };
-    for (i, t) in header.tensors().iter().enumerate() {
-        let want = layout.offsets.get(i).copied().unwrap_or_default();
+    // The layout's offsets are indexed like the specs, which are the header's tensors.
+    for (t, &want) in header.tensors().iter().zip(&layout.offsets) {
         if t.data_offsets != want {
             return Ok(Some(finding(
                 Some(&t.name),
