@@ -11,13 +11,9 @@ use tlio::core::safetensors::{canonical_header, parse_header};
 /// The canonical file (header plus zeroed data) holding `h`'s tensors and metadata.
 fn canonical_file(h: &Header) -> Vec<u8> {
     let specs: Vec<TensorSpec<'_>> = h
-        .tensors
+        .tensors()
         .iter()
-        .map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype,
-            shape: &t.shape,
-        })
+        .map(|t| TensorSpec::from_info(t, t.dtype))
         .collect();
     let layout = canonical_header(&specs, &h.metadata)
         .unwrap_or_else(|e| panic!("an accepted header must be writable: {e}"));
@@ -30,7 +26,7 @@ fn canonical_file(h: &Header) -> Vec<u8> {
 /// Name, dtype and shape of every tensor, sorted by name (offsets may move).
 fn shapes(h: &Header) -> Vec<(String, String, Vec<u64>)> {
     let mut v: Vec<_> = h
-        .tensors
+        .tensors()
         .iter()
         .map(|t| (t.name.clone(), t.dtype.name().to_string(), t.shape.clone()))
         .collect();

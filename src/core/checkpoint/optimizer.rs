@@ -242,7 +242,7 @@ pub fn check_header(
         .get(STATE_KEY)
         .ok_or_else(|| OptimizerError::State("metadata has no `state`".into()))?;
     let state = OptimizerState::from_json(text)?;
-    if let Some(t) = header.tensors.iter().find(|t| t.dtype != Dtype::F32) {
+    if let Some(t) = header.tensors().iter().find(|t| t.dtype != Dtype::F32) {
         return Err(OptimizerError::Layout(format!(
             "tensor {} is {}, not F32",
             crate::core::text::quote(&t.name),
@@ -250,7 +250,7 @@ pub fn check_header(
         )));
     }
     let names: BTreeMap<&str, &[u64]> = header
-        .tensors
+        .tensors()
         .iter()
         .map(|t| (t.name.as_str(), t.shape.as_slice()))
         .collect();
@@ -261,7 +261,7 @@ pub fn check_header(
 /// The parameters (name to shape) of a model file, for `check_header`.
 pub fn model_params(path: &Path) -> Result<BTreeMap<String, Vec<u64>>, SafetensorsError> {
     Ok(read_header(path)?
-        .tensors
+        .into_tensors()
         .into_iter()
         .map(|t| (t.name, t.shape))
         .collect())
@@ -325,7 +325,7 @@ impl OptimizerFile {
         let file = MappedFile::open(path)?;
         let state = check_header(file.header(), params)?;
         let mut tensors = BTreeMap::new();
-        for t in &file.header().tensors {
+        for t in file.header().tensors() {
             let values = file.decode_f32(&t.name)?;
             tensors.insert(t.name.clone(), (t.shape.clone(), values));
         }

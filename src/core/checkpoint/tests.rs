@@ -237,12 +237,12 @@ fn test_layout_matches_the_formats() {
     }
     // Tensor names and the optimizer metadata.
     let model = st::read_header(&step_dir.join(MODEL_NAME)).unwrap();
-    let mut model_names: Vec<&str> = model.tensors.iter().map(|t| t.name.as_str()).collect();
+    let mut model_names: Vec<&str> = model.tensors().iter().map(|t| t.name.as_str()).collect();
     model_names.sort();
     assert_eq!(model_names, ["bias", "weight"]);
     assert_eq!(model.metadata["format"], "tinyllm");
     let opt = st::read_header(&step_dir.join(OPTIMIZER_NAME)).unwrap();
-    let mut opt_names: Vec<&str> = opt.tensors.iter().map(|t| t.name.as_str()).collect();
+    let mut opt_names: Vec<&str> = opt.tensors().iter().map(|t| t.name.as_str()).collect();
     opt_names.sort();
     assert_eq!(
         opt_names,
@@ -253,7 +253,7 @@ fn test_layout_matches_the_formats() {
             "weight.exp_avg_sq"
         ]
     );
-    assert!(opt.tensors.iter().all(|t| t.dtype == Dtype::F32));
+    assert!(opt.tensors().iter().all(|t| t.dtype == Dtype::F32));
     assert_eq!(opt.metadata["format"], "tinyllm");
     assert!(opt.metadata["state"].starts_with("{\"type\":\"adamw\",\"step\":5,"));
     // An unlisted file makes the directory fail.
@@ -351,7 +351,7 @@ fn test_sgd_momentum_names() {
     let back = OptimizerFile::read(&path.join(OPTIMIZER_NAME), Some(&params)).unwrap();
     assert_eq!(back, with);
     let header = st::read_header(&path.join(OPTIMIZER_NAME)).unwrap();
-    let mut names: Vec<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+    let mut names: Vec<&str> = header.tensors().iter().map(|t| t.name.as_str()).collect();
     names.sort();
     assert_eq!(names, ["bias.momentum_buffer", "weight.momentum_buffer"]);
 

@@ -119,8 +119,22 @@ pub fn read(path: &Path, problems: &mut Vec<Finding>) -> Result<Option<Parsed>, 
             return Ok(None);
         }
     };
-    let dir = parent(path);
     let weight_map = index.weight_map.0;
+    let shards = read_shards(&parent(path), &weight_map, problems)?;
+    Ok(Some(Parsed {
+        metadata: index.metadata,
+        weight_map,
+        shards,
+    }))
+}
+
+/// The header of every shard the map names, in name order; unreadable or missing
+/// shards are findings, an operational failure an error.
+fn read_shards(
+    dir: &Path,
+    weight_map: &BTreeMap<String, String>,
+    problems: &mut Vec<Finding>,
+) -> Result<Vec<Shard>, ModelError> {
     let names: BTreeSet<&String> = weight_map.values().collect();
     let mut shards = Vec::with_capacity(names.len());
     for name in names {
@@ -171,11 +185,7 @@ pub fn read(path: &Path, problems: &mut Vec<Finding>) -> Result<Option<Parsed>, 
             },
         }
     }
-    Ok(Some(Parsed {
-        metadata: index.metadata,
-        weight_map,
-        shards,
-    }))
+    Ok(shards)
 }
 
 /// Every physical tensor once, sorted by name; with a weight map, the rules that tie
@@ -188,7 +198,7 @@ pub fn entries(
     let mut holder: BTreeMap<&str, usize> = BTreeMap::new();
     let mut out = Vec::new();
     for (si, shard) in shards.iter().enumerate() {
-        for t in &shard.header.tensors {
+        for t in shard.header.tensors() {
             if let Some(&other) = holder.get(t.name.as_str()) {
                 let other = shards.get(other).map_or("", |s| s.name.as_str());
                 problems.push(finding(

@@ -322,7 +322,23 @@ pub fn logical(
             )),
         }
     }
-    match (pairs > 0, quant) {
+    check_quant_use(pairs > 0, quant, problems);
+    for (i, e) in entries.iter().enumerate() {
+        if !paired.get(i).copied().unwrap_or(false) {
+            out.push(Logical {
+                name: e.info.name.clone(),
+                shape: e.info.shape.clone(),
+                storage: Storage::Plain(i),
+            });
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The quant metadata is there exactly when the model has int4 pairs.
+fn check_quant_use(has_pairs: bool, quant: Option<&str>, problems: &mut Vec<Finding>) {
+    match (has_pairs, quant) {
         (true, None) => problems.push(finding(
             "int4-quant",
             None,
@@ -338,17 +354,6 @@ pub fn logical(
         )),
         _ => {}
     }
-    for (i, e) in entries.iter().enumerate() {
-        if !paired.get(i).copied().unwrap_or(false) {
-            out.push(Logical {
-                name: e.info.name.clone(),
-                shape: e.info.shape.clone(),
-                storage: Storage::Plain(i),
-            });
-        }
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
 }
 
 /// The logical `[out, in]` of a pair, or what is wrong with its layout.

@@ -283,33 +283,12 @@ impl Model {
         };
         let meta = std::fs::metadata(path).map_err(io)?;
         let mut problems = Vec::new();
-        let (kind, index_path, single, dir) = if meta.is_dir() {
-            let index = path.join(INDEX_NAME);
-            let single = path.join(SINGLE_NAME);
-            if index.exists() {
-                (Kind::Directory, Some(index), None, Some(path.to_path_buf()))
-            } else if single.exists() {
-                (
-                    Kind::Directory,
-                    None,
-                    Some(single),
-                    Some(path.to_path_buf()),
-                )
-            } else {
-                return Err(ModelError::NotAModel {
-                    path: path.to_path_buf(),
-                });
-            }
-        } else if path.to_string_lossy().ends_with(".json") {
-            (
-                Kind::Index,
-                Some(path.to_path_buf()),
-                None,
-                Some(parent(path)),
-            )
-        } else {
-            (Kind::File, None, Some(path.to_path_buf()), None)
-        };
+        let Located {
+            kind,
+            index_path,
+            single,
+            dir,
+        } = Located::of(path, meta.is_dir())?;
 
         let mut shards = Vec::new();
         let mut index_metadata = BTreeMap::new();
@@ -453,6 +432,53 @@ impl Model {
             *e = e.saturating_add(bytes);
         }
         mix
+    }
+}
+
+/// Where a model argument's files are.
+struct Located {
+    kind: Kind,
+    index_path: Option<PathBuf>,
+    single: Option<PathBuf>,
+    dir: Option<PathBuf>,
+}
+
+impl Located {
+    /// What `path` (a directory when `is_dir`) is: a directory, an index or a file.
+    fn of(path: &Path, is_dir: bool) -> Result<Located, ModelError> {
+        let (kind, index_path, single, dir) = if is_dir {
+            let index = path.join(INDEX_NAME);
+            let single = path.join(SINGLE_NAME);
+            if index.exists() {
+                (Kind::Directory, Some(index), None, Some(path.to_path_buf()))
+            } else if single.exists() {
+                (
+                    Kind::Directory,
+                    None,
+                    Some(single),
+                    Some(path.to_path_buf()),
+                )
+            } else {
+                return Err(ModelError::NotAModel {
+                    path: path.to_path_buf(),
+                });
+            }
+        } else if path.to_string_lossy().ends_with(".json") {
+            (
+                Kind::Index,
+                Some(path.to_path_buf()),
+                None,
+                Some(parent(path)),
+            )
+        } else {
+            (Kind::File, None, Some(path.to_path_buf()), None)
+        };
+        Ok(Located {
+            kind,
+            index_path,
+            single,
+            dir,
+        })
     }
 }
 

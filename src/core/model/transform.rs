@@ -108,6 +108,11 @@ pub fn run(
         .iter()
         .fold(0u64, |acc, s| acc.saturating_add(s.header.file_size));
     let done = AtomicU64::new(0);
+    let shared = Shared {
+        done: &done,
+        total,
+        progress,
+    };
     if model.kind == Kind::File {
         let shard = model.shards.first().ok_or_else(|| ModelError::Usage {
             detail: "the model has no safetensors file".to_string(),
@@ -117,7 +122,7 @@ pub fn run(
                 path: output.to_path_buf(),
             });
         }
-        let r = shard_to(model, 0, output, op, &done, total, progress, true)?;
+        let r = shard_to(model, 0, output, op, &shared, true)?;
         return Ok(Report {
             transformed: r.transformed,
             copied: r.copied,
@@ -129,7 +134,7 @@ pub fn run(
         });
     }
     let out = OutDir::create(output, model.dir.as_deref())?;
-    let results = parallel_shards(model, &out, op, jobs, &done, total, progress)?;
+    let results = parallel_shards(model, &out, op, jobs, &shared)?;
     let mut report = Report {
         shards: results.len(),
         bytes_in: size_in,
@@ -162,7 +167,7 @@ pub fn run(
         let name = index_path
             .file_name()
             .map_or_else(|| INDEX_NAME.to_string(), |n| n.to_string_lossy().into());
-        out.write_file(&name, &pretty(&index))?;
+        out.write_file(&name, &pretty(&index)?)?;
     }
     if let Some(dir) = &model.dir {
         let config_path = dir.join(CONFIG_NAME);
@@ -176,7 +181,7 @@ pub fn run(
                             c.insert("dtype".to_string(), Value::from(name));
                         }
                     }
-                    out.write_file(CONFIG_NAME, &pretty(&Value::Object(c)))?;
+                    out.write_file(CONFIG_NAME, &pretty(&Value::Object(c))?)?;
                 }
                 _ => out.copy_file(CONFIG_NAME, &config_path)?,
             }
@@ -199,10 +204,22 @@ pub fn run(
 
 /// JSON as transformers writes its index and config: two-space indent, sorted keys,
 /// a final newline.
-fn pretty(v: &Value) -> Vec<u8> {
-    let mut s = serde_json::to_vec_pretty(v).unwrap_or_default();
+fn pretty(v: &Value) -> Result<Vec<u8>, ModelError> {
+    let mut s = serde_json::to_vec_pretty(v).map_err(|e| ModelError::Usage {
+        detail: format!("cannot serialise JSON: {e}"),
+    })?;
     s.push(b'\n');
-    s
+    Ok(s)
+}
+
+/// The byte counter all shard workers add to and its consumer.
+struct Shared<'a> {
+    /// Source data bytes done so far, over every worker.
+    done: &'a AtomicU64,
+    /// Source data bytes in all.
+    total: u64,
+    /// Receives (done, total).
+    progress: &'a (dyn Fn(u64, u64) + Sync),
 }
 
 /// The regular files of a model directory that are not the model's own (index,
@@ -261,15 +278,12 @@ fn check_op(model: &Model, op: &Op<'_>) -> Result<(), ModelError> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 fn parallel_shards(
     model: &Model,
     out: &OutDir,
     op: &Op<'_>,
     jobs: usize,
-    done: &AtomicU64,
-    total: u64,
-    progress: &(dyn Fn(u64, u64) + Sync),
+    shared: &Shared<'_>,
 ) -> Result<Vec<ShardResult>, ModelError> {
     let n = model.shards.len();
     let jobs = jobs.clamp(1, MAX_JOBS).min(n.max(1));
@@ -286,7 +300,7 @@ fn parallel_shards(
             return;
         };
         let target = out.path().join(&shard.name);
-        let r = shard_to(model, i, &target, op, done, total, progress, false);
+        let r = shard_to(model, i, &target, op, shared, false);
         if r.is_err() {
             failed.store(true, Ordering::Relaxed);
         }
@@ -305,7 +319,10 @@ fn parallel_shards(
             }
         });
     }
-    let slots = slots.into_inner().unwrap_or_default();
+    // A worker that panicked poisons the lock: its shard has no result, reported below.
+    let slots = slots
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut results = Vec::with_capacity(n);
     let mut first_err = None;
     for (shard, slot) in model.shards.iter().zip(slots) {
@@ -358,17 +375,19 @@ struct OutTensor {
     plan: Plan,
 }
 
-#[allow(clippy::too_many_arguments)]
 fn shard_to(
     model: &Model,
     si: usize,
     target: &Path,
     op: &Op<'_>,
-    done: &AtomicU64,
-    total: u64,
-    progress: &(dyn Fn(u64, u64) + Sync),
+    shared: &Shared<'_>,
     atomic: bool,
 ) -> Result<ShardResult, ModelError> {
+    let Shared {
+        done,
+        total,
+        progress,
+    } = *shared;
     let Some(shard) = model.shards.get(si) else {
         return Err(ModelError::Usage {
             detail: format!("no shard {si}"),
@@ -412,18 +431,14 @@ fn shard_to(
             copied: r.copied,
             file_size: r.bytes_out,
             data_len: header.data_len(),
-            params: header.tensors.iter().map(|t| t.numel()).sum(),
-            names: header.tensors.iter().map(|t| t.name.clone()).collect(),
+            params: header.tensors().iter().map(|t| t.numel()).sum(),
+            names: header.tensors().iter().map(|t| t.name.clone()).collect(),
         });
     }
     let (tensors, metadata) = plan_shard(model, si, op)?;
     let specs: Vec<TensorSpec<'_>> = tensors
         .iter()
-        .map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype,
-            shape: &t.shape,
-        })
+        .map(|t| TensorSpec::new(&t.name, t.dtype, &t.shape))
         .collect();
     let layout = canonical_header(&specs, &metadata).map_err(shard_err)?;
     let result = ShardResult {
@@ -658,9 +673,14 @@ fn produce(
             let len = entry(i)?.info.byte_len();
             let mut buf = vec![0u8; CHUNK_ELEMS.min(usize::try_from(len).unwrap_or(CHUNK_ELEMS))];
             let mut at = 0u64;
+            // Whole buffers, then the rest: every chunk fits the buffer.
             while at < len {
                 let n = (len - at).min(buf.len() as u64) as usize;
-                let chunk = buf.get_mut(..n).unwrap_or_default();
+                let Some(chunk) = buf.get_mut(..n) else {
+                    return Err(ModelError::Usage {
+                        detail: format!("a chunk of {n} bytes is larger than the copy buffer"),
+                    });
+                };
                 files.read(i, at, chunk)?;
                 out.write_all(chunk).map_err(werr)?;
                 at += n as u64;

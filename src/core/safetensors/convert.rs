@@ -12,7 +12,7 @@ use std::path::Path;
 
 use super::dtype::Dtype;
 use super::float::{decode_f32, decode_f64, encode_f32, encode_f64, EncodeFailure, E4M3_MAX};
-use super::header::{read_header_from, ReadFailure};
+use super::header::{read_header_from, Header, ReadFailure, TensorInfo};
 use super::write::{canonical_header, TensorSpec};
 use super::SafetensorsError;
 use crate::core::atomic::{same_file, AtomicFile};
@@ -84,8 +84,53 @@ pub fn convert_saturating(
         ReadFailure::Io(source) => io(source),
         ReadFailure::Invalid(e) => e,
     })?;
-    let mut out_dtypes = Vec::with_capacity(header.tensors.len());
-    for t in &header.tensors {
+    let plan = plan_dtypes(&header, target, select)?;
+    let specs: Vec<TensorSpec<'_>> = plan
+        .iter()
+        .map(|&(t, dtype)| TensorSpec::from_info(t, dtype))
+        .collect();
+    let layout = canonical_header(&specs, &header.metadata)?;
+
+    let mut out = AtomicFile::create(output)?;
+    out.write_all(&layout.header)
+        .map_err(SafetensorsError::Write)?;
+    let mut report = ConvertReport {
+        bytes_in: size,
+        bytes_out: layout.file_size(),
+        ..ConvertReport::default()
+    };
+    let mut stream = Stream {
+        src: &mut src,
+        out: &mut out,
+        input,
+        saturate,
+        raw: vec![0u8; CONVERT_CHUNK],
+        codec: Codec::default(),
+        done: 0,
+        total: header.data_len(),
+    };
+    for &(t, to) in layout.in_file_order(&plan)? {
+        if to == t.dtype {
+            report.copied += 1;
+        } else {
+            report.converted += 1;
+        }
+        let start = header.data_start() + t.data_offsets.0;
+        stream.tensor(t, start, to, progress)?;
+    }
+    out.commit()?;
+    Ok(report)
+}
+
+/// Each tensor with the dtype it is written as: `target` for the selected float
+/// tensors (which must be decodable), its own otherwise.
+fn plan_dtypes<'h>(
+    header: &'h Header,
+    target: Dtype,
+    select: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(&'h TensorInfo, Dtype)>, SafetensorsError> {
+    let mut plan = Vec::with_capacity(header.len());
+    for t in header.tensors() {
         let convert = t.dtype.is_float() && t.dtype != target && select(&t.name);
         if convert && !t.dtype.decodable() {
             return Err(SafetensorsError::CannotDecode {
@@ -93,97 +138,131 @@ pub fn convert_saturating(
                 dtype: t.dtype,
             });
         }
-        out_dtypes.push(if convert { target } else { t.dtype });
+        plan.push((t, if convert { target } else { t.dtype }));
     }
-    let specs: Vec<TensorSpec<'_>> = header
-        .tensors
-        .iter()
-        .zip(&out_dtypes)
-        .map(|(t, &dtype)| TensorSpec {
-            name: &t.name,
-            dtype,
-            shape: &t.shape,
-        })
-        .collect();
-    let layout = canonical_header(&specs, &header.metadata)?;
+    Ok(plan)
+}
 
-    let mut out = AtomicFile::create(output)?;
-    let w = SafetensorsError::Write;
-    out.write_all(&layout.header).map_err(w)?;
-    let mut report = ConvertReport {
-        bytes_in: size,
-        bytes_out: layout.file_size(),
-        ..ConvertReport::default()
-    };
-    let mut raw = vec![0u8; CONVERT_CHUNK];
-    let mut encoded = Vec::new();
-    let (mut v32, mut v64) = (Vec::new(), Vec::new());
-    let mut done = 0u64;
-    for &i in &layout.order {
-        let (Some(t), Some(&to)) = (header.tensors.get(i), out_dtypes.get(i)) else {
-            continue;
+/// The source, the output and the fixed buffers one conversion streams through.
+struct Stream<'a> {
+    src: &'a mut File,
+    out: &'a mut AtomicFile,
+    input: &'a Path,
+    saturate: bool,
+    raw: Vec<u8>,
+    codec: Codec,
+    done: u64,
+    total: u64,
+}
+
+/// The buffers of re-encoding one chunk.
+#[derive(Default)]
+struct Codec {
+    encoded: Vec<u8>,
+    v32: Vec<f32>,
+    v64: Vec<f64>,
+}
+
+impl Stream<'_> {
+    /// Copy or re-encode tensor `t` (whose data starts at file offset `start`) as `to`,
+    /// a chunk at a time.
+    fn tensor(
+        &mut self,
+        t: &TensorInfo,
+        start: u64,
+        to: Dtype,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(), SafetensorsError> {
+        let input = self.input;
+        let io = |source| SafetensorsError::Io {
+            path: input.to_path_buf(),
+            source,
         };
-        let start = header.data_start() + t.data_offsets.0;
-        src.seek(SeekFrom::Start(start)).map_err(io)?;
-        let mut left = t.byte_len();
+        let w = SafetensorsError::Write;
+        self.src.seek(SeekFrom::Start(start)).map_err(io)?;
         let mut index = 0u64;
-        if to == t.dtype {
-            report.copied += 1;
-        } else {
-            report.converted += 1;
-        }
-        while left > 0 {
-            let n = left.min(CONVERT_CHUNK as u64) as usize;
-            let chunk = raw.get_mut(..n).unwrap_or_default();
-            src.read_exact(chunk).map_err(io)?;
+        for n in chunk_lengths(t.byte_len(), self.raw.len()) {
+            // chunk_lengths never yields more than the buffer holds.
+            let Some(chunk) = self.raw.get_mut(..n) else {
+                return Err(io(std::io::Error::other(
+                    "a chunk is larger than the conversion buffer",
+                )));
+            };
+            self.src.read_exact(chunk).map_err(io)?;
             if to == t.dtype {
-                out.write_all(chunk).map_err(w)?;
+                self.out.write_all(chunk).map_err(w)?;
             } else {
-                encoded.clear();
-                let result = if t.dtype == Dtype::F64 {
-                    v64.clear();
-                    decode_f64(t.dtype, chunk, &mut v64);
-                    if saturate {
-                        saturate_f64(&mut v64);
-                    }
-                    encode_f64(to, &v64, &mut encoded).map(|()| v64.len())
-                } else {
-                    v32.clear();
-                    decode_f32(t.dtype, chunk, &mut v32);
-                    if saturate {
-                        saturate_f32(&mut v32);
-                    }
-                    encode_f32(to, &v32, &mut encoded).map(|()| v32.len())
-                };
-                let count = result.map_err(|e| {
-                    let tensor = t.name.clone();
-                    let at = index + e.index as u64;
-                    match e.failure {
-                        EncodeFailure::OutOfRange => SafetensorsError::OutOfRange {
-                            tensor,
-                            index: at,
-                            value: e.value,
-                            dtype: to,
-                        },
-                        EncodeFailure::NotExact => SafetensorsError::NotExact {
-                            tensor,
-                            index: at,
-                            value: e.value,
-                            dtype: to,
-                        },
-                        EncodeFailure::RawOnly => SafetensorsError::RawOnly { tensor, dtype: to },
-                    }
-                })?;
-                index += count as u64;
-                out.write_all(&encoded).map_err(w)?;
+                index += self.codec.encode(chunk, t, to, index, self.saturate)?;
+                self.out.write_all(&self.codec.encoded).map_err(w)?;
             }
-            left -= n as u64;
-            done += n as u64;
-            progress(done, header.data_len());
+            self.done += n as u64;
+            progress(self.done, self.total);
         }
+        Ok(())
     }
-    out.commit()?;
-    Ok(report)
+}
+
+impl Codec {
+    /// Re-encode the raw `chunk` of `t` to `to` into `encoded`; returns the number of
+    /// values, the chunk's first being value `index` of the tensor.
+    fn encode(
+        &mut self,
+        chunk: &[u8],
+        t: &TensorInfo,
+        to: Dtype,
+        index: u64,
+        saturate: bool,
+    ) -> Result<u64, SafetensorsError> {
+        self.encoded.clear();
+        let result = if t.dtype == Dtype::F64 {
+            self.v64.clear();
+            decode_f64(t.dtype, chunk, &mut self.v64);
+            if saturate {
+                saturate_f64(&mut self.v64);
+            }
+            encode_f64(to, &self.v64, &mut self.encoded).map(|()| self.v64.len())
+        } else {
+            self.v32.clear();
+            decode_f32(t.dtype, chunk, &mut self.v32);
+            if saturate {
+                saturate_f32(&mut self.v32);
+            }
+            encode_f32(to, &self.v32, &mut self.encoded).map(|()| self.v32.len())
+        };
+        let count = result.map_err(|e| {
+            let tensor = t.name.clone();
+            let at = index + e.index as u64;
+            match e.failure {
+                EncodeFailure::OutOfRange => SafetensorsError::OutOfRange {
+                    tensor,
+                    index: at,
+                    value: e.value,
+                    dtype: to,
+                },
+                EncodeFailure::NotExact => SafetensorsError::NotExact {
+                    tensor,
+                    index: at,
+                    value: e.value,
+                    dtype: to,
+                },
+                EncodeFailure::RawOnly => SafetensorsError::RawOnly { tensor, dtype: to },
+            }
+        })?;
+        Ok(count as u64)
+    }
+}
+
+/// The lengths of the chunks `len` bytes are read in, each at most `chunk` bytes.
+fn chunk_lengths(len: u64, chunk: usize) -> impl Iterator<Item = usize> {
+    let chunk = chunk.max(1) as u64;
+    let mut left = len;
+    std::iter::from_fn(move || {
+        (left > 0).then(|| {
+            let n = left.min(chunk);
+            left -= n;
+            n as usize
+        })
+    })
 }
 
 /// Clamp |x| > 448 to +-448 (F8_E4M3's largest finite value), leaving NaN alone.

@@ -175,7 +175,7 @@ impl<'a> Side<'a> {
     pub fn add_file(&mut self, f: &'a MappedFile) {
         self.add(
             f.header()
-                .tensors
+                .tensors()
                 .iter()
                 .filter_map(|t| Some((t, f.info_bytes(t)?))),
         );

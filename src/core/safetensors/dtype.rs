@@ -1,5 +1,6 @@
 //! The 22 dtypes of the safetensors library 0.8: names, bit sizes, the canonical
-//! writer's rank and the byte-count rule.
+//! writer's rank, the byte-count rule, and the one list each of the dtypes without an
+//! element decoder and of the raw-only write targets.
 //!
 //! Invariant: names are exact and case-sensitive (`bf16` is not `BF16`); the rank is the
 //! reverse of the library's `Dtype` enumeration, so sorting by rank reproduces its layout.
@@ -162,7 +163,8 @@ impl Dtype {
     }
 
     /// True when `tlio` can encode float values into this dtype (with rounding for
-    /// floats, exactly for integers and BOOL); the others take raw bytes only.
+    /// floats, exactly for integers and BOOL); the others take raw bytes only. This is
+    /// the one list of raw-only write targets: the encoders consult it.
     pub fn encodable(self) -> bool {
         !matches!(
             self,
@@ -186,7 +188,8 @@ impl Dtype {
 
     /// True when values of this dtype can be decoded to numbers. The packed sub-byte
     /// dtypes (F6_E3M2, F6_E2M3, F4) are raw bytes only: the library defines no element
-    /// order inside a byte, so any decoding would be a guess.
+    /// order inside a byte, so any decoding would be a guess. This is the one list of
+    /// dtypes without an element decoder: the decoders consult it.
     pub fn decodable(self) -> bool {
         !matches!(self, Dtype::F6_E3M2 | Dtype::F6_E2M3 | Dtype::F4)
     }

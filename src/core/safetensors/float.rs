@@ -5,7 +5,9 @@
 //! encoder rounds exactly once (f32 inputs are widened to f64 exactly before rounding,
 //! never narrowed twice); NaN encodes to the canonical quiet NaN with its sign (BF16
 //! 0x7FC0, F16 0x7E00, F8_E4M3 0x7F, F8_E5M2 0x7E); F8_E4M3 refuses magnitudes beyond
-//! 448 (and infinities) instead of saturating; integers are encoded only when exact.
+//! 448 (and infinities) instead of saturating; integers are encoded only when exact;
+//! which dtypes have no decoder or encoder is said once, by `Dtype::decodable` and
+//! `Dtype::encodable`, and the codecs refuse exactly those.
 //!
 //! Why not crates for everything: `half` rounds f32 to BF16/F16 correctly and is used
 //! for that hot path, but its f64 conversions drop the low 32 bits of the f64 before
@@ -242,6 +244,10 @@ fn each<const N: usize, T>(bytes: &[u8], out: &mut Vec<T>, f: impl Fn([u8; N]) -
 /// 2^24 round in f32); BOOL yields its byte. Returns false for the raw-only sub-byte
 /// dtypes. `bytes` must hold whole elements.
 pub fn decode_f32(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) -> bool {
+    // `Dtype::decodable` is the one list of dtypes without an element decoder.
+    if !dtype.decodable() {
+        return false;
+    }
     match dtype {
         Dtype::F32 | Dtype::C64 => each(bytes, out, f32::from_le_bytes),
         Dtype::F64 => each(bytes, out, |a| f64::from_le_bytes(a) as f32),
@@ -260,7 +266,8 @@ pub fn decode_f32(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) -> bool {
         Dtype::F8_E8M0 => out.extend(bytes.iter().map(|&c| e8m0_to_f32(c))),
         Dtype::I8 => out.extend(bytes.iter().map(|&c| f32::from(c as i8))),
         Dtype::U8 | Dtype::BOOL => out.extend(bytes.iter().map(|&c| f32::from(c))),
-        Dtype::F6_E3M2 | Dtype::F6_E2M3 | Dtype::F4 => return false,
+        // Only the raw-only dtypes, refused above (a test checks the two agree).
+        _ => return false,
     }
     true
 }
@@ -363,6 +370,15 @@ fn encode_with(
     get: impl Fn(usize) -> f64,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
+    // `Dtype::encodable` is the one list of raw-only targets; like every other
+    // failure, it is reported at the first value (no values, no failure).
+    if len > 0 && !dtype.encodable() {
+        return Err(EncodeError {
+            index: 0,
+            value: get(0),
+            failure: EncodeFailure::RawOnly,
+        });
+    }
     let size = dtype.size().unwrap_or(1);
     out.reserve(len.saturating_mul(size));
     for i in 0..len {
@@ -402,14 +418,30 @@ fn encode_with(
             Dtype::U8 => out.push(exact(0.0, 256.0)? as u8),
             Dtype::I8 => out.push(exact(-128.0, 128.0)? as i8 as u8),
             Dtype::BOOL => out.push(exact(0.0, 2.0)? as u8),
-            Dtype::C64
-            | Dtype::F8_E5M2FNUZ
-            | Dtype::F8_E4M3FNUZ
-            | Dtype::F8_E8M0
-            | Dtype::F6_E3M2
-            | Dtype::F6_E2M3
-            | Dtype::F4 => return Err(fail(EncodeFailure::RawOnly)),
+            // Only the raw-only targets, refused above (a test checks the two agree).
+            _ => return Err(fail(EncodeFailure::RawOnly)),
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The codec tables and the raw-only lists of `Dtype` agree: a decodable or
+    /// encodable dtype always has its arm, never the catch-all.
+    #[test]
+    fn codecs_agree_with_the_raw_only_lists() {
+        for d in Dtype::ALL {
+            let whole = vec![0u8; d.size().unwrap_or(3) * 2];
+            assert_eq!(decode_f32(d, &whole, &mut Vec::new()), d.decodable(), "{d}");
+            let encoded = encode_f64(d, &[0.0], &mut Vec::new());
+            assert_eq!(encoded.is_ok(), d.encodable(), "{d}");
+            if let Err(e) = encoded {
+                assert_eq!(e.failure, EncodeFailure::RawOnly, "{d}");
+            }
+            assert_eq!(encode_f64(d, &[], &mut Vec::new()), Ok(()), "{d}");
+        }
+    }
 }

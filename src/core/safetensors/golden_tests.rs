@@ -231,8 +231,8 @@ fn test_load_decodes_every_dtype() {
         let file = MappedFile::open(&path).unwrap();
         assert_eq!(file.header(), &header);
         let tensors = f["tensors"].as_array().unwrap();
-        assert_eq!(header.tensors.len(), tensors.len(), "{name}");
-        for (info, t) in header.tensors.iter().zip(tensors) {
+        assert_eq!(header.tensors().len(), tensors.len(), "{name}");
+        for (info, t) in header.tensors().iter().zip(tensors) {
             let tname = t["name"].as_str().unwrap();
             assert_eq!(info.name, tname, "{name}: file order");
             assert_eq!(info.dtype.name(), t["dtype"].as_str().unwrap());

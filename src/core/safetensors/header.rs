@@ -56,12 +56,13 @@ impl TensorInfo {
 ///
 /// Invariant: `by_name` holds the positions of `tensors` ordered by name, so that
 /// [`Header::get`] is a binary search, not a scan (a diff of two 80,000-tensor files
-/// looks every name up). Build headers with [`Header::new`] and do not reorder or
-/// grow `tensors` afterwards.
+/// looks every name up). The tensors are private so that nothing can reorder or grow
+/// them after [`Header::new`]: read them with [`Header::tensors`] (file order),
+/// [`Header::get`] (by name) and [`Header::len`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     /// The tensors in data-offset order (zero-size ties in canonical order).
-    pub tensors: Vec<TensorInfo>,
+    tensors: Vec<TensorInfo>,
     /// The metadata (empty when absent).
     pub metadata: BTreeMap<String, String>,
     /// N, the header length in bytes.
@@ -100,7 +101,27 @@ impl Header {
         N_LEN + self.header_len
     }
 
-    /// The tensor of that name.
+    /// The tensors in file order: data-offset order, zero-size ties in canonical order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The tensors in file order, giving the header up.
+    pub fn into_tensors(self) -> Vec<TensorInfo> {
+        self.tensors
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// True when the header holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// The tensor of that name (a binary search of the name index).
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
         let tensor = |i: usize| self.tensors.get(i);
         let at = self
@@ -244,8 +265,10 @@ fn check_n(n: u64, size: u64) -> Result<(), SafetensorsError> {
 pub fn parse_header(file: &[u8]) -> Result<Header, SafetensorsError> {
     let size = file.len() as u64;
     check_prefix_len(size)?;
-    let mut prefix = [0u8; N_LEN as usize];
-    prefix.copy_from_slice(file.get(..N_LEN as usize).unwrap_or(&[0; 8]));
+    let prefix: [u8; N_LEN as usize] = file
+        .get(..N_LEN as usize)
+        .and_then(|p| p.try_into().ok())
+        .ok_or(SafetensorsError::TooShort { size })?;
     let n = u64::from_le_bytes(prefix);
     check_n(n, size).map_err(|e| with_sniff(e, &prefix))?;
     let end = (N_LEN + n) as usize;
@@ -304,57 +327,69 @@ struct RawHeader {
 
 fn validate(raw: RawHeader, header_len: u64, file_size: u64) -> Result<Header, SafetensorsError> {
     let data_len = file_size.saturating_sub(N_LEN + header_len);
-    let mut tensors = Vec::with_capacity(raw.tensors.len());
-    for t in raw.tensors {
-        let (begin, end) = t.offsets;
-        let expected = match byte_len(t.dtype, &t.shape) {
-            Ok(n) => n,
-            Err(SizeError::Overflow) => {
-                return Err(SafetensorsError::Overflow {
-                    tensor: t.name,
-                    shape: t.shape,
-                })
-            }
-            Err(SizeError::SubByte { numel }) => {
-                return Err(SafetensorsError::SubByte {
-                    tensor: t.name,
-                    dtype: t.dtype,
-                    numel,
-                })
-            }
-        };
-        if end < begin {
-            return Err(SafetensorsError::BadOffsets {
-                tensor: t.name,
-                detail: format!("end {end} is before begin {begin}"),
-            });
-        }
-        let actual = end - begin;
-        if actual != expected {
-            return Err(SafetensorsError::ByteCount {
-                tensor: t.name,
-                dtype: t.dtype,
-                shape: t.shape,
-                expected,
-                actual,
-            });
-        }
-        tensors.push(TensorInfo {
-            name: t.name,
-            dtype: t.dtype,
-            shape: t.shape,
-            data_offsets: t.offsets,
-        });
-    }
+    let mut tensors = raw
+        .tensors
+        .into_iter()
+        .map(check_entry)
+        .collect::<Result<Vec<_>, _>>()?;
     tensors.sort_by(|a, b| {
         a.data_offsets
             .cmp(&b.data_offsets)
             .then(a.dtype.rank().cmp(&b.dtype.rank()))
             .then(a.name.as_bytes().cmp(b.name.as_bytes()))
     });
+    check_tiling(&tensors, data_len)?;
+    Ok(Header::new(tensors, raw.metadata, header_len, file_size))
+}
+
+/// Rule 4 for one entry: a byte count that fits and matches its offsets.
+fn check_entry(t: RawTensor) -> Result<TensorInfo, SafetensorsError> {
+    let (begin, end) = t.offsets;
+    let expected = match byte_len(t.dtype, &t.shape) {
+        Ok(n) => n,
+        Err(SizeError::Overflow) => {
+            return Err(SafetensorsError::Overflow {
+                tensor: t.name,
+                shape: t.shape,
+            })
+        }
+        Err(SizeError::SubByte { numel }) => {
+            return Err(SafetensorsError::SubByte {
+                tensor: t.name,
+                dtype: t.dtype,
+                numel,
+            })
+        }
+    };
+    if end < begin {
+        return Err(SafetensorsError::BadOffsets {
+            tensor: t.name,
+            detail: format!("end {end} is before begin {begin}"),
+        });
+    }
+    let actual = end - begin;
+    if actual != expected {
+        return Err(SafetensorsError::ByteCount {
+            tensor: t.name,
+            dtype: t.dtype,
+            shape: t.shape,
+            expected,
+            actual,
+        });
+    }
+    Ok(TensorInfo {
+        name: t.name,
+        dtype: t.dtype,
+        shape: t.shape,
+        data_offsets: t.offsets,
+    })
+}
+
+/// Rule 5: the tensors, in data-offset order, tile the data buffer exactly.
+fn check_tiling(tensors: &[TensorInfo], data_len: u64) -> Result<(), SafetensorsError> {
     let mut cursor = 0u64;
     let mut previous: Option<&str> = None;
-    for t in &tensors {
+    for t in tensors {
         let (begin, end) = t.data_offsets;
         if end > data_len {
             return Err(SafetensorsError::Tiling {
@@ -391,7 +426,7 @@ fn validate(raw: RawHeader, header_len: u64, file_size: u64) -> Result<Header, S
             ),
         });
     }
-    Ok(Header::new(tensors, raw.metadata, header_len, file_size))
+    Ok(())
 }
 
 /// Holds the first typed error raised inside the visitors (serde only carries strings).

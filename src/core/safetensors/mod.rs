@@ -318,6 +318,15 @@ pub enum SafetensorsError {
         /// The path.
         path: PathBuf,
     },
+    /// A layout was applied to a list that does not hold one item per spec it was
+    /// computed from (a caller's bug, reported rather than skipped).
+    #[error("internal: a layout of {specs} tensors was applied to {items} items")]
+    LayoutMismatch {
+        /// Specs the layout was computed from.
+        specs: usize,
+        /// Items given.
+        items: usize,
+    },
     /// The file changed size between reading its header and mapping it.
     #[error("{} changed size while being read ({expected} then {actual} bytes)", .path.display())]
     Changed {
@@ -340,6 +349,7 @@ impl SafetensorsError {
             | E::Write(_)
             | E::Atomic(_)
             | E::Changed { .. }
+            | E::LayoutMismatch { .. }
             | E::BadTarget { .. }
             | E::SameFile { .. } => return None,
             E::TooShort { .. } | E::HeaderTooLarge { .. } | E::HeaderPastEnd { .. } => {
@@ -404,6 +414,7 @@ impl Failure for SafetensorsError {
             | SafetensorsError::Write(_)
             | SafetensorsError::Atomic(_)
             | SafetensorsError::Changed { .. }
+            | SafetensorsError::LayoutMismatch { .. }
             | SafetensorsError::BadTarget { .. }
             | SafetensorsError::SameFile { .. } => FailureKind::Operational,
             SafetensorsError::TooShort { .. }

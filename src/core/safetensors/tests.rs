@@ -98,7 +98,7 @@ fn test_v0_calls_still_work() {
     assert_eq!(std::fs::read(&path).unwrap(), file);
     let h = read_header(&path).unwrap();
     assert_eq!(h.metadata, meta(&[("format", "tinyllm")]));
-    assert_eq!(h.tensors.len(), 1);
+    assert_eq!(h.tensors().len(), 1);
     assert_eq!(h.header_len, 96);
     assert_eq!(h.data_start(), 104);
     let m = MappedFile::open(&path).unwrap();
@@ -274,7 +274,7 @@ fn test_dtype_order_then_name() {
         &BTreeMap::new(),
     );
     let h = parse_header(&file).unwrap();
-    let names: Vec<_> = h.tensors.iter().map(|t| t.name.as_str()).collect();
+    let names: Vec<_> = h.tensors().iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["y_f32", "z_f32", "b_i32", "a_u8"]);
     assert_eq!(h.get("y_f32").unwrap().data_offsets, (0, 4));
     assert_eq!(h.get("z_f32").unwrap().data_offsets, (4, 8));
@@ -628,7 +628,7 @@ proptest! {
         prop_assert_eq!(&mine, &theirs);
         // and our reader accepts what we wrote, tensor for tensor
         let h = parse_header(&mine).unwrap();
-        prop_assert_eq!(h.tensors.len(), tensors.len());
+        prop_assert_eq!(h.tensors().len(), tensors.len());
         for t in &tensors {
             let info = h.get(&t.name).unwrap();
             prop_assert_eq!(info.dtype, t.dtype);
@@ -1008,7 +1008,7 @@ fn consistent_file() -> impl Strategy<Value = Vec<u8>> {
 /// An accepted header describes the file it came from and stays inside it.
 fn assert_inside(h: &Header, file: &[u8]) -> Result<(), TestCaseError> {
     prop_assert_eq!(h.file_size, file.len() as u64);
-    for t in &h.tensors {
+    for t in h.tensors() {
         prop_assert!(t.data_offsets.0 <= t.data_offsets.1);
         prop_assert!(h.data_start() + t.data_offsets.1 <= h.file_size);
     }

@@ -77,7 +77,7 @@ pub fn verify_with_progress(
     if opts.finite {
         let file = MappedFile::open(path)?;
         let total = file.header().data_len();
-        for info in &file.header().tensors {
+        for info in file.header().tensors() {
             let Some(bytes) = file.info_bytes(info) else {
                 continue;
             };
@@ -105,13 +105,9 @@ pub fn canonical_mismatch(
     raw: &[u8],
 ) -> Result<Option<Finding>, SafetensorsError> {
     let specs: Vec<TensorSpec<'_>> = header
-        .tensors
+        .tensors()
         .iter()
-        .map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype,
-            shape: &t.shape,
-        })
+        .map(|t| TensorSpec::from_info(t, t.dtype))
         .collect();
     let layout = match canonical_header(&specs, &header.metadata) {
         Ok(l) => l,
@@ -130,8 +126,8 @@ pub fn canonical_mismatch(
         tensor: tensor.map(str::to_string),
         message: format!("canonical: {detail}"),
     };
-    for (i, t) in header.tensors.iter().enumerate() {
-        let want = layout.offsets.get(i).copied().unwrap_or_default();
+    // The layout's offsets are indexed like the specs, which are the header's tensors.
+    for (t, &want) in header.tensors().iter().zip(&layout.offsets) {
         if t.data_offsets != want {
             return Ok(Some(finding(
                 Some(&t.name),

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use super::dtype::{byte_len, numel, Dtype, SizeError};
 use super::float::{encode_f32, encode_f64, EncodeError, EncodeFailure};
-use super::header::{MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
+use super::header::{TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
 use super::{SafetensorsError, Tensor, TensorData};
 use crate::core::atomic::AtomicFile;
 
@@ -28,6 +28,19 @@ pub struct TensorSpec<'a> {
     pub dtype: Dtype,
     /// Shape.
     pub shape: &'a [u64],
+}
+
+impl<'a> TensorSpec<'a> {
+    /// The spec of a tensor named `name` stored as `dtype` with `shape`: the one way
+    /// every writer (file, conversion, model transformation, canonical check) builds it.
+    pub fn new(name: &'a str, dtype: Dtype, shape: &'a [u64]) -> Self {
+        TensorSpec { name, dtype, shape }
+    }
+
+    /// The spec of a header's tensor stored as `dtype` (its own, or a conversion target).
+    pub fn from_info(info: &'a TensorInfo, dtype: Dtype) -> Self {
+        TensorSpec::new(&info.name, dtype, &info.shape)
+    }
 }
 
 /// The canonical layout of a set of tensors.
@@ -48,6 +61,22 @@ impl Layout {
     pub fn file_size(&self) -> u64 {
         self.header.len() as u64 + self.data_len
     }
+
+    /// `items`, indexed like the specs this layout was computed from, in file order;
+    /// an error (never a skipped item) when they are not one per spec.
+    pub fn in_file_order<'t, T>(&self, items: &'t [T]) -> Result<Vec<&'t T>, SafetensorsError> {
+        let mismatch = || SafetensorsError::LayoutMismatch {
+            specs: self.order.len(),
+            items: items.len(),
+        };
+        if items.len() != self.order.len() {
+            return Err(mismatch());
+        }
+        self.order
+            .iter()
+            .map(|&i| items.get(i).ok_or_else(mismatch))
+            .collect()
+    }
 }
 
 fn json_str(out: &mut Vec<u8>, s: &str) {
@@ -57,12 +86,37 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
+/// One spec in file order, with its position among the specs and its data offsets.
+struct Placed<'s, 'a> {
+    index: usize,
+    spec: &'s TensorSpec<'a>,
+    offsets: (u64, u64),
+}
+
 /// Compute the canonical layout and header of `specs` with `metadata`, checking names
 /// and sizes.
 pub fn canonical_header(
     specs: &[TensorSpec<'_>],
     metadata: &BTreeMap<String, String>,
 ) -> Result<Layout, SafetensorsError> {
+    let sizes = checked_sizes(specs)?;
+    let (placed, data_len) = place(specs, &sizes)?;
+    let header = frame(header_json(&placed, metadata))?;
+    let order = placed.iter().map(|p| p.index).collect();
+    let mut by_index: Vec<(usize, (u64, u64))> =
+        placed.iter().map(|p| (p.index, p.offsets)).collect();
+    by_index.sort_unstable_by_key(|&(i, _)| i);
+    Ok(Layout {
+        order,
+        offsets: by_index.into_iter().map(|(_, o)| o).collect(),
+        header,
+        data_len,
+    })
+}
+
+/// The byte count of each spec, refusing the reserved name, duplicates and sizes that
+/// overflow or do not fill whole bytes.
+fn checked_sizes(specs: &[TensorSpec<'_>]) -> Result<Vec<u64>, SafetensorsError> {
     let mut seen = HashSet::with_capacity(specs.len());
     let mut sizes = Vec::with_capacity(specs.len());
     for s in specs {
@@ -87,28 +141,50 @@ pub fn canonical_header(
         })?;
         sizes.push(n);
     }
-    let mut order: Vec<usize> = (0..specs.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (x, y) = (&specs[a], &specs[b]);
+    Ok(sizes)
+}
+
+/// The specs in canonical order (dtype rank, then name bytes), packed back to back
+/// from offset 0; also the end of the last one (the data buffer's size).
+fn place<'s, 'a>(
+    specs: &'s [TensorSpec<'a>],
+    sizes: &[u64],
+) -> Result<(Vec<Placed<'s, 'a>>, u64), SafetensorsError> {
+    let mut sorted: Vec<(usize, &TensorSpec<'a>, u64)> = specs
+        .iter()
+        .zip(sizes)
+        .enumerate()
+        .map(|(i, (spec, &size))| (i, spec, size))
+        .collect();
+    sorted.sort_by(|(_, x, _), (_, y, _)| {
         x.dtype
             .rank()
             .cmp(&y.dtype.rank())
             .then(x.name.as_bytes().cmp(y.name.as_bytes()))
     });
-    let mut offsets = vec![(0u64, 0u64); specs.len()];
     let mut cursor = 0u64;
-    for &i in &order {
+    let mut placed = Vec::with_capacity(sorted.len());
+    for (index, spec, size) in sorted {
         let end = cursor
-            .checked_add(sizes[i])
+            .checked_add(size)
             .ok_or_else(|| SafetensorsError::Overflow {
-                tensor: specs[i].name.to_string(),
-                shape: specs[i].shape.to_vec(),
+                tensor: spec.name.to_string(),
+                shape: spec.shape.to_vec(),
             })?;
-        offsets[i] = (cursor, end);
+        placed.push(Placed {
+            index,
+            spec,
+            offsets: (cursor, end),
+        });
         cursor = end;
     }
+    Ok((placed, cursor))
+}
 
-    let mut json = Vec::with_capacity(64 + specs.len() * 96);
+/// The compact header JSON: `__metadata__` first (omitted when empty), then the
+/// tensors in file order.
+fn header_json(placed: &[Placed<'_, '_>], metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    let mut json = Vec::with_capacity(64 + placed.len() * 96);
     json.push(b'{');
     let mut first = true;
     if !metadata.is_empty() {
@@ -124,12 +200,12 @@ pub fn canonical_header(
         json.push(b'}');
         first = false;
     }
-    for &i in &order {
-        let s = &specs[i];
+    for p in placed {
         if !first {
             json.push(b',');
         }
         first = false;
+        let s = p.spec;
         json_str(&mut json, s.name);
         json.extend_from_slice(b":{\"dtype\":\"");
         json.extend_from_slice(s.dtype.name().as_bytes());
@@ -140,10 +216,16 @@ pub fn canonical_header(
             }
             json.extend_from_slice(d.to_string().as_bytes());
         }
-        let (b, e) = offsets[i];
+        let (b, e) = p.offsets;
         json.extend_from_slice(format!("],\"data_offsets\":[{b},{e}]}}").as_bytes());
     }
     json.push(b'}');
+    json
+}
+
+/// The length prefix and the JSON padded with spaces to a multiple of 8, refusing a
+/// header a reader would reject.
+fn frame(mut json: Vec<u8>) -> Result<Vec<u8>, SafetensorsError> {
     let padded = json.len().next_multiple_of(N_LEN as usize);
     json.resize(padded, b' ');
     let n = padded as u64;
@@ -153,12 +235,7 @@ pub fn canonical_header(
     let mut header = Vec::with_capacity(padded + N_LEN as usize);
     header.extend_from_slice(&n.to_le_bytes());
     header.extend_from_slice(&json);
-    Ok(Layout {
-        order,
-        offsets,
-        header,
-        data_len: cursor,
-    })
+    Ok(header)
 }
 
 fn encode_error(name: &str, dtype: Dtype, start: usize, e: EncodeError) -> SafetensorsError {
@@ -237,43 +314,49 @@ pub fn write<W: Write>(
     }
     let specs: Vec<TensorSpec<'_>> = tensors
         .iter()
-        .map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype,
-            shape: &t.shape,
-        })
+        .map(|t| TensorSpec::new(&t.name, t.dtype, &t.shape))
         .collect();
     let layout = canonical_header(&specs, metadata)?;
     for t in tensors {
         check_data(t)?;
     }
-    let w = |e| SafetensorsError::Write(e);
+    let w = SafetensorsError::Write;
     out.write_all(&layout.header).map_err(w)?;
     let mut buf = Vec::new();
-    for &i in &layout.order {
-        let t = &tensors[i];
-        match &t.data {
-            TensorData::Raw(bytes) => out.write_all(bytes).map_err(w)?,
-            TensorData::F32(values) => {
-                for (k, chunk) in values.chunks(ENCODE_CHUNK).enumerate() {
-                    buf.clear();
-                    encode_f32(t.dtype, chunk, &mut buf)
-                        .map_err(|e| encode_error(&t.name, t.dtype, k * ENCODE_CHUNK, e))?;
-                    out.write_all(&buf).map_err(w)?;
-                }
-            }
-            TensorData::F64(values) => {
-                for (k, chunk) in values.chunks(ENCODE_CHUNK).enumerate() {
-                    buf.clear();
-                    encode_f64(t.dtype, chunk, &mut buf)
-                        .map_err(|e| encode_error(&t.name, t.dtype, k * ENCODE_CHUNK, e))?;
-                    out.write_all(&buf).map_err(w)?;
-                }
-            }
-        }
+    for t in layout.in_file_order(tensors)? {
+        write_data(&mut out, t, &mut buf)?;
     }
     out.flush().map_err(w)?;
     Ok(layout.file_size())
+}
+
+/// Stream one tensor's data, encoding numbers through `buf` a chunk at a time.
+fn write_data<W: Write>(
+    out: &mut W,
+    t: &Tensor<'_>,
+    buf: &mut Vec<u8>,
+) -> Result<(), SafetensorsError> {
+    let w = SafetensorsError::Write;
+    match &t.data {
+        TensorData::Raw(bytes) => out.write_all(bytes).map_err(w)?,
+        TensorData::F32(values) => {
+            for (k, chunk) in values.chunks(ENCODE_CHUNK).enumerate() {
+                buf.clear();
+                encode_f32(t.dtype, chunk, buf)
+                    .map_err(|e| encode_error(&t.name, t.dtype, k * ENCODE_CHUNK, e))?;
+                out.write_all(buf).map_err(w)?;
+            }
+        }
+        TensorData::F64(values) => {
+            for (k, chunk) in values.chunks(ENCODE_CHUNK).enumerate() {
+                buf.clear();
+                encode_f64(t.dtype, chunk, buf)
+                    .map_err(|e| encode_error(&t.name, t.dtype, k * ENCODE_CHUNK, e))?;
+                out.write_all(buf).map_err(w)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Write `tensors` canonically to `path`, atomically: the file appears whole or not at

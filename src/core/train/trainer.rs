@@ -216,7 +216,7 @@ fn bad_checkpoint(loaded: &Loaded, why: String) -> TrainError {
 fn load_model(loaded: &Loaded, vocab: u32) -> Result<Bigram, TrainError> {
     let file = loaded.model()?;
     let v = u64::from(vocab);
-    match file.header().tensors.as_slice() {
+    match file.header().tensors() {
         [t] if t.name == WEIGHT_NAME && t.dtype == Dtype::F32 && t.shape == [v, v] => {}
         _ => {
             return Err(bad_checkpoint(
