@@ -1,6 +1,7 @@
 //! The dependency picture of the core, checked against the sources: which area may use
-//! which (as the module doc of `core` draws it), no edge outside it, and no use of the
-//! command layer (`cmd`, `error`, `output`) at all.
+//! which (the table in docs/architecture.md, which the module doc of `core` summarises),
+//! no edge outside it, no listed edge left unused, and no use of the command layer
+//! (`cmd`, `error`, `output`) at all.
 //!
 //! Invariant: the check reads only non-test code (each file up to its first
 //! `#[cfg(test)]`, `tests.rs` files skipped), so test fixtures may cross areas.
@@ -13,28 +14,39 @@ mod tests {
     /// Areas every other area may use: they depend on nothing of tlio's but each other.
     const LEAVES: &[&str] = &["digest", "failpoints", "failure", "pcg", "text"];
 
-    /// What each area may use besides the leaves. An area absent here is a leaf.
-    const ALLOWED: &[(&str, &[&str])] = &[
-        ("atomic", &[]),
-        ("files", &["atomic"]),
-        ("safetensors", &["atomic", "files"]),
-        ("model", &["atomic", "files", "safetensors"]),
-        ("tokens", &["atomic", "files"]),
-        // The optimizer file stores `optim`'s one definition of the hyper-parameters.
-        ("checkpoint", &["atomic", "files", "optim", "safetensors"]),
-        ("optim", &[]),
-        (
-            "train",
-            &[
-                "atomic",
-                "checkpoint",
-                "files",
-                "optim",
-                "safetensors",
-                "tokens",
-            ],
-        ),
-    ];
+    /// The picture as docs/architecture.md draws it: its table of areas, each with what
+    /// it may use besides the leaves. The docs are the one source, so they cannot drift.
+    fn documented_picture() -> BTreeMap<String, BTreeSet<String>> {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md");
+        let text = std::fs::read_to_string(&docs).unwrap();
+        let mut picture = BTreeMap::new();
+        let mut in_table = false;
+        for line in text.lines() {
+            if line.starts_with("| area | may use |") {
+                in_table = true;
+                continue;
+            }
+            if !in_table || line.starts_with("| ---") {
+                continue;
+            }
+            let Some(row) = line.strip_prefix('|') else {
+                break;
+            };
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let area = cells[0].trim_matches('`').to_string();
+            let uses = cells[1]
+                .split(',')
+                .map(|u| u.trim().trim_matches('`').to_string())
+                .filter(|u| !u.is_empty())
+                .collect();
+            picture.insert(area, uses);
+        }
+        assert!(
+            picture.len() >= 8,
+            "docs/architecture.md: no area table found"
+        );
+        picture
+    }
 
     fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir)
@@ -110,9 +122,10 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/core");
         let mut files = Vec::new();
         rust_files(&root, &mut files);
-        let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+        let allowed = documented_picture();
         let mut bad = Vec::new();
         let mut seen_edges = 0;
+        let mut used_edges: BTreeSet<(String, String)> = BTreeSet::new();
         for path in files {
             let rel = path.strip_prefix(&root).unwrap().to_path_buf();
             if rel.file_name().is_some_and(|n| n == "tests.rs") {
@@ -134,9 +147,10 @@ mod tests {
                     continue;
                 }
                 seen_edges += 1;
+                used_edges.insert((area.clone(), used.clone()));
                 let ok = allowed
                     .get(area.as_str())
-                    .is_some_and(|list| list.contains(&used.as_str()));
+                    .is_some_and(|list| list.contains(&used));
                 if !ok {
                     bad.push(format!("{}: {area} uses {used}", rel.display()));
                 }
@@ -148,8 +162,18 @@ mod tests {
             bad.join("\n")
         );
         // The scan must see the edges that do exist (a regex that matches nothing
-        // would pass vacuously).
+        // would pass vacuously), and the picture may not keep an edge nothing uses.
         assert!(seen_edges > 10, "only {seen_edges} edges found");
+        let stale: Vec<String> = allowed
+            .iter()
+            .flat_map(|(area, uses)| uses.iter().map(move |u| (area.clone(), u.clone())))
+            .filter(|edge| !used_edges.contains(edge))
+            .map(|(a, u)| format!("{a} -> {u}"))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "docs/architecture.md lists edges the sources no longer have: {stale:?}"
+        );
     }
 
     #[test]

@@ -1,13 +1,12 @@
 //! The core: formats, algorithms and file-system protocols with typed errors.
 //!
-//! Arrows run one way (checked against the sources by `layering`'s test):
-//! `train` uses `checkpoint`, `tokens`, `safetensors` and `optim`; `checkpoint` and
-//! `model` use `safetensors`; `checkpoint` uses `optim` (whose hyper-parameter type the
-//! optimizer file stores; `optim` uses nothing of tlio's but `failure`);
-//! `safetensors`, `model`, `tokens` and `checkpoint` use `files` and `atomic`; `files`
-//! uses `atomic`. The leaves `failure` (what kind of
+//! Arrows run one way; docs/architecture.md has the table, and `layering`'s test holds
+//! the sources to it: `train` uses `checkpoint`, `tokens`, `safetensors` and `optim`;
+//! `checkpoint` uses `safetensors` and `optim` (whose hyper-parameter type the
+//! optimizer file stores); `model` uses `safetensors` and `files`; every area that
+//! writes uses `atomic`, and `files` uses `atomic`. The leaves `failure` (what kind of
 //! failure an error is), `text` (escaping names for display), `digest` (sha256 and
-//! hex), `pcg` (the generator) and `failpoints` use nothing of tlio's but `failure`,
+//! hex), `pcg` (the generator) and `failpoints` use nothing of tlio's but each other,
 //! and every area may use them. Nothing here prints, exits, looks at a terminal or
 //! imports `cmd`, `error` or `output`: errors say their [`FailureKind`] and the
 //! command layer alone turns that into an exit code.
