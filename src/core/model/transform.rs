@@ -94,6 +94,10 @@ struct ShardResult {
 
 /// Run `op` on `model`, writing `output`. `jobs` workers process shards in parallel;
 /// `progress(done, total)` receives source data bytes.
+#[allow(
+    clippy::too_many_lines,
+    reason = "not yet split into named steps (a known gap, see the closing note)"
+)]
 pub fn run(
     model: &Model,
     output: &Path,
@@ -375,6 +379,10 @@ struct OutTensor {
     plan: Plan,
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "not yet split into named steps (a known gap, see the closing note)"
+)]
 fn shard_to(
     model: &Model,
     si: usize,
@@ -492,6 +500,10 @@ fn shard_to(
 }
 
 /// The output tensors of shard `si` and its metadata.
+#[allow(
+    clippy::too_many_lines,
+    reason = "not yet split into named steps (a known gap, see the closing note)"
+)]
 fn plan_shard(
     model: &Model,
     si: usize,
@@ -651,6 +663,10 @@ impl<'a> Files<'a> {
 }
 
 /// Write the bytes of output tensor `t`.
+#[allow(
+    clippy::too_many_lines,
+    reason = "not yet split into named steps (a known gap, see the closing note)"
+)]
 fn produce(
     model: &Model,
     files: &mut Files<'_>,
