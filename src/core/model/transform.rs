@@ -420,7 +420,8 @@ enum Plan {
     Scales(Quant),
     /// The packed values of quantizing a source tensor.
     Qweight(Quant),
-    /// Dequantize the pair (qweight entry, scales entry, group) to the target.
+    /// Dequantize the pair (qweight entry, scales entry, group) to the tensor's dtype
+    /// (the target).
     Dequant(usize, usize, u64),
 }
 
@@ -499,7 +500,7 @@ fn shard_to(
     let mut body = |out: &mut dyn Write| -> Result<(), ModelError> {
         for &i in &layout.order {
             if let Some(t) = tensors.get(i) {
-                produce(model, &mut files, t, op, out, &mut tick)?;
+                produce(model, &mut files, t, out, &mut tick)?;
             }
         }
         Ok(())
@@ -849,7 +850,6 @@ fn produce(
     model: &Model,
     files: &mut Files<'_>,
     t: &OutTensor,
-    op: &Op<'_>,
     out: &mut dyn Write,
     tick: &mut dyn FnMut(u64),
 ) -> Result<(), ModelError> {
@@ -862,12 +862,8 @@ fn produce(
         Plan::Copy(i) => copy_entry(model, files, i, &mut sink),
         Plan::Scales(q) => quantize_entry(model, files, q, true, &mut sink),
         Plan::Qweight(q) => quantize_entry(model, files, q, false, &mut sink),
-        Plan::Dequant(q, s, group) => {
-            let Op::Dequantize { target } = op else {
-                return Ok(());
-            };
-            dequantize_pair(files, t, (q, s, group), *target, &mut sink)
-        }
+        // The planned dtype of a dequantized tensor is the target.
+        Plan::Dequant(q, s, group) => dequantize_pair(files, t, (q, s, group), t.dtype, &mut sink),
     }
 }
 
