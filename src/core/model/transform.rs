@@ -24,12 +24,12 @@ use super::int4::{
     QWEIGHT_SUFFIX, SCALES_SUFFIX,
 };
 use super::outdir::OutDir;
-use super::{torch_name, Kind, Model, ModelError, Storage, CONFIG_NAME, INDEX_NAME};
+use super::{torch_name, Entry, Kind, Model, ModelError, Storage, CONFIG_NAME, INDEX_NAME};
 use crate::core::atomic::{same_file, AtomicFile};
 use crate::core::safetensors::convert::{convert_saturating, is_convert_target};
-use crate::core::safetensors::float::{decode_f32, encode_f32, EncodeFailure};
-use crate::core::safetensors::write::{canonical_header, TensorSpec};
-use crate::core::safetensors::{Dtype, SafetensorsError};
+use crate::core::safetensors::float::{decode_f32, encode_f32, EncodeError, EncodeFailure};
+use crate::core::safetensors::write::{canonical_header, Layout, TensorSpec};
+use crate::core::safetensors::{Dtype, SafetensorsError, TensorInfo};
 
 /// Elements handled per step and worker (a multiple of every group size up to
 /// [`MAX_GROUP`]): a few MiB of buffers.
@@ -94,10 +94,6 @@ struct ShardResult {
 
 /// Run `op` on `model`, writing `output`. `jobs` workers process shards in parallel;
 /// `progress(done, total)` receives source data bytes.
-#[allow(
-    clippy::too_many_lines,
-    reason = "not yet split into named steps (a known gap, see the closing note)"
-)]
 pub fn run(
     model: &Model,
     output: &Path,
@@ -118,24 +114,7 @@ pub fn run(
         progress,
     };
     if model.kind == Kind::File {
-        let shard = model.shards.first().ok_or_else(|| ModelError::Usage {
-            detail: "the model has no safetensors file".to_string(),
-        })?;
-        if same_file(&shard.path, output) {
-            return Err(ModelError::SameAsInput {
-                path: output.to_path_buf(),
-            });
-        }
-        let r = shard_to(model, 0, output, op, &shared, true)?;
-        return Ok(Report {
-            transformed: r.transformed,
-            copied: r.copied,
-            shards: 1,
-            files_copied: Vec::new(),
-            bytes_in: size_in,
-            bytes_out: r.file_size,
-            directory: false,
-        });
+        return run_file(model, output, op, &shared, size_in);
     }
     let out = OutDir::create(output, model.dir.as_deref())?;
     let results = parallel_shards(model, &out, op, jobs, &shared)?;
@@ -145,65 +124,138 @@ pub fn run(
         directory: true,
         ..Report::default()
     };
-    let mut weight_map = BTreeMap::new();
-    let (mut total_size, mut total_params) = (0u64, 0u64);
-    for (shard, r) in model.shards.iter().zip(&results) {
-        report.transformed += r.transformed;
-        report.copied += r.copied;
-        report.bytes_out = report.bytes_out.saturating_add(r.file_size);
-        total_size = total_size.saturating_add(r.data_len);
-        total_params = total_params.saturating_add(r.params);
-        for n in &r.names {
-            weight_map.insert(n.clone(), Value::String(shard.name.clone()));
-        }
-    }
-    if let Some(index_path) = &model.index_path {
-        let mut metadata: serde_json::Map<String, Value> = model
-            .index_metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        metadata.insert("total_size".to_string(), Value::from(total_size));
-        if metadata.contains_key("total_parameters") {
-            metadata.insert("total_parameters".to_string(), Value::from(total_params));
-        }
-        let index = serde_json::json!({ "metadata": metadata, "weight_map": weight_map });
-        let name = index_path
-            .file_name()
-            .map_or_else(|| INDEX_NAME.to_string(), |n| n.to_string_lossy().into());
-        out.write_file(&name, &pretty(&index)?)?;
-    }
-    if let Some(dir) = &model.dir {
-        let config_path = dir.join(CONFIG_NAME);
-        if let Some(config) = &model.config {
-            match op {
-                Op::Convert { target, .. } => {
-                    let mut c = config.clone();
-                    if let Some(name) = torch_name(*target) {
-                        c.insert("torch_dtype".to_string(), Value::from(name));
-                        if c.contains_key("dtype") {
-                            c.insert("dtype".to_string(), Value::from(name));
-                        }
-                    }
-                    out.write_file(CONFIG_NAME, &pretty(&Value::Object(c))?)?;
-                }
-                _ => out.copy_file(CONFIG_NAME, &config_path)?,
-            }
-        } else if config_path.is_file() {
-            out.copy_file(CONFIG_NAME, &config_path)?;
-        }
-        if model.kind == Kind::Directory {
-            for name in other_files(model)? {
-                out.copy_file(&name, &dir.join(&name))?;
-                report.files_copied.push(name);
-            }
-        }
-    }
+    let totals = tally(model, &results, &mut report);
+    write_index(model, &out, &totals)?;
+    write_config(model, &out, op)?;
+    report.files_copied = copy_other_files(model, &out)?;
     // Every file is in the temporary directory, nothing is under the final name yet:
     // the instant an interruption must leave no trace (tests pause here).
     fail::fail_point!("model/before-commit");
     out.commit()?;
     Ok(report)
+}
+
+/// A single-file model: one shard written atomically straight to `output`.
+fn run_file(
+    model: &Model,
+    output: &Path,
+    op: &Op<'_>,
+    shared: &Shared<'_>,
+    size_in: u64,
+) -> Result<Report, ModelError> {
+    let shard = model.shards.first().ok_or_else(|| ModelError::Usage {
+        detail: "the model has no safetensors file".to_string(),
+    })?;
+    if same_file(&shard.path, output) {
+        return Err(ModelError::SameAsInput {
+            path: output.to_path_buf(),
+        });
+    }
+    let r = shard_to(model, 0, output, op, shared, true)?;
+    Ok(Report {
+        transformed: r.transformed,
+        copied: r.copied,
+        shards: 1,
+        files_copied: Vec::new(),
+        bytes_in: size_in,
+        bytes_out: r.file_size,
+        directory: false,
+    })
+}
+
+/// What the rewritten index records over all shards.
+struct Totals {
+    /// Tensor name to the shard file holding it.
+    weight_map: BTreeMap<String, Value>,
+    /// Tensor data bytes.
+    size: u64,
+    /// Parameters.
+    params: u64,
+}
+
+/// Add every shard's counts to `report` and gather the index's totals.
+fn tally(model: &Model, results: &[ShardResult], report: &mut Report) -> Totals {
+    let mut totals = Totals {
+        weight_map: BTreeMap::new(),
+        size: 0,
+        params: 0,
+    };
+    for (shard, r) in model.shards.iter().zip(results) {
+        report.transformed += r.transformed;
+        report.copied += r.copied;
+        report.bytes_out = report.bytes_out.saturating_add(r.file_size);
+        totals.size = totals.size.saturating_add(r.data_len);
+        totals.params = totals.params.saturating_add(r.params);
+        for n in &r.names {
+            totals
+                .weight_map
+                .insert(n.clone(), Value::String(shard.name.clone()));
+        }
+    }
+    totals
+}
+
+/// Rewrite the index (if the model has one) with the true `total_size`, and
+/// `total_parameters` where the source had it.
+fn write_index(model: &Model, out: &OutDir, totals: &Totals) -> Result<(), ModelError> {
+    let Some(index_path) = &model.index_path else {
+        return Ok(());
+    };
+    let mut metadata: serde_json::Map<String, Value> = model
+        .index_metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    metadata.insert("total_size".to_string(), Value::from(totals.size));
+    if metadata.contains_key("total_parameters") {
+        metadata.insert("total_parameters".to_string(), Value::from(totals.params));
+    }
+    let index = serde_json::json!({ "metadata": metadata, "weight_map": totals.weight_map });
+    let name = index_path
+        .file_name()
+        .map_or_else(|| INDEX_NAME.to_string(), |n| n.to_string_lossy().into());
+    out.write_file(&name, &pretty(&index)?)
+}
+
+/// `config.json`: its dtype updated by convert, copied as it is otherwise.
+fn write_config(model: &Model, out: &OutDir, op: &Op<'_>) -> Result<(), ModelError> {
+    let Some(dir) = &model.dir else {
+        return Ok(());
+    };
+    let config_path = dir.join(CONFIG_NAME);
+    if let Some(config) = &model.config {
+        match op {
+            Op::Convert { target, .. } => {
+                let mut c = config.clone();
+                if let Some(name) = torch_name(*target) {
+                    c.insert("torch_dtype".to_string(), Value::from(name));
+                    if c.contains_key("dtype") {
+                        c.insert("dtype".to_string(), Value::from(name));
+                    }
+                }
+                out.write_file(CONFIG_NAME, &pretty(&Value::Object(c))?)?;
+            }
+            _ => out.copy_file(CONFIG_NAME, &config_path)?,
+        }
+    } else if config_path.is_file() {
+        out.copy_file(CONFIG_NAME, &config_path)?;
+    }
+    Ok(())
+}
+
+/// Copy a model directory's other files (see [`other_files`]); returns their names.
+fn copy_other_files(model: &Model, out: &OutDir) -> Result<Vec<String>, ModelError> {
+    let mut copied = Vec::new();
+    let Some(dir) = &model.dir else {
+        return Ok(copied);
+    };
+    if model.kind == Kind::Directory {
+        for name in other_files(model)? {
+            out.copy_file(&name, &dir.join(&name))?;
+            copied.push(name);
+        }
+    }
+    Ok(copied)
 }
 
 /// JSON as transformers writes its index and config: two-space indent, sorted keys,
@@ -364,12 +416,27 @@ fn with_shard(e: ModelError, shard: &str, model: &Model) -> ModelError {
 enum Plan {
     /// Copy entry `i`'s bytes.
     Copy(usize),
-    /// The scales of quantizing entry `i`.
-    Scales(usize),
-    /// The packed values of quantizing entry `i`.
-    Qweight(usize),
-    /// Dequantize the pair (qweight entry, scales entry, group) to the target.
+    /// The scales of quantizing a source tensor.
+    Scales(Quant),
+    /// The packed values of quantizing a source tensor.
+    Qweight(Quant),
+    /// Dequantize the pair (qweight entry, scales entry, group) to the tensor's dtype
+    /// (the target).
     Dequant(usize, usize, u64),
+}
+
+/// A source tensor to quantize, with what planning checked: a 2-D F32, F16 or BF16
+/// tensor whose columns are a multiple of the group.
+#[derive(Clone, Copy)]
+struct Quant {
+    /// Its entry.
+    entry: usize,
+    /// Group size G.
+    group: u64,
+    /// Columns (the second dimension).
+    cols: u64,
+    /// Bytes per source element.
+    size: usize,
 }
 
 struct OutTensor {
@@ -379,10 +446,14 @@ struct OutTensor {
     plan: Plan,
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "not yet split into named steps (a known gap, see the closing note)"
-)]
+/// A safetensors failure of the shard being written (named by the caller).
+fn shard_err(source: SafetensorsError) -> ModelError {
+    ModelError::Shard {
+        shard: None,
+        source,
+    }
+}
+
 fn shard_to(
     model: &Model,
     si: usize,
@@ -391,19 +462,10 @@ fn shard_to(
     shared: &Shared<'_>,
     atomic: bool,
 ) -> Result<ShardResult, ModelError> {
-    let Shared {
-        done,
-        total,
-        progress,
-    } = *shared;
     let Some(shard) = model.shards.get(si) else {
         return Err(ModelError::Usage {
             detail: format!("no shard {si}"),
         });
-    };
-    let shard_err = |source| ModelError::Shard {
-        shard: None,
-        source,
     };
     if let Op::Convert {
         target: to,
@@ -411,37 +473,12 @@ fn shard_to(
         select,
     } = op
     {
-        // The halves of an int4 pair keep their layout: convert never touches them.
-        let members: std::collections::HashSet<&str> = model
-            .logical
-            .iter()
-            .filter_map(|l| match l.storage {
-                Storage::Int4 {
-                    qweight, scales, ..
-                } => Some([qweight, scales]),
-                Storage::Plain(_) => None,
-            })
-            .flatten()
-            .filter_map(|i| model.entry(i).map(|e| e.info.name.as_str()))
-            .collect();
-        let pick = |name: &str| !members.contains(name) && select(name);
-        let mut last = 0u64;
-        let mut prog = |d: u64, _t: u64| {
-            let now = done.fetch_add(d.saturating_sub(last), Ordering::Relaxed) + d - last;
-            last = d;
-            progress(now, total);
+        let how = ConvertShard {
+            to: *to,
+            saturate: *saturate,
+            select: *select,
         };
-        let r = convert_saturating(&shard.path, target, *to, *saturate, &pick, &mut prog)
-            .map_err(shard_err)?;
-        let header = crate::core::safetensors::read_header(target).map_err(shard_err)?;
-        return Ok(ShardResult {
-            transformed: r.converted,
-            copied: r.copied,
-            file_size: r.bytes_out,
-            data_len: header.data_len(),
-            params: header.tensors().iter().map(|t| t.numel()).sum(),
-            names: header.tensors().iter().map(|t| t.name.clone()).collect(),
-        });
+        return convert_shard(model, &shard.path, target, &how, shared);
     }
     let (tensors, metadata) = plan_shard(model, si, op)?;
     let specs: Vec<TensorSpec<'_>> = tensors
@@ -449,7 +486,89 @@ fn shard_to(
         .map(|t| TensorSpec::new(&t.name, t.dtype, &t.shape))
         .collect();
     let layout = canonical_header(&specs, &metadata).map_err(shard_err)?;
-    let result = ShardResult {
+    let result = planned_result(&tensors, &layout);
+    let mut files = Files::new(model);
+    let Shared {
+        done,
+        total,
+        progress,
+    } = *shared;
+    let mut tick = |n: u64| {
+        let now = done.fetch_add(n, Ordering::Relaxed) + n;
+        progress(now, total);
+    };
+    let mut body = |out: &mut dyn Write| -> Result<(), ModelError> {
+        for &i in &layout.order {
+            if let Some(t) = tensors.get(i) {
+                produce(model, &mut files, t, out, &mut tick)?;
+            }
+        }
+        Ok(())
+    };
+    if atomic {
+        write_atomic(target, &layout.header, &mut body)?;
+    } else {
+        write_plain(target, &layout.header, &mut body)?;
+    }
+    Ok(result)
+}
+
+/// Convert's options for one shard.
+struct ConvertShard<'a> {
+    to: Dtype,
+    saturate: bool,
+    select: &'a (dyn Fn(&str) -> bool + Sync),
+}
+
+/// Convert one shard with the safetensors converter, leaving int4 pairs alone.
+fn convert_shard(
+    model: &Model,
+    source: &Path,
+    target: &Path,
+    how: &ConvertShard<'_>,
+    shared: &Shared<'_>,
+) -> Result<ShardResult, ModelError> {
+    let Shared {
+        done,
+        total,
+        progress,
+    } = *shared;
+    // The halves of an int4 pair keep their layout: convert never touches them.
+    let members: std::collections::HashSet<&str> = model
+        .logical
+        .iter()
+        .filter_map(|l| match l.storage {
+            Storage::Int4 {
+                qweight, scales, ..
+            } => Some([qweight, scales]),
+            Storage::Plain(_) => None,
+        })
+        .flatten()
+        .filter_map(|i| model.entry(i).map(|e| e.info.name.as_str()))
+        .collect();
+    let pick = |name: &str| !members.contains(name) && (how.select)(name);
+    let mut last = 0u64;
+    let mut prog = |d: u64, _t: u64| {
+        let now = done.fetch_add(d.saturating_sub(last), Ordering::Relaxed) + d - last;
+        last = d;
+        progress(now, total);
+    };
+    let r = convert_saturating(source, target, how.to, how.saturate, &pick, &mut prog)
+        .map_err(shard_err)?;
+    let header = crate::core::safetensors::read_header(target).map_err(shard_err)?;
+    Ok(ShardResult {
+        transformed: r.converted,
+        copied: r.copied,
+        file_size: r.bytes_out,
+        data_len: header.data_len(),
+        params: header.tensors().iter().map(|t| t.numel()).sum(),
+        names: header.tensors().iter().map(|t| t.name.clone()).collect(),
+    })
+}
+
+/// The counts of a planned shard, known before any byte is written.
+fn planned_result(tensors: &[OutTensor], layout: &Layout) -> ShardResult {
+    ShardResult {
         transformed: tensors
             .iter()
             .filter(|t| matches!(t.plan, Plan::Qweight(_) | Plan::Dequant(..)))
@@ -465,45 +584,45 @@ fn shard_to(
             .map(|t| crate::core::safetensors::dtype::numel(&t.shape).unwrap_or(0))
             .sum(),
         names: tensors.iter().map(|t| t.name.clone()).collect(),
-    };
+    }
+}
+
+/// Write `header` then `body` to `target` atomically (a single-file output).
+fn write_atomic(
+    target: &Path,
+    header: &[u8],
+    body: &mut dyn FnMut(&mut dyn Write) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
     let werr = |source| ModelError::Write {
         path: target.to_path_buf(),
         source,
     };
-    let mut files = Files::new(model);
-    let mut tick = |n: u64| {
-        let now = done.fetch_add(n, Ordering::Relaxed) + n;
-        progress(now, total);
+    let mut out = AtomicFile::create(target).map_err(|e| shard_err(e.into()))?;
+    out.write_all(header).map_err(werr)?;
+    body(&mut out)?;
+    out.commit().map_err(|e| shard_err(e.into()))
+}
+
+/// Write `header` then `body` to `target` and sync it (a shard inside an [`OutDir`],
+/// which makes the whole directory atomic).
+fn write_plain(
+    target: &Path,
+    header: &[u8],
+    body: &mut dyn FnMut(&mut dyn Write) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
+    let werr = |source| ModelError::Write {
+        path: target.to_path_buf(),
+        source,
     };
-    if atomic {
-        let mut out = AtomicFile::create(target).map_err(|e| shard_err(e.into()))?;
-        out.write_all(&layout.header).map_err(werr)?;
-        for &i in &layout.order {
-            if let Some(t) = tensors.get(i) {
-                produce(model, &mut files, t, op, &mut out, &mut tick)?;
-            }
-        }
-        out.commit().map_err(|e| shard_err(e.into()))?;
-    } else {
-        let file = File::create(target).map_err(werr)?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
-        out.write_all(&layout.header).map_err(werr)?;
-        for &i in &layout.order {
-            if let Some(t) = tensors.get(i) {
-                produce(model, &mut files, t, op, &mut out, &mut tick)?;
-            }
-        }
-        let file = out.into_inner().map_err(|e| werr(e.into_error()))?;
-        file.sync_all().map_err(werr)?;
-    }
-    Ok(result)
+    let file = File::create(target).map_err(werr)?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    out.write_all(header).map_err(werr)?;
+    body(&mut out)?;
+    let file = out.into_inner().map_err(|e| werr(e.into_error()))?;
+    file.sync_all().map_err(werr)
 }
 
 /// The output tensors of shard `si` and its metadata.
-#[allow(
-    clippy::too_many_lines,
-    reason = "not yet split into named steps (a known gap, see the closing note)"
-)]
 fn plan_shard(
     model: &Model,
     si: usize,
@@ -514,98 +633,137 @@ fn plan_shard(
         .get(si)
         .map(|s| s.header.metadata.clone())
         .unwrap_or_default();
-    let mut out = Vec::new();
-    let here = |i: usize| model.entry(i).is_some_and(|e| e.shard == si);
-    match op {
-        Op::Convert { .. } => {}
+    let out = match op {
+        Op::Convert { .. } => Vec::new(),
         Op::Quantize { group, select } => {
-            for (i, e) in model.entries.iter().enumerate() {
-                if e.shard != si {
-                    continue;
-                }
-                let t = &e.info;
-                let pick = t.shape.len() == 2 && t.dtype.is_float() && select(&t.name);
-                if !pick {
-                    out.push(OutTensor {
-                        name: t.name.clone(),
-                        dtype: t.dtype,
-                        shape: t.shape.clone(),
-                        plan: Plan::Copy(i),
-                    });
-                    continue;
-                }
-                let cannot = |detail: String| ModelError::CannotQuantize {
-                    tensor: t.name.clone(),
-                    detail,
-                };
-                if !matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
-                    return Err(cannot(format!(
-                        "{} weights cannot be quantized (F32, F16 and BF16 are read exactly; F64 would be rounded twice)",
-                        t.dtype
-                    )));
-                }
-                let (rows, cols) = match t.shape.as_slice() {
-                    &[r, c] => (r, c),
-                    _ => continue,
-                };
-                if cols % group != 0 {
-                    return Err(cannot(format!(
-                        "{cols} columns are not a multiple of the group size {group}"
-                    )));
-                }
-                out.push(OutTensor {
-                    name: format!("{}{SCALES_SUFFIX}", t.name),
-                    dtype: Dtype::F16,
-                    shape: vec![rows, cols / group],
-                    plan: Plan::Scales(i),
-                });
-                out.push(OutTensor {
-                    name: format!("{}{QWEIGHT_SUFFIX}", t.name),
-                    dtype: Dtype::U8,
-                    shape: vec![rows, cols / 2],
-                    plan: Plan::Qweight(i),
-                });
-            }
+            let out = plan_quantize(model, si, *group, *select)?;
             metadata.insert(QUANT_KEY.to_string(), quant_name(*group));
+            out
         }
         Op::Dequantize { target } => {
-            let mut paired = vec![false; model.entries.len()];
-            for l in &model.logical {
-                if let Storage::Int4 {
-                    qweight,
-                    scales,
-                    group,
-                } = l.storage
-                {
-                    for k in [qweight, scales] {
-                        if let Some(p) = paired.get_mut(k) {
-                            *p = true;
-                        }
-                    }
-                    if here(qweight) {
-                        out.push(OutTensor {
-                            name: l.name.clone(),
-                            dtype: *target,
-                            shape: l.shape.clone(),
-                            plan: Plan::Dequant(qweight, scales, group),
-                        });
-                    }
-                }
-            }
-            for (i, e) in model.entries.iter().enumerate() {
-                if e.shard == si && !paired.get(i).copied().unwrap_or(false) {
-                    out.push(OutTensor {
-                        name: e.info.name.clone(),
-                        dtype: e.info.dtype,
-                        shape: e.info.shape.clone(),
-                        plan: Plan::Copy(i),
-                    });
-                }
-            }
             metadata.remove(QUANT_KEY);
+            plan_dequantize(model, si, *target)
+        }
+    };
+    Ok((out, metadata))
+}
+
+/// Quantize: each selected 2-D float tensor of shard `si` becomes a scales and a
+/// qweight tensor, every other one is copied.
+fn plan_quantize(
+    model: &Model,
+    si: usize,
+    group: u64,
+    select: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<Vec<OutTensor>, ModelError> {
+    let mut out = Vec::new();
+    for (i, e) in model.entries.iter().enumerate() {
+        if e.shard != si {
+            continue;
+        }
+        let t = &e.info;
+        let pick = t.shape.len() == 2 && t.dtype.is_float() && select(&t.name);
+        if pick {
+            out.extend(quant_pair(i, t, group)?);
+        } else {
+            out.push(OutTensor {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                plan: Plan::Copy(i),
+            });
         }
     }
-    Ok((out, metadata))
+    Ok(out)
+}
+
+/// The scales and qweight tensors of quantizing entry `i` (`t`, a selected 2-D float
+/// tensor), after checking it can be.
+fn quant_pair(i: usize, t: &TensorInfo, group: u64) -> Result<Vec<OutTensor>, ModelError> {
+    let cannot = |detail: String| ModelError::CannotQuantize {
+        tensor: t.name.clone(),
+        detail,
+    };
+    let size = match t.dtype {
+        Dtype::F32 => 4,
+        Dtype::F16 | Dtype::BF16 => 2,
+        _ => {
+            return Err(cannot(format!(
+                "{} weights cannot be quantized (F32, F16 and BF16 are read exactly; F64 would be rounded twice)",
+                t.dtype
+            )))
+        }
+    };
+    let (rows, cols) = match t.shape.as_slice() {
+        &[r, c] => (r, c),
+        _ => return Ok(Vec::new()),
+    };
+    if cols % group != 0 {
+        return Err(cannot(format!(
+            "{cols} columns are not a multiple of the group size {group}"
+        )));
+    }
+    let q = Quant {
+        entry: i,
+        group,
+        cols,
+        size,
+    };
+    Ok(vec![
+        OutTensor {
+            name: format!("{}{SCALES_SUFFIX}", t.name),
+            dtype: Dtype::F16,
+            shape: vec![rows, cols / group],
+            plan: Plan::Scales(q),
+        },
+        OutTensor {
+            name: format!("{}{QWEIGHT_SUFFIX}", t.name),
+            dtype: Dtype::U8,
+            shape: vec![rows, cols / 2],
+            plan: Plan::Qweight(q),
+        },
+    ])
+}
+
+/// Dequantize: each int4 pair whose qweight is in shard `si` becomes one tensor of
+/// `target`; every entry of the shard that is not half of a pair is copied.
+fn plan_dequantize(model: &Model, si: usize, target: Dtype) -> Vec<OutTensor> {
+    let here = |i: usize| model.entry(i).is_some_and(|e| e.shard == si);
+    let mut out = Vec::new();
+    let mut paired = vec![false; model.entries.len()];
+    for l in &model.logical {
+        if let Storage::Int4 {
+            qweight,
+            scales,
+            group,
+        } = l.storage
+        {
+            for k in [qweight, scales] {
+                if let Some(p) = paired.get_mut(k) {
+                    *p = true;
+                }
+            }
+            if here(qweight) {
+                out.push(OutTensor {
+                    name: l.name.clone(),
+                    dtype: target,
+                    shape: l.shape.clone(),
+                    plan: Plan::Dequant(qweight, scales, group),
+                });
+            }
+        }
+    }
+    for (i, e) in model.entries.iter().enumerate() {
+        if e.shard == si && !paired.get(i).copied().unwrap_or(false) {
+            out.push(OutTensor {
+                name: e.info.name.clone(),
+                dtype: e.info.dtype,
+                shape: e.info.shape.clone(),
+                plan: Plan::Copy(i),
+            });
+        }
+    }
+    out
 }
 
 /// Open shard files, one handle each, on first use.
@@ -662,174 +820,231 @@ impl<'a> Files<'a> {
     }
 }
 
+/// Where one output tensor's bytes go: its name (for write errors), the writer and
+/// the progress counter.
+struct Sink<'s> {
+    name: &'s str,
+    out: &'s mut dyn Write,
+    tick: &'s mut dyn FnMut(u64),
+}
+
+impl Sink<'_> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
+        self.out
+            .write_all(bytes)
+            .map_err(|source| ModelError::Write {
+                path: PathBuf::from(self.name),
+                source,
+            })
+    }
+}
+
+fn entry(model: &Model, i: usize) -> Result<&Entry, ModelError> {
+    model.entry(i).ok_or_else(|| ModelError::Usage {
+        detail: format!("no tensor entry {i}"),
+    })
+}
+
 /// Write the bytes of output tensor `t`.
-#[allow(
-    clippy::too_many_lines,
-    reason = "not yet split into named steps (a known gap, see the closing note)"
-)]
 fn produce(
     model: &Model,
     files: &mut Files<'_>,
     t: &OutTensor,
-    op: &Op<'_>,
     out: &mut dyn Write,
     tick: &mut dyn FnMut(u64),
 ) -> Result<(), ModelError> {
-    let werr = |source| ModelError::Write {
-        path: PathBuf::from(&t.name),
-        source,
-    };
-    let entry = |i: usize| {
-        model.entry(i).ok_or_else(|| ModelError::Usage {
-            detail: format!("no tensor entry {i}"),
-        })
+    let mut sink = Sink {
+        name: &t.name,
+        out,
+        tick,
     };
     match t.plan {
-        Plan::Copy(i) => {
-            let len = entry(i)?.info.byte_len();
-            let mut buf = vec![0u8; CHUNK_ELEMS.min(usize::try_from(len).unwrap_or(CHUNK_ELEMS))];
-            let mut at = 0u64;
-            // Whole buffers, then the rest: every chunk fits the buffer.
-            while at < len {
-                let n = (len - at).min(buf.len() as u64) as usize;
-                let Some(chunk) = buf.get_mut(..n) else {
-                    return Err(ModelError::Usage {
-                        detail: format!("a chunk of {n} bytes is larger than the copy buffer"),
-                    });
-                };
-                files.read(i, at, chunk)?;
-                out.write_all(chunk).map_err(werr)?;
-                at += n as u64;
-                tick(n as u64);
-            }
-        }
-        Plan::Scales(i) | Plan::Qweight(i) => {
-            let Op::Quantize { group, .. } = op else {
-                return Ok(());
-            };
-            let e = entry(i)?;
-            let info = &e.info;
-            let cols = info.shape.get(1).copied().unwrap_or(0);
-            let g = *group as usize;
-            let size = info.dtype.size().unwrap_or(4);
-            let numel = info.numel();
-            let step = (CHUNK_ELEMS / g).max(1) * g;
-            let (mut raw, mut vals) = (Vec::new(), Vec::new());
-            let (mut scales, mut packed, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
-            let mut at = 0u64;
-            let is_scales = matches!(t.plan, Plan::Scales(_));
-            while at < numel {
-                let n = (numel - at).min(step as u64) as usize;
-                raw.resize(n * size, 0);
-                files.read(i, at * size as u64, &mut raw)?;
-                vals.clear();
-                decode_f32(info.dtype, &raw, &mut vals);
-                scales.clear();
-                packed.clear();
-                // The scales pass needs no values: only the qweight pass packs them.
-                let done = if is_scales {
-                    row_scales(&vals, g, &mut scales)
-                } else {
-                    quantize_row(&vals, g, &mut scales, &mut packed)
-                };
-                done.map_err(|(col, f)| {
-                    let flat = at + col as u64;
-                    let (row, col) = (flat / cols.max(1), flat % cols.max(1));
-                    match f {
-                        QuantFailure::NonFinite { value, .. } => ModelError::NonFinite {
-                            tensor: info.name.clone(),
-                            row,
-                            col,
-                            value,
-                        },
-                        QuantFailure::ScaleOverflow { amax } => ModelError::ScaleOverflow {
-                            tensor: info.name.clone(),
-                            row,
-                            group: col / *group,
-                            amax,
-                        },
-                    }
-                })?;
-                if is_scales {
-                    bytes.clear();
-                    for s in &scales {
-                        bytes.extend_from_slice(&s.to_le_bytes());
-                    }
-                    out.write_all(&bytes).map_err(werr)?;
-                } else {
-                    out.write_all(&packed).map_err(werr)?;
-                }
-                at += n as u64;
-                // Each source tensor is read twice (scales, then values): count half.
-                tick((n * size / 2) as u64);
-            }
-        }
-        Plan::Dequant(q, s, group) => {
-            let Op::Dequantize { target } = op else {
-                return Ok(());
-            };
-            let numel = crate::core::safetensors::dtype::numel(&t.shape).unwrap_or(0);
-            let g = usize::try_from(group).unwrap_or(usize::MAX).max(2);
-            let step = (CHUNK_ELEMS / g).max(1) * g;
-            let (mut qbuf, mut sbuf, mut s16, mut vals, mut enc) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let mut at = 0u64;
-            while at < numel {
-                let n = (numel - at).min(step as u64) as usize;
-                qbuf.resize(n / 2, 0);
-                files.read(q, at / 2, &mut qbuf)?;
-                let groups = n / g;
-                sbuf.resize(groups * 2, 0);
-                files.read(s, at / group * 2, &mut sbuf)?;
-                s16.clear();
-                for b in sbuf.chunks_exact(2) {
-                    let bits = u16::from_le_bytes(<[u8; 2]>::try_from(b).unwrap_or([0, 0]));
-                    // Reader rule: scales are finite and >= 0 (-0 is 0).
-                    if bits & 0x7C00 == 0x7C00 || (bits & 0x8000 != 0 && bits & 0x7FFF != 0) {
-                        return Err(ModelError::Invalid {
-                            first: format!(
-                                "int4 (scales): tensor {}: scale {} has bits {bits:#06x}; scales must be finite and >= 0",
-                                crate::core::text::quote(&format!("{}{SCALES_SUFFIX}", t.name)),
-                                at / group + (s16.len() as u64)
-                            ),
-                            more: 0,
-                        });
-                    }
-                    s16.push(bits);
-                }
-                vals.clear();
-                dequantize_row(&qbuf, &s16, g, &mut vals);
-                enc.clear();
-                encode_f32(*target, &vals, &mut enc).map_err(|e| {
-                    let index = at + e.index as u64;
-                    let source = match e.failure {
-                        EncodeFailure::OutOfRange => SafetensorsError::OutOfRange {
-                            tensor: t.name.clone(),
-                            index,
-                            value: e.value,
-                            dtype: *target,
-                        },
-                        EncodeFailure::NotExact => SafetensorsError::NotExact {
-                            tensor: t.name.clone(),
-                            index,
-                            value: e.value,
-                            dtype: *target,
-                        },
-                        EncodeFailure::RawOnly => SafetensorsError::RawOnly {
-                            tensor: t.name.clone(),
-                            dtype: *target,
-                        },
-                    };
-                    ModelError::Shard {
-                        shard: None,
-                        source,
-                    }
-                })?;
-                out.write_all(&enc).map_err(werr)?;
-                at += n as u64;
-                tick((n / 2 + groups * 2) as u64);
-            }
-        }
+        Plan::Copy(i) => copy_entry(model, files, i, &mut sink),
+        Plan::Scales(q) => quantize_entry(model, files, q, true, &mut sink),
+        Plan::Qweight(q) => quantize_entry(model, files, q, false, &mut sink),
+        // The planned dtype of a dequantized tensor is the target.
+        Plan::Dequant(q, s, group) => dequantize_pair(files, t, (q, s, group), t.dtype, &mut sink),
+    }
+}
+
+/// Copy entry `i`'s bytes in chunks.
+fn copy_entry(
+    model: &Model,
+    files: &mut Files<'_>,
+    i: usize,
+    sink: &mut Sink<'_>,
+) -> Result<(), ModelError> {
+    let len = entry(model, i)?.info.byte_len();
+    let mut buf = vec![0u8; CHUNK_ELEMS.min(usize::try_from(len).unwrap_or(CHUNK_ELEMS))];
+    let mut at = 0u64;
+    // Whole buffers, then the rest: every chunk fits the buffer.
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        let Some(chunk) = buf.get_mut(..n) else {
+            return Err(ModelError::Usage {
+                detail: format!("a chunk of {n} bytes is larger than the copy buffer"),
+            });
+        };
+        files.read(i, at, chunk)?;
+        sink.write(chunk)?;
+        at += n as u64;
+        (sink.tick)(n as u64);
     }
     Ok(())
+}
+
+/// Write the scales (`is_scales`) or the packed values of quantizing `q`, whole
+/// groups at a time.
+fn quantize_entry(
+    model: &Model,
+    files: &mut Files<'_>,
+    q: Quant,
+    is_scales: bool,
+    sink: &mut Sink<'_>,
+) -> Result<(), ModelError> {
+    let info = &entry(model, q.entry)?.info;
+    let g = q.group as usize;
+    let size = q.size;
+    let numel = info.numel();
+    let step = (CHUNK_ELEMS / g).max(1) * g;
+    let (mut raw, mut vals) = (Vec::new(), Vec::new());
+    let (mut scales, mut packed, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut at = 0u64;
+    while at < numel {
+        let n = (numel - at).min(step as u64) as usize;
+        raw.resize(n * size, 0);
+        files.read(q.entry, at * size as u64, &mut raw)?;
+        vals.clear();
+        decode_f32(info.dtype, &raw, &mut vals);
+        scales.clear();
+        packed.clear();
+        // The scales pass needs no values: only the qweight pass packs them.
+        let done = if is_scales {
+            row_scales(&vals, g, &mut scales)
+        } else {
+            quantize_row(&vals, g, &mut scales, &mut packed)
+        };
+        done.map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
+        if is_scales {
+            bytes.clear();
+            for s in &scales {
+                bytes.extend_from_slice(&s.to_le_bytes());
+            }
+            sink.write(&bytes)?;
+        } else {
+            sink.write(&packed)?;
+        }
+        at += n as u64;
+        // Each source tensor is read twice (scales, then values): count half.
+        (sink.tick)((n * size / 2) as u64);
+    }
+    Ok(())
+}
+
+/// The error for a weight of `tensor` (flat index `flat`) that cannot be quantized.
+fn quant_error(tensor: &str, q: Quant, flat: u64, f: QuantFailure) -> ModelError {
+    let (row, col) = (flat / q.cols.max(1), flat % q.cols.max(1));
+    match f {
+        QuantFailure::NonFinite { value, .. } => ModelError::NonFinite {
+            tensor: tensor.to_string(),
+            row,
+            col,
+            value,
+        },
+        QuantFailure::ScaleOverflow { amax } => ModelError::ScaleOverflow {
+            tensor: tensor.to_string(),
+            row,
+            group: col / q.group,
+            amax,
+        },
+    }
+}
+
+/// Write the int4 pair (qweight entry, scales entry, group) as output tensor `t` of
+/// dtype `target`, whole groups at a time.
+fn dequantize_pair(
+    files: &mut Files<'_>,
+    t: &OutTensor,
+    (q, s, group): (usize, usize, u64),
+    target: Dtype,
+    sink: &mut Sink<'_>,
+) -> Result<(), ModelError> {
+    let numel = crate::core::safetensors::dtype::numel(&t.shape).unwrap_or(0);
+    let g = usize::try_from(group).unwrap_or(usize::MAX).max(2);
+    let step = (CHUNK_ELEMS / g).max(1) * g;
+    let (mut qbuf, mut sbuf, mut s16, mut vals, mut enc) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut at = 0u64;
+    while at < numel {
+        let n = (numel - at).min(step as u64) as usize;
+        qbuf.resize(n / 2, 0);
+        files.read(q, at / 2, &mut qbuf)?;
+        let groups = n / g;
+        sbuf.resize(groups * 2, 0);
+        files.read(s, at / group * 2, &mut sbuf)?;
+        read_scales(&sbuf, &t.name, at / group, &mut s16)?;
+        vals.clear();
+        dequantize_row(&qbuf, &s16, g, &mut vals);
+        enc.clear();
+        encode_f32(target, &vals, &mut enc).map_err(|e| encode_error(&t.name, target, at, &e))?;
+        sink.write(&enc)?;
+        at += n as u64;
+        (sink.tick)((n / 2 + groups * 2) as u64);
+    }
+    Ok(())
+}
+
+/// Decode little-endian F16 scale bits into `s16`, refusing what the reader rule
+/// forbids; `first` is the index of the first scale (for the message).
+fn read_scales(
+    bytes: &[u8],
+    tensor: &str,
+    first: u64,
+    s16: &mut Vec<u16>,
+) -> Result<(), ModelError> {
+    s16.clear();
+    // The buffer holds whole scales (two bytes each): there is no remainder.
+    let (pairs, _) = bytes.as_chunks::<2>();
+    for &pair in pairs {
+        let bits = u16::from_le_bytes(pair);
+        // Reader rule: scales are finite and >= 0 (-0 is 0).
+        if bits & 0x7C00 == 0x7C00 || (bits & 0x8000 != 0 && bits & 0x7FFF != 0) {
+            return Err(ModelError::Invalid {
+                first: format!(
+                    "int4 (scales): tensor {}: scale {} has bits {bits:#06x}; scales must be finite and >= 0",
+                    crate::core::text::quote(&format!("{tensor}{SCALES_SUFFIX}")),
+                    first + (s16.len() as u64)
+                ),
+                more: 0,
+            });
+        }
+        s16.push(bits);
+    }
+    Ok(())
+}
+
+/// The error for a value of output tensor `tensor` (chunk starting at element `at`)
+/// that `target` cannot hold.
+fn encode_error(tensor: &str, target: Dtype, at: u64, e: &EncodeError) -> ModelError {
+    let index = at + e.index as u64;
+    let tensor = tensor.to_string();
+    let source = match e.failure {
+        EncodeFailure::OutOfRange => SafetensorsError::OutOfRange {
+            tensor,
+            index,
+            value: e.value,
+            dtype: target,
+        },
+        EncodeFailure::NotExact => SafetensorsError::NotExact {
+            tensor,
+            index,
+            value: e.value,
+            dtype: target,
+        },
+        EncodeFailure::RawOnly => SafetensorsError::RawOnly {
+            tensor,
+            dtype: target,
+        },
+    };
+    shard_err(source)
 }
