@@ -827,13 +827,7 @@ proptest! {
         byte in any::<u8>(),
         cut in any::<bool>(),
     ) {
-        let mut seen = std::collections::HashSet::new();
-        let ours: Vec<Tensor<'_>> = tensors
-            .iter()
-            .filter(|t| t.name != "__metadata__" && seen.insert(t.name.clone()))
-            .map(|t| raw(&t.name, t.dtype, &t.shape, &t.bytes))
-            .collect();
-        let mut file = to_vec(&ours, &meta(&[("format", "tinyllm")]));
+        let mut file = valid_file(&tensors);
         let i = at.index(file.len());
         if cut {
             file.truncate(i);
@@ -958,6 +952,18 @@ fn apply(body: &mut Vec<u8>, edit: &Edit) {
     }
 }
 
+/// The canonical file of the generated tensors (the first of each name, none named
+/// `__metadata__`), with one metadata entry.
+fn valid_file(tensors: &[Gen]) -> Vec<u8> {
+    let mut seen = std::collections::HashSet::new();
+    let ours: Vec<Tensor<'_>> = tensors
+        .iter()
+        .filter(|t| t.name != "__metadata__" && seen.insert(t.name.clone()))
+        .map(|t| raw(&t.name, t.dtype, &t.shape, &t.bytes))
+        .collect();
+    to_vec(&ours, &meta(&[("format", "tinyllm")]))
+}
+
 /// A valid file's header body after a few edits, with the file's own data.
 fn edited_valid() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
     (
@@ -965,13 +971,7 @@ fn edited_valid() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
         prop::collection::vec(edit(), 1..4),
     )
         .prop_map(|(tensors, edits)| {
-            let mut seen = std::collections::HashSet::new();
-            let ours: Vec<Tensor<'_>> = tensors
-                .iter()
-                .filter(|t| t.name != "__metadata__" && seen.insert(t.name.clone()))
-                .map(|t| raw(&t.name, t.dtype, &t.shape, &t.bytes))
-                .collect();
-            let file = to_vec(&ours, &meta(&[("format", "tinyllm")]));
+            let file = valid_file(&tensors);
             let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
             let mut body = file[8..8 + n].to_vec();
             for e in &edits {
