@@ -7,7 +7,7 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use crate::core::{failure, FailureKind};
+use tlio_core::FailureKind;
 
 /// The exit code of cli.md for a kind of failure: 1 for invalid input, 2 for usage
 /// and operational failures. Exhaustive on purpose: a new kind must choose its code.
@@ -62,7 +62,7 @@ pub fn classify(err: &anyhow::Error) -> FailureKind {
         if let Some(e) = cause.downcast_ref::<Classified>() {
             return e.kind;
         }
-        if let Some(kind) = failure::kind_of(cause) {
+        if let Some(kind) = kind_of(cause) {
             return kind;
         }
         if let Some(e) = cause.downcast_ref::<io::Error>() {
@@ -103,7 +103,7 @@ pub fn one_line(err: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    crate::core::text::escape(&line)
+    tlio_core::text::escape(&line)
 }
 
 /// A file is named once per line: when the line so far ends with a file name (`cannot
@@ -237,5 +237,142 @@ mod tests {
         assert_eq!(one_line(&err), "outer: bad\\u{a}value");
         let err = anyhow::anyhow!("tensor \"x\u{202e}y\" in café").context("outer");
         assert_eq!(one_line(&err), "outer: tensor \"x\\u{202e}y\" in café");
+    }
+}
+
+/// Every error type of tlio-core, so that [`classify`] can find the kind of a cause it
+/// only sees as `dyn Error`. The list lives here, beside its only user, and not in core,
+/// where naming every area's error type from one module would be a cycle; a test below
+/// reads core's sources and fails when a type that derives `thiserror::Error` is
+/// missing, so no core error can fall back to a default kind.
+///
+/// One list of types builds both [`kind_of`] and the registered names, so the two
+/// cannot drift apart. Every listed type must implement `tlio_core::Failure`.
+macro_rules! registry {
+    ($($ty:path),+ $(,)?) => {
+        /// The kind of `err` when it is one of core's error types, `None` otherwise.
+        fn kind_of(err: &(dyn std::error::Error + 'static)) -> Option<FailureKind> {
+            $(
+                if let Some(e) = err.downcast_ref::<$ty>() {
+                    return Some(tlio_core::Failure::kind(e));
+                }
+            )+
+            None
+        }
+
+        /// The last path segment of every registered type, for the completeness test.
+        #[cfg(test)]
+        const REGISTERED: &[&str] = &[$(last_segment(stringify!($ty))),+];
+    };
+}
+
+registry![
+    tlio_core::atomic::AtomicError,
+    tlio_core::checkpoint::CheckpointError,
+    tlio_core::checkpoint::manifest::ManifestError,
+    tlio_core::checkpoint::optimizer::OptimizerError,
+    tlio_core::checkpoint::state::StateError,
+    tlio_core::checkpoint::verify::Problem,
+    tlio_core::model::ModelError,
+    tlio_core::failpoints::FailpointsError,
+    tlio_core::optim::OptimError,
+    tlio_core::safetensors::SafetensorsError,
+    tlio_core::tokens::TokensError,
+    tlio_core::tokens::tokenizer::TokenizerError,
+    tlio_core::train::TrainError,
+];
+
+/// The text after the last `::` of a stringified path (whitespace-tolerant).
+#[cfg(test)]
+const fn last_segment(path: &'static str) -> &'static str {
+    let bytes = path.as_bytes();
+    let mut start = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b':' || bytes[i] == b' ' {
+            start = i + 1;
+        }
+        i += 1;
+    }
+    let (_, tail) = bytes.split_at(start);
+    match std::str::from_utf8(tail) {
+        Ok(s) => s,
+        Err(_) => path,
+    }
+}
+
+#[cfg(test)]
+mod registry_tests {
+    use super::*;
+    use std::path::Path;
+
+    /// Every `pub enum`/`pub struct` under `src/core` that derives `thiserror::Error`.
+    fn error_types(dir: &Path, found: &mut Vec<(String, String)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .expect("src/core is readable")
+            .map(|e| e.expect("directory entry").path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                error_types(&path, found);
+                continue;
+            }
+            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("source is UTF-8");
+            // Test-only modules may define helper error types; stop at the test module.
+            let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+            let mut pending = false;
+            for line in text.lines().map(str::trim) {
+                if line.starts_with("#[derive(") && line.contains("thiserror::Error") {
+                    pending = true;
+                    continue;
+                }
+                if pending && !line.starts_with("#[") && !line.starts_with("///") {
+                    let name = line
+                        .split_whitespace()
+                        .skip_while(|w| !matches!(*w, "enum" | "struct"))
+                        .nth(1)
+                        .map(|w| w.trim_end_matches(['{', '(', ';']).to_string());
+                    if let Some(name) = name {
+                        found.push((path.display().to_string(), name));
+                    }
+                    pending = false;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_core_error_type_is_registered() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/core");
+        let mut found = Vec::new();
+        error_types(&root, &mut found);
+        assert!(
+            found.len() >= 5,
+            "the scan found too few error types: {found:?}"
+        );
+        let missing: Vec<_> = found
+            .iter()
+            .filter(|(_, name)| !REGISTERED.contains(&name.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "core error types missing from error.rs's registry: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn registered_names_are_the_type_names() {
+        assert!(REGISTERED.contains(&"AtomicError"));
+        assert!(REGISTERED.contains(&"Problem"));
+    }
+
+    #[test]
+    fn foreign_errors_have_no_core_kind() {
+        let err = std::io::Error::other("x");
+        assert_eq!(kind_of(&err), None);
     }
 }

@@ -48,7 +48,7 @@ pub fn install() {
             if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
                 continue;
             }
-            let removed = crate::core::atomic::abandon_all();
+            let removed = tlio_core::atomic::abandon_all();
             let name = SIGNALS
                 .iter()
                 .find(|(s, _)| *s == sig)

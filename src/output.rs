@@ -239,11 +239,16 @@ type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
 enum Sink {
     /// The process's stdout or stderr.
     Process,
-    /// A caller's writer.
+    /// A caller's writer (the in-process rendering tests).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "only the in-process tests render into a writer")
+    )]
     Writer(SharedWriter),
 }
 
 impl Sink {
+    #[cfg(test)]
     fn of(writer: impl Write + Send + 'static) -> Self {
         let boxed: Box<dyn Write + Send> = Box::new(writer);
         Sink::Writer(Arc::new(Mutex::new(boxed)))
@@ -348,6 +353,7 @@ impl Printer {
     /// terminal (so: plain tables, no progress bars), with colour exactly when `color`
     /// (and never with `json`). It looks at no terminal and no environment: the caller
     /// decides, as the command layer does for [`Printer::new`].
+    #[cfg(test)]
     pub fn with_writers(
         json: bool,
         quiet: bool,
@@ -368,7 +374,8 @@ impl Printer {
 
     /// The same printer, told that its stdout is a terminal (box-drawn tables that fit
     /// its width), for rendering a terminal's view into a writer.
-    pub fn as_terminal(mut self, stdout_tty: bool) -> Self {
+    #[cfg(test)]
+    pub fn on_terminal(mut self, stdout_tty: bool) -> Self {
         self.stdout_tty = stdout_tty;
         self
     }
@@ -435,7 +442,7 @@ impl Printer {
             // Warnings often carry names from files: never let them reach the terminal raw.
             self.chatter(format_args!(
                 "tlio: warning: {}",
-                crate::core::text::escape(line.as_ref())
+                tlio_core::text::escape(line.as_ref())
             ));
         }
     }
@@ -599,7 +606,7 @@ mod tests {
     #[test]
     fn a_terminal_table_is_box_drawn() {
         let (out, err) = (Shared::default(), Shared::default());
-        let p = super::Printer::with_writers(false, false, false, out, err).as_terminal(true);
+        let p = super::Printer::with_writers(false, false, false, out, err).on_terminal(true);
         let mut table = p.table();
         table.set_header(["a"]);
         table.add_row(["b"]);

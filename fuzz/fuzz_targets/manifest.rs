@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tlio::core::checkpoint::Manifest;
+use tlio_core::checkpoint::Manifest;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(m) = Manifest::from_json(data) else {

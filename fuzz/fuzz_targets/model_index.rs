@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use tlio::core::model::{Model, INDEX_NAME};
-use tlio::core::safetensors::{save, Dtype, Tensor, TensorData};
+use tlio_core::model::{Model, INDEX_NAME};
+use tlio_core::safetensors::{save, Dtype, Tensor, TensorData};
 
 /// A directory holding `a.safetensors` (tensor `x`) and `b.safetensors` (tensor `y`),
 /// made once per process; the index is rewritten in it for every input.

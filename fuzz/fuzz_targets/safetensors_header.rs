@@ -4,9 +4,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tlio::core::safetensors::header::Header;
-use tlio::core::safetensors::write::TensorSpec;
-use tlio::core::safetensors::{canonical_header, parse_header};
+use tlio_core::safetensors::header::Header;
+use tlio_core::safetensors::write::TensorSpec;
+use tlio_core::safetensors::{canonical_header, parse_header};
 
 /// The canonical file (header plus zeroed data) holding `h`'s tensors and metadata.
 fn canonical_file(h: &Header) -> Vec<u8> {

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use tlio::core::tokens::{ShardHeader, HEADER_BYTES, MAGIC};
+use tlio_core::tokens::{ShardHeader, HEADER_BYTES, MAGIC};
 
 fuzz_target!(|data: &[u8]| {
     let mut bytes = [0u8; HEADER_BYTES];

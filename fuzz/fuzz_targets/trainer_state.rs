@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tlio::core::checkpoint::TrainerState;
+use tlio_core::checkpoint::TrainerState;
 
 fn round_trip(s: &TrainerState) {
     let bytes = s

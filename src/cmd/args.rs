@@ -6,7 +6,7 @@
 
 use clap::ValueEnum;
 
-use crate::core::safetensors::Dtype;
+use tlio_core::safetensors::Dtype;
 
 /// A float dtype tlio can encode (`st convert --dtype`): the safetensors name is
 /// canonical, and the names people type in PyTorch, NumPy and ML papers are accepted

@@ -12,13 +12,13 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use super::Outcome;
-use crate::core::checkpoint::{
+use crate::output::{Printer, Tone};
+use comfy_table::Cell;
+use tlio_core::checkpoint::{
     self, load::Survey, parse_step_name, step_name, verify as ckverify, Payload, SaveRequest,
     TrainerState, MANIFEST_NAME,
 };
-use crate::core::text::escape;
-use crate::output::{Printer, Tone};
-use comfy_table::Cell;
+use tlio_core::text::escape;
 
 /// The `ckpt` subcommands.
 #[derive(Debug, Subcommand)]
@@ -135,7 +135,7 @@ pub fn run(cmd: CkptCommand, printer: &Printer) -> anyhow::Result<Outcome> {
 
 fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
     // A JSON input of a save (state, config): bounded like the JSON a verify reads.
-    crate::core::files::read_limited(path, crate::core::checkpoint::verify::MAX_JSON_BYTES)
+    tlio_core::files::read_limited(path, tlio_core::checkpoint::verify::MAX_JSON_BYTES)
         .with_context(|| format!("cannot read {}", path.display()))
 }
 

@@ -22,8 +22,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::Outcome;
-use crate::core::checkpoint::step_name;
 use crate::output::Printer;
+use tlio_core::checkpoint::step_name;
 
 /// The built-in corpus: an essay written for this project (same licence as the code).
 pub const CORPUS: &[u8] = include_bytes!("../../assets/demo_corpus.txt");
@@ -262,7 +262,7 @@ pub fn run(args: DemoArgs, printer: &Printer) -> anyhow::Result<Outcome> {
                 .tempdir()
                 .context("cannot create a temporary directory")?;
             // Registered, so that Ctrl-C during the demo removes it too.
-            let tmp = crate::core::atomic::TempDir::adopt(tmp.keep())?;
+            let tmp = tlio_core::atomic::TempDir::adopt(tmp.keep())?;
             (tmp.path().to_path_buf(), Some(tmp))
         }
     };
@@ -325,7 +325,7 @@ fn prepare_out(out: &Path) -> anyhow::Result<()> {
 /// recorded) when a later step would have nothing to work on.
 fn steps(ch: &Children, checks: &mut Checks, report: &mut Report) -> anyhow::Result<bool> {
     let corpus = ch.dir.join("corpus.txt");
-    crate::core::atomic::write_file(&corpus, CORPUS)
+    tlio_core::atomic::write_file(&corpus, CORPUS)
         .with_context(|| format!("cannot write {}", corpus.display()))?;
     if !pack_shard(ch, checks)? || !inspect_shard(ch, checks)? {
         return Ok(false);
@@ -626,14 +626,14 @@ fn print_report(report: &Report, printer: &Printer) -> anyhow::Result<()> {
             } else {
                 printer.cell("FAIL", crate::output::Tone::Bad)
             },
-            Cell::new(crate::core::text::escape(&check.detail)),
+            Cell::new(tlio_core::text::escape(&check.detail)),
         ]);
     }
     writeln!(out, "{}", crate::output::table_text(&table))?;
     writeln!(out)?;
     if let Some(line) = &report.final_line_text {
         writeln!(out, "final line of both runs:")?;
-        writeln!(out, "{}", crate::core::text::escape(line))?;
+        writeln!(out, "{}", tlio_core::text::escape(line))?;
     }
     let failed = report.checks.iter().filter(|c| !c.ok).count();
     if report.ok {

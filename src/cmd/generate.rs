@@ -72,7 +72,7 @@ pub fn run(cmd: GenerateCommand, printer: &Printer) -> anyhow::Result<Outcome> {
                 .with_context(|| format!("cannot create directory {}", dir.display()))?;
             for (name, bytes) in &pages {
                 let path = dir.join(name);
-                crate::core::atomic::write_file(&path, bytes)
+                tlio_core::atomic::write_file(&path, bytes)
                     .with_context(|| format!("cannot write {}", path.display()))?;
             }
             if printer.json {

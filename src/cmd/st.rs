@@ -12,18 +12,18 @@ use serde::Serialize;
 
 use super::args::FloatDtype;
 use super::Outcome;
-use crate::core::model::arch::{summary, Summary};
-use crate::core::model::int4::DEFAULT_GROUP;
-use crate::core::model::transform::{self, Op, Report as TransformReport};
-use crate::core::model::view::{diff_views, verify_model, Listing, ModelView, Row};
-use crate::core::model::{Kind, Model};
-use crate::core::safetensors::diff::{Changed, DiffReport, Different, MetaChange, ValueDiff};
-use crate::core::safetensors::header::{totals, Totals};
-use crate::core::safetensors::stats::{Number, TensorStats};
-use crate::core::safetensors::verify::{Finding, VerifyOptions};
-use crate::core::safetensors::Dtype;
-use crate::core::text::escape;
 use crate::output::{human_bytes, human_count, PlainTable, Printer, Tone};
+use tlio_core::model::arch::{summary, Summary};
+use tlio_core::model::int4::DEFAULT_GROUP;
+use tlio_core::model::transform::{self, Op, Report as TransformReport};
+use tlio_core::model::view::{diff_views, verify_model, Listing, ModelView, Row};
+use tlio_core::model::{Kind, Model};
+use tlio_core::safetensors::diff::{Changed, DiffReport, Different, MetaChange, ValueDiff};
+use tlio_core::safetensors::header::{totals, Totals};
+use tlio_core::safetensors::stats::{Number, TensorStats};
+use tlio_core::safetensors::verify::{Finding, VerifyOptions};
+use tlio_core::safetensors::Dtype;
+use tlio_core::text::escape;
 
 /// The `st` subcommands.
 #[derive(Debug, Subcommand)]
@@ -276,7 +276,7 @@ mod tests {
     /// A small file with a name needing JSON escapes, a non-ASCII name, metadata and a
     /// zero-size tensor; written by the canonical writer into `dir`.
     fn sample(dir: &std::path::Path, name: &str, scale: f32) -> std::path::PathBuf {
-        use crate::core::safetensors::{save, Dtype, Tensor, TensorData};
+        use tlio_core::safetensors::{save, Dtype, Tensor, TensorData};
         let path = dir.join(name);
         let w = [1.0f32, -2.5, scale, 4.0];
         let tensors = [
@@ -322,7 +322,7 @@ mod tests {
 
     #[test]
     fn streamed_diff_json_is_the_sorted_document() {
-        use crate::core::model::view::{diff_views, ModelView};
+        use tlio_core::model::view::{diff_views, ModelView};
         let dir = tempfile::tempdir().unwrap();
         let a = ModelView::open(&sample(dir.path(), "a.safetensors", 3.0)).unwrap();
         let b = ModelView::open(&sample(dir.path(), "b.safetensors", 5.0)).unwrap();
@@ -1178,7 +1178,7 @@ fn print_diff(report: &DiffReport<'_>, out: &mut impl Write) -> io::Result<()> {
     for m in &report.metadata {
         let show = |v: Option<&str>| {
             v.map_or("(absent)".to_string(), |s| {
-                escape(&crate::core::text::quote(s))
+                escape(&tlio_core::text::quote(s))
             })
         };
         writeln!(

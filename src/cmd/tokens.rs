@@ -13,17 +13,17 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
 use super::Outcome;
-use crate::core::atomic;
-use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
-use crate::core::text::escape;
-use crate::core::tokens::{
+use crate::error::{invalid, operational};
+use crate::output::Printer;
+use tlio_core::atomic;
+use tlio_core::pcg::{Pcg32, DEFAULT_SEQ};
+use tlio_core::text::escape;
+use tlio_core::tokens::{
     self, CorpusFormat, Cursor, HeaderReport, InputFormat, Layout, PackInput, PackOptions, Shard,
     ShardPlan, TextPackOptions, TextPackProgress, TokenStream, Tokenizer, TokensError, BYTES_VOCAB,
     DEFAULT_SHARD_TOKENS,
 };
-use crate::core::{Failure, FailureKind};
-use crate::error::{invalid, operational};
-use crate::output::Printer;
+use tlio_core::{Failure, FailureKind};
 
 /// The `tokens` subcommands.
 #[derive(Debug, Subcommand)]
@@ -742,7 +742,7 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
     let mut stream = TokenStream::new(shards, args.seq_len, args.batch, rng, vocab)?;
     if let Some(path) = &args.cursor {
-        let bytes = crate::core::files::read_limited(path, tokens::MAX_CURSOR_BYTES)
+        let bytes = tlio_core::files::read_limited(path, tokens::MAX_CURSOR_BYTES)
             .with_context(|| format!("cannot read cursor {}", path.display()))?;
         let text = String::from_utf8(bytes)
             .map_err(|_| invalid(format!("cursor {}: not UTF-8", path.display())))?;

@@ -11,11 +11,11 @@ use clap::{Args, Subcommand, ValueEnum};
 use indicatif::ProgressBar;
 
 use super::Outcome;
-use crate::core::optim::{OptimConfig, ADAMW_WEIGHT_DECAY, SGD_MOMENTUM};
-use crate::core::train::layout::CKPT_DIR;
-use crate::core::train::run::run as run_training;
-use crate::core::train::spec::{Method, Progress, RunSpec};
 use crate::output::Printer;
+use tlio_core::optim::{OptimConfig, ADAMW_WEIGHT_DECAY, SGD_MOMENTUM};
+use tlio_core::train::layout::CKPT_DIR;
+use tlio_core::train::run::run as run_training;
+use tlio_core::train::spec::{Method, Progress, RunSpec};
 
 /// AdamW's default learning rate (the spec's example).
 pub const ADAMW_LR: f64 = 0.01;

@@ -18,7 +18,7 @@ use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::core::failure::{Failure, FailureKind};
+use crate::failure::{Failure, FailureKind};
 
 /// Write buffer of an atomic file: large so a model file goes out in few system calls.
 const WRITE_BUFFER_BYTES: usize = 1 << 20;

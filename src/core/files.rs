@@ -19,7 +19,7 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
         opts.custom_flags(libc::O_NONBLOCK);
     }
     let file = opts.open(path)?;
-    match crate::core::atomic::irregular_kind(&file.metadata()?.file_type()) {
+    match crate::atomic::irregular_kind(&file.metadata()?.file_type()) {
         None => Ok(file),
         Some(kind) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(test)]
 pub(crate) mod fixture;
 
-use crate::core::failure::{Failure, FailureKind};
+use crate::failure::{Failure, FailureKind};
 
 /// PyTorch's AdamW defaults.
 pub const ADAMW_BETAS: [f64; 2] = [0.9, 0.999];

@@ -6,8 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use tlio::core::checkpoint::{OptimizerFile, OptimizerState};
-use tlio::core::safetensors::{self as st, Dtype, Tensor, TensorData};
+use tlio_core::checkpoint::{OptimizerFile, OptimizerState};
+use tlio_core::safetensors::{self as st, Dtype, Tensor, TensorData};
 
 use super::{tlio, tmp};
 
@@ -585,7 +585,7 @@ fn a_save_waits_for_the_lock_while_gc_fails_at_once() {
     save_cmd(&ck, dir.path(), 5).assert().success();
     // This test holds the directory's lock itself, so no timing window is involved:
     // every step below happens while the lock is certainly held.
-    let held = tlio::core::checkpoint::DirLock::acquire(&ck).unwrap();
+    let held = tlio_core::checkpoint::DirLock::acquire(&ck).unwrap();
     tlio()
         .args(["ckpt", "gc", "--keep", "1"])
         .arg(&ck)

@@ -70,25 +70,35 @@ pub fn fixture(rel: &str) -> std::path::PathBuf {
         .join(rel)
 }
 
-/// Every leaf command's argument path (`["st", "inspect"]`, ...), from the parser's own
-/// definition, so a new command is covered by every test that walks them.
+/// Every command and group as its argument path (`[]` for `tlio` itself, `["st"]`,
+/// `["st", "inspect"]`, ...), sorted. They come from the binary's own man pages (one
+/// page per command, `tlio-st-inspect.1`), so the tests walk what a user can run and a
+/// new command is covered by every test that walks them.
+pub fn command_paths() -> Vec<Vec<String>> {
+    let dir = tmp();
+    let out = tlio()
+        .args(["generate", "man", "-o"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tlio generate man: {out:?}");
+    let mut paths: Vec<Vec<String>> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter_map(|name| name.strip_suffix(".1").map(str::to_string))
+        .map(|stem| stem.split('-').skip(1).map(str::to_string).collect())
+        .collect();
+    paths.sort();
+    assert!(paths.len() >= 10, "too few man pages: {paths:?}");
+    paths
+}
+
+/// Every leaf command's argument path (`["st", "inspect"]`, ...): a command no other
+/// command extends.
 pub fn leaf_commands() -> Vec<Vec<String>> {
-    fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
-        let subs: Vec<_> = cmd
-            .get_subcommands()
-            .filter(|s| s.get_name() != "help")
-            .collect();
-        if subs.is_empty() {
-            out.push(path.clone());
-        }
-        for sub in subs {
-            path.push(sub.get_name().to_string());
-            walk(sub, path, out);
-            path.pop();
-        }
-    }
-    let mut out = Vec::new();
-    let root = <tlio::cmd::Cli as clap::CommandFactory>::command();
-    walk(&root, &mut Vec::new(), &mut out);
-    out
+    let all = command_paths();
+    all.iter()
+        .filter(|p| !all.iter().any(|q| q.len() > p.len() && q.starts_with(p)))
+        .cloned()
+        .collect()
 }

@@ -12,8 +12,6 @@
 //! `snapshots_ignore_a_hostile_terminal` reruns these tests under a narrow, short,
 //! colour-forcing environment and expects the very same snapshots.
 
-use clap::CommandFactory;
-
 use super::{tlio, TERMINAL_VARS};
 
 /// Run `tlio ARGS` from the repository root, with no terminal variable set (whatever
@@ -38,24 +36,9 @@ fn run(args: &[&str]) -> String {
     )
 }
 
-/// Every command and group as its argument path, the root first.
-fn command_paths() -> Vec<Vec<String>> {
-    fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
-        out.push(path.clone());
-        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
-            path.push(sub.get_name().to_string());
-            walk(sub, path, out);
-            path.pop();
-        }
-    }
-    let mut out = Vec::new();
-    walk(&tlio::cmd::Cli::command(), &mut Vec::new(), &mut out);
-    out
-}
-
 #[test]
 fn help_of_every_command() {
-    for path in command_paths() {
+    for path in crate::command_paths() {
         let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
         args.push("--help");
         let mut name = String::from("help_tlio");

@@ -279,7 +279,7 @@ fn inspect_answers_from_the_header_of_a_sparse_20_gb_file() {
 }
 
 fn write_f32(path: &Path, tensors: &[(&str, &[f32])], meta: &[(&str, &str)]) {
-    use tlio::core::safetensors::{save, Dtype, Tensor, TensorData};
+    use tlio_core::safetensors::{save, Dtype, Tensor, TensorData};
     let ts: Vec<Tensor<'_>> = tensors
         .iter()
         .map(|(n, v)| Tensor {
@@ -298,7 +298,7 @@ fn write_f32(path: &Path, tensors: &[(&str, &[f32])], meta: &[(&str, &str)]) {
 
 #[test]
 fn convert_rounds_copies_and_is_canonical() {
-    use tlio::core::safetensors::{float, read_header, Dtype, MappedFile};
+    use tlio_core::safetensors::{float, read_header, Dtype, MappedFile};
     let dir = tmp();
     let input = dir.path().join("in.safetensors");
     let output = dir.path().join("out.safetensors");
@@ -399,7 +399,7 @@ fn convert_out_of_range_f8_fails_and_leaves_nothing() {
 
 #[test]
 fn convert_f64_rounds_once() {
-    use tlio::core::safetensors::{save, Dtype, MappedFile, Tensor, TensorData};
+    use tlio_core::safetensors::{save, Dtype, MappedFile, Tensor, TensorData};
     let dir = tmp();
     let input = dir.path().join("in.safetensors");
     // Just above the BF16 tie at 1 + 2^-8: through f32 it would become the tie and

@@ -53,7 +53,7 @@ pub(crate) fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
 /// Check that an opened file is a regular file: `Err(kind)` names what it is instead.
 pub(crate) fn check_regular(file: File) -> io::Result<Result<File, &'static str>> {
     let ft = file.metadata()?.file_type();
-    Ok(match crate::core::atomic::irregular_kind(&ft) {
+    Ok(match crate::atomic::irregular_kind(&ft) {
         None => Ok(file),
         Some(kind) => Err(kind),
     })

@@ -14,7 +14,7 @@ use super::state::TrainerState;
 use super::verify::{inspect, inspect_with, step_dir_bytes, Inspection, Problem};
 use super::{list, step_name, CheckpointError, Latest, Listing};
 use super::{MODEL_NAME, OPTIMIZER_NAME};
-use crate::core::safetensors::{MappedFile, SafetensorsError};
+use crate::safetensors::{MappedFile, SafetensorsError};
 
 /// A checkpoint that verified.
 #[derive(Debug, Clone)]

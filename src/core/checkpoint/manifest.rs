@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::digest::{is_lower_hex, SHA256_HEX_LEN};
+use crate::digest::{is_lower_hex, SHA256_HEX_LEN};
 
 /// The manifest's own file name.
 pub const MANIFEST_NAME: &str = "MANIFEST.json";
@@ -55,13 +55,13 @@ pub enum ManifestError {
     BadSha(String),
 }
 
-impl crate::core::failure::Failure for ManifestError {
-    fn kind(&self) -> crate::core::failure::FailureKind {
+impl crate::failure::Failure for ManifestError {
+    fn kind(&self) -> crate::failure::FailureKind {
         match self {
             ManifestError::Malformed(_)
             | ManifestError::BadName(_)
             | ManifestError::Unsorted(_)
-            | ManifestError::BadSha(_) => crate::core::failure::FailureKind::Invalid,
+            | ManifestError::BadSha(_) => crate::failure::FailureKind::Invalid,
         }
     }
 }

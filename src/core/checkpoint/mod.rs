@@ -10,7 +10,7 @@ use std::fs::{self, File, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::core::failure::{Failure, FailureKind};
+use crate::failure::{Failure, FailureKind};
 
 pub mod fsops;
 pub mod gc;
@@ -250,7 +250,7 @@ fn read_latest(path: &Path) -> Result<Option<Latest>, CheckpointError> {
         Some(n) => Latest::Names(n),
         None => Latest::Malformed(format!(
             "LATEST holds {}, not a step name",
-            crate::core::text::quote(text)
+            crate::text::quote(text)
         )),
     }))
 }
@@ -287,7 +287,7 @@ pub fn check_lock_file(dir: &Path) -> Result<(), CheckpointError> {
     match fs::symlink_metadata(&path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_at(&path)(e)),
-        Ok(meta) => match crate::core::atomic::irregular_kind(&meta.file_type()) {
+        Ok(meta) => match crate::atomic::irregular_kind(&meta.file_type()) {
             None => Ok(()),
             Some(_) if meta.file_type().is_symlink() => {
                 Err(io_at(&path)(fsops::not_regular("symbolic link")))

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
-use crate::core::safetensors::{
+use crate::safetensors::{
     read_header, Dtype, Header, MappedFile, SafetensorsError, Tensor, TensorData,
 };
 
@@ -32,10 +32,10 @@ pub const FORMAT_VALUE: &str = "tinyllm";
 /// Metadata key holding the optimizer state JSON.
 pub const STATE_KEY: &str = "state";
 /// The per-parameter array keys, defined with the optimizer's hyper-parameters.
-pub use crate::core::optim::{OptimizerState, ADAMW_KEYS, SGD_KEYS};
+pub use crate::optim::{OptimizerState, ADAMW_KEYS, SGD_KEYS};
 
 /// The on-disk rules of metadata `state`: its floats finite, its JSON compact and
-/// strict. (Its fields and their order are [`crate::core::optim::Hyper`]'s.)
+/// strict. (Its fields and their order are [`crate::optim::Hyper`]'s.)
 impl OptimizerState {
     fn floats(&self) -> Vec<(&'static str, f64)> {
         match *self {
@@ -113,12 +113,12 @@ pub enum OptimizerError {
     Safetensors(#[from] SafetensorsError),
 }
 
-impl crate::core::failure::Failure for OptimizerError {
-    fn kind(&self) -> crate::core::failure::FailureKind {
+impl crate::failure::Failure for OptimizerError {
+    fn kind(&self) -> crate::failure::FailureKind {
         match self {
             OptimizerError::Safetensors(e) => e.kind(),
             OptimizerError::State(_) | OptimizerError::Layout(_) => {
-                crate::core::failure::FailureKind::Invalid
+                crate::failure::FailureKind::Invalid
             }
         }
     }
@@ -158,7 +158,7 @@ fn check_layout(
         let (param, _) = split_name(name, keys).ok_or_else(|| {
             OptimizerError::Layout(format!(
                 "tensor {} is not <parameter>.<{}>",
-                crate::core::text::quote(name),
+                crate::text::quote(name),
                 if keys.is_empty() {
                     "nothing: SGD without momentum stores no arrays".to_string()
                 } else {
@@ -170,7 +170,7 @@ fn check_layout(
             if prev != shape {
                 return Err(OptimizerError::Layout(format!(
                     "the arrays of parameter {} have different shapes",
-                    crate::core::text::quote(param)
+                    crate::text::quote(param)
                 )));
             }
         }
@@ -190,13 +190,13 @@ fn check_layout(
                 None => {
                     return Err(OptimizerError::Layout(format!(
                         "missing tensor {}",
-                        crate::core::text::quote(&name)
+                        crate::text::quote(&name)
                     )))
                 }
                 Some(s) if s != shape => {
                     return Err(OptimizerError::Layout(format!(
                         "tensor {} has shape {s:?}, its parameter {shape:?}",
-                        crate::core::text::quote(&name)
+                        crate::text::quote(&name)
                     )))
                 }
                 Some(_) => {}
@@ -206,7 +206,7 @@ fn check_layout(
     if let Some(param) = implied.keys().find(|p| !expected.contains_key(*p)) {
         return Err(OptimizerError::Layout(format!(
             "arrays for {}, which is not a parameter of the model",
-            crate::core::text::quote(param)
+            crate::text::quote(param)
         )));
     }
     Ok(())
@@ -223,7 +223,7 @@ pub fn check_header(
         other => {
             return Err(OptimizerError::Layout(format!(
                 "metadata format is {}, not {FORMAT_VALUE:?}",
-                other.map_or_else(|| "missing".to_string(), |s| crate::core::text::quote(s))
+                other.map_or_else(|| "missing".to_string(), |s| crate::text::quote(s))
             )))
         }
     }
@@ -234,7 +234,7 @@ pub fn check_header(
     {
         return Err(OptimizerError::Layout(format!(
             "unknown metadata key {}",
-            crate::core::text::quote(extra)
+            crate::text::quote(extra)
         )));
     }
     let text = header
@@ -245,7 +245,7 @@ pub fn check_header(
     if let Some(t) = header.tensors().iter().find(|t| t.dtype != Dtype::F32) {
         return Err(OptimizerError::Layout(format!(
             "tensor {} is {}, not F32",
-            crate::core::text::quote(&t.name),
+            crate::text::quote(&t.name),
             t.dtype.name()
         )));
     }
@@ -275,11 +275,11 @@ impl OptimizerFile {
     ) -> Result<(), OptimizerError> {
         self.state.check_finite()?;
         for (name, (shape, values)) in &self.tensors {
-            let numel = crate::core::safetensors::dtype::numel(shape);
+            let numel = crate::safetensors::dtype::numel(shape);
             if numel != Some(values.len() as u64) {
                 return Err(OptimizerError::Layout(format!(
                     "tensor {} has {} values for shape {shape:?}",
-                    crate::core::text::quote(name),
+                    crate::text::quote(name),
                     values.len()
                 )));
             }
@@ -314,7 +314,7 @@ impl OptimizerFile {
                 data: TensorData::F32(values),
             })
             .collect();
-        Ok(crate::core::safetensors::write(out, &tensors, &meta)?)
+        Ok(crate::safetensors::write(out, &tensors, &meta)?)
     }
 
     /// Read and validate an optimizer file (against the model's parameters when given).

@@ -27,8 +27,8 @@ use super::{
     LATEST_TMP_NAME, MODEL_NAME, OPTIMIZER_NAME, SAVE_LOCK_NOTICE, SAVE_LOCK_WAIT, STATE_NAME,
     TMP_SUFFIX,
 };
-use crate::core::digest::{hex, sha256_hex};
-use crate::core::safetensors::read_header;
+use crate::digest::{hex, sha256_hex};
+use crate::safetensors::read_header;
 
 /// Copy buffer for `Payload::Copy`.
 const COPY_BUFFER_BYTES: usize = 4 << 20;

@@ -7,8 +7,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::core::digest::is_lower_hex;
-pub use crate::core::digest::SHA256_HEX_LEN;
+use crate::digest::is_lower_hex;
+pub use crate::digest::SHA256_HEX_LEN;
 /// Length of a sha1 git object id in hex.
 pub const GIT_SHA1_HEX_LEN: usize = 40;
 /// Length of a sha256 git object id in hex.
@@ -27,7 +27,7 @@ pub struct DataCursor {
 }
 
 /// The PCG32 generator's whole position (tokens.md), defined with the generator.
-pub use crate::core::pcg::RngState;
+pub use crate::pcg::RngState;
 
 /// The training loop's position, as stored in `trainer_state.json`.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,15 +84,15 @@ pub enum StateError {
     },
 }
 
-impl crate::core::failure::Failure for StateError {
-    fn kind(&self) -> crate::core::failure::FailureKind {
+impl crate::failure::Failure for StateError {
+    fn kind(&self) -> crate::failure::FailureKind {
         match self {
             StateError::Schema(_)
             | StateError::Missing(_)
             | StateError::EvenIncrement(_)
             | StateError::BadHex { .. }
             | StateError::NonFiniteLr(_)
-            | StateError::ConfigMismatch { .. } => crate::core::failure::FailureKind::Invalid,
+            | StateError::ConfigMismatch { .. } => crate::failure::FailureKind::Invalid,
         }
     }
 }

@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 
 use super::fsops::{Fill, FsOps, Op, RealFs, RecordingFs};
 use super::*;
-use crate::core::digest::hex;
-use crate::core::safetensors::{self as st, Dtype, Tensor, TensorData};
+use crate::digest::hex;
+use crate::safetensors::{self as st, Dtype, Tensor, TensorData};
 
 /// Section 3's Linear(2, 1) after two AdamW steps: awkward float bits on purpose.
 pub(crate) fn linear_model() -> Vec<(String, Vec<u64>, Vec<f32>)> {
@@ -977,7 +977,7 @@ fn verify_names_a_file_of_the_wrong_size() {
 
 #[test]
 fn a_save_never_moves_latest_backwards_unless_forced() {
-    use crate::core::failure::{Failure, FailureKind};
+    use crate::failure::{Failure, FailureKind};
     let dir = tempfile::tempdir().unwrap();
     save(dir.path(), request(150)).unwrap();
     save(dir.path(), request(200)).unwrap();
@@ -1081,7 +1081,7 @@ fn gc_dry_run_takes_no_lock_and_save_waits_for_one() {
     let (tx, rx) = std::sync::mpsc::channel();
     let path = dir.path().to_path_buf();
     let saver = std::thread::spawn(move || {
-        crate::core::checkpoint::save_waiting(&path, request(2), &mut |p| {
+        crate::checkpoint::save_waiting(&path, request(2), &mut |p| {
             tx.send(p.to_path_buf()).unwrap();
         })
         .map(|r| r.step)

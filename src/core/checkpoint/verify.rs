@@ -15,7 +15,7 @@ use super::fsops::open_no_follow;
 use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 use super::state::TrainerState;
 use super::{parse_step_name, CONFIG_NAME, MODEL_NAME, STATE_NAME};
-use crate::core::digest::{hex, sha256_stream};
+use crate::digest::{hex, sha256_stream};
 
 /// Largest manifest read (a manifest lists a handful of files).
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
@@ -105,9 +105,9 @@ pub enum Problem {
     },
 }
 
-impl crate::core::failure::Failure for Problem {
-    fn kind(&self) -> crate::core::failure::FailureKind {
-        use crate::core::failure::FailureKind;
+impl crate::failure::Failure for Problem {
+    fn kind(&self) -> crate::failure::FailureKind {
+        use crate::failure::FailureKind;
         match self {
             // The file is there but could not be read: the operation failed, the
             // checkpoint may be fine.
@@ -152,7 +152,7 @@ pub fn verify(step_dir: &Path) -> Vec<Problem> {
 
 /// Check a safetensors file against the reader rules (header and size only).
 pub fn safetensors_problem(path: &Path) -> Option<String> {
-    crate::core::safetensors::read_header(path)
+    crate::safetensors::read_header(path)
         .err()
         .map(|e| e.to_string())
 }

@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::{finding, Model};
-use crate::core::safetensors::verify::Finding;
-use crate::core::safetensors::{Dtype, TensorInfo};
-use crate::core::text::quote;
+use crate::safetensors::verify::Finding;
+use crate::safetensors::{Dtype, TensorInfo};
+use crate::text::quote;
 
 /// Most layers a config may declare before the check refuses to enumerate them.
 pub const MAX_LAYERS: u64 = 100_000;

@@ -16,9 +16,9 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::{finding, parent, Entry, Model, ModelError, Shard};
-use crate::core::safetensors::read_header;
-use crate::core::safetensors::verify::Finding;
-use crate::core::text::quote;
+use crate::safetensors::read_header;
+use crate::safetensors::verify::Finding;
+use crate::text::quote;
 
 /// Largest index file read (real indexes are a few hundred KiB).
 pub const MAX_INDEX_SIZE: u64 = 100_000_000;
@@ -96,7 +96,7 @@ pub fn read(path: &Path, problems: &mut Vec<Finding>) -> Result<Option<Parsed>, 
         return Ok(None);
     }
     // Bounded and regular-file only: a FIFO or device named as an index must not hang.
-    let text = crate::core::files::read_limited(path, MAX_INDEX_SIZE).map_err(io)?;
+    let text = crate::files::read_limited(path, MAX_INDEX_SIZE).map_err(io)?;
     // serde would accept a JSON array for a struct: the document must be an object.
     if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         problems.push(finding(
@@ -164,7 +164,7 @@ fn read_shards(
                 }),
                 None => {
                     let missing = matches!(&e,
-                        crate::core::safetensors::SafetensorsError::Io { source, .. }
+                        crate::safetensors::SafetensorsError::Io { source, .. }
                             if source.kind() == io::ErrorKind::NotFound);
                     if missing {
                         problems.push(finding(

@@ -9,10 +9,10 @@
 //! are errors, never a silent value.
 
 use super::{finding, Entry, Logical, Shard, Storage};
-use crate::core::safetensors::float::{f16_to_f32, f32_to_f16};
-use crate::core::safetensors::verify::Finding;
-use crate::core::safetensors::{Dtype, TensorInfo};
-use crate::core::text::quote;
+use crate::safetensors::float::{f16_to_f32, f32_to_f16};
+use crate::safetensors::verify::Finding;
+use crate::safetensors::{Dtype, TensorInfo};
+use crate::text::quote;
 
 /// The metadata key naming the quantization.
 pub const QUANT_KEY: &str = "quant";

@@ -15,10 +15,10 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::core::failure::{Failure, FailureKind};
-use crate::core::safetensors::verify::Finding;
-use crate::core::safetensors::{Dtype, Header, SafetensorsError, TensorInfo};
-use crate::core::text::quote;
+use crate::failure::{Failure, FailureKind};
+use crate::safetensors::verify::Finding;
+use crate::safetensors::{Dtype, Header, SafetensorsError, TensorInfo};
+use crate::text::quote;
 
 pub mod arch;
 pub mod index;
@@ -131,7 +131,7 @@ pub enum ModelError {
     },
     /// The atomic-write protocol refused or failed (e.g. the process is being interrupted).
     #[error(transparent)]
-    Atomic(#[from] crate::core::atomic::AtomicError),
+    Atomic(#[from] crate::atomic::AtomicError),
     /// A file in, a directory out (or the reverse) is not what the command does.
     #[error("{detail}")]
     Usage {
@@ -305,7 +305,7 @@ impl Model {
             let name = single
                 .file_name()
                 .map_or_else(|| SINGLE_NAME.to_string(), |n| n.to_string_lossy().into());
-            match crate::core::safetensors::read_header(single) {
+            match crate::safetensors::read_header(single) {
                 Ok(header) => shards.push(Shard {
                     name,
                     path: single.clone(),
@@ -419,7 +419,7 @@ impl Model {
     /// Parameter count of every logical tensor.
     pub fn params(&self) -> u64 {
         self.logical.iter().fold(0u64, |acc, l| {
-            acc.saturating_add(crate::core::safetensors::dtype::numel(&l.shape).unwrap_or(0))
+            acc.saturating_add(crate::safetensors::dtype::numel(&l.shape).unwrap_or(0))
         })
     }
 
@@ -524,12 +524,11 @@ fn read_config(
         ));
         return Ok(None);
     }
-    let text = crate::core::files::read_limited(path, MAX_CONFIG_SIZE).map_err(|source| {
-        ModelError::Io {
+    let text =
+        crate::files::read_limited(path, MAX_CONFIG_SIZE).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
             source,
-        }
-    })?;
+        })?;
     match serde_json::from_slice::<serde_json::Value>(&text) {
         Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
         Ok(_) => {

@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use super::{parent, ModelError};
-use crate::core::atomic::{sync_dir, TempDir};
+use crate::atomic::{sync_dir, TempDir};
 
 /// A directory being written.
 pub struct OutDir {

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::transform::{run, Op};
 use super::view::{diff_models, verify_model, ModelView};
 use super::*;
-use crate::core::safetensors::{save, Tensor, TensorData};
+use crate::safetensors::{save, Tensor, TensorData};
 
 type Spec = (String, Vec<u64>, Vec<f32>);
 

@@ -25,11 +25,11 @@ use super::int4::{
 };
 use super::outdir::OutDir;
 use super::{torch_name, Entry, Kind, Model, ModelError, Storage, CONFIG_NAME, INDEX_NAME};
-use crate::core::atomic::{same_file, AtomicFile};
-use crate::core::safetensors::convert::{convert_saturating, is_convert_target};
-use crate::core::safetensors::float::{decode_f32, encode_f32, EncodeError, EncodeFailure};
-use crate::core::safetensors::write::{canonical_header, Layout, TensorSpec};
-use crate::core::safetensors::{Dtype, SafetensorsError, TensorInfo};
+use crate::atomic::{same_file, AtomicFile};
+use crate::safetensors::convert::{convert_saturating, is_convert_target};
+use crate::safetensors::float::{decode_f32, encode_f32, EncodeError, EncodeFailure};
+use crate::safetensors::write::{canonical_header, Layout, TensorSpec};
+use crate::safetensors::{Dtype, SafetensorsError, TensorInfo};
 
 /// Elements handled per step and worker (a multiple of every group size up to
 /// [`MAX_GROUP`]): a few MiB of buffers.
@@ -555,7 +555,7 @@ fn convert_shard(
     };
     let r = convert_saturating(source, target, how.to, how.saturate, &pick, &mut prog)
         .map_err(shard_err)?;
-    let header = crate::core::safetensors::read_header(target).map_err(shard_err)?;
+    let header = crate::safetensors::read_header(target).map_err(shard_err)?;
     Ok(ShardResult {
         transformed: r.converted,
         copied: r.copied,
@@ -581,7 +581,7 @@ fn planned_result(tensors: &[OutTensor], layout: &Layout) -> ShardResult {
         data_len: layout.data_len,
         params: tensors
             .iter()
-            .map(|t| crate::core::safetensors::dtype::numel(&t.shape).unwrap_or(0))
+            .map(|t| crate::safetensors::dtype::numel(&t.shape).unwrap_or(0))
             .sum(),
         names: tensors.iter().map(|t| t.name.clone()).collect(),
     }
@@ -969,7 +969,7 @@ fn dequantize_pair(
     target: Dtype,
     sink: &mut Sink<'_>,
 ) -> Result<(), ModelError> {
-    let numel = crate::core::safetensors::dtype::numel(&t.shape).unwrap_or(0);
+    let numel = crate::safetensors::dtype::numel(&t.shape).unwrap_or(0);
     let g = usize::try_from(group).unwrap_or(usize::MAX).max(2);
     let step = (CHUNK_ELEMS / g).max(1) * g;
     let (mut qbuf, mut sbuf, mut s16, mut vals, mut enc) =
@@ -1012,7 +1012,7 @@ fn read_scales(
             return Err(ModelError::Invalid {
                 first: format!(
                     "int4 (scales): tensor {}: scale {} has bits {bits:#06x}; scales must be finite and >= 0",
-                    crate::core::text::quote(&format!("{tensor}{SCALES_SUFFIX}")),
+                    crate::text::quote(&format!("{tensor}{SCALES_SUFFIX}")),
                     first + (s16.len() as u64)
                 ),
                 more: 0,

@@ -12,11 +12,11 @@ use std::path::Path;
 
 use super::int4::dequantize_row;
 use super::{finding, Kind, Model, ModelError, Storage};
-use crate::core::safetensors::diff::{diff_sides, DiffReport, Side};
-use crate::core::safetensors::mmap::MappedData;
-use crate::core::safetensors::stats::{tensor_stats, Acc, TensorStats};
-use crate::core::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
-use crate::core::text::quote;
+use crate::safetensors::diff::{diff_sides, DiffReport, Side};
+use crate::safetensors::mmap::MappedData;
+use crate::safetensors::stats::{tensor_stats, Acc, TensorStats};
+use crate::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
+use crate::text::quote;
 
 /// A model and its mapped files (in the order of [`Model::shards`]); the headers are
 /// the model's, read once.
@@ -201,7 +201,7 @@ fn row(model: &Model, i: usize) -> Option<Row<'_>> {
         name: &l.name,
         dtype,
         shape: &l.shape,
-        params: crate::core::safetensors::dtype::numel(&l.shape).unwrap_or(0),
+        params: crate::safetensors::dtype::numel(&l.shape).unwrap_or(0),
         bytes,
         data_offsets: offsets(model, l),
         shard,
@@ -293,7 +293,7 @@ pub fn verify_model(
                     format!(
                         "int4 (scales): tensor {}: scale {at} is {} (bits {bits:#06x}); scales must be finite and >= 0",
                         quote(&format!("{name}.scales")),
-                        crate::core::safetensors::float::f16_to_f32(bits)
+                        crate::safetensors::float::f16_to_f32(bits)
                     ),
                 ));
             }

@@ -8,7 +8,8 @@ use serde_json::Value;
 
 /// The parsed fixture file.
 pub fn load() -> Value {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/optim/optim.json");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/optim/optim.json");
     let text = std::fs::read_to_string(&path).expect("fixtures/optim/optim.json");
     serde_json::from_str(&text).expect("valid JSON")
 }

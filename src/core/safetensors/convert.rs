@@ -15,7 +15,7 @@ use super::float::{decode_f32, decode_f64, encode_f32, encode_f64, EncodeFailure
 use super::header::{read_header_from, Header, ReadFailure, TensorInfo};
 use super::write::{canonical_header, TensorSpec};
 use super::SafetensorsError;
-use crate::core::atomic::{same_file, AtomicFile};
+use crate::atomic::{same_file, AtomicFile};
 
 /// Bytes of source data handled per step (a multiple of every element size).
 pub const CONVERT_CHUNK: usize = 4 << 20;

@@ -12,7 +12,7 @@ use super::float::*;
 use super::*;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/safetensors")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/safetensors")
 }
 
 fn manifest() -> Value {

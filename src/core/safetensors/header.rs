@@ -18,7 +18,7 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
 use super::dtype::{byte_len, Dtype, SizeError};
 use super::SafetensorsError;
-use crate::core::text::quote;
+use crate::text::quote;
 
 /// Largest header length a reader accepts (rule 1).
 pub const MAX_HEADER_SIZE: u64 = 100_000_000;

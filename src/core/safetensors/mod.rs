@@ -11,9 +11,9 @@ use std::borrow::Cow;
 use std::io;
 use std::path::PathBuf;
 
-use crate::core::atomic::AtomicError;
-use crate::core::failure::{Failure, FailureKind};
-use crate::core::text::quote;
+use crate::atomic::AtomicError;
+use crate::failure::{Failure, FailureKind};
+use crate::text::quote;
 
 pub mod convert;
 pub mod diff;

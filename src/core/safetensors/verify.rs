@@ -12,7 +12,7 @@ use super::header::{Header, N_LEN};
 use super::stats::non_finite;
 use super::write::{canonical_header, TensorSpec};
 use super::{read_header, MappedFile, SafetensorsError};
-use crate::core::text::quote;
+use crate::text::quote;
 
 /// What to check beyond the reader rules.
 #[derive(Debug, Clone, Copy, Default)]

@@ -14,7 +14,7 @@ use super::dtype::{byte_len, numel, Dtype, SizeError};
 use super::float::{encode_f32, encode_f64, EncodeError, EncodeFailure};
 use super::header::{TensorInfo, MAX_HEADER_SIZE, METADATA_KEY, N_LEN};
 use super::{SafetensorsError, Tensor, TensorData};
-use crate::core::atomic::AtomicFile;
+use crate::atomic::AtomicFile;
 
 /// Values encoded per step: bounds the writer's buffer to a few hundred KiB.
 const ENCODE_CHUNK: usize = 64 * 1024;

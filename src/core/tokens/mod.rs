@@ -7,7 +7,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::core::failure::{Failure, FailureKind};
+use crate::failure::{Failure, FailureKind};
 
 mod corpus;
 mod gpt2fast;
@@ -248,7 +248,7 @@ pub enum TokensError {
     Tokenizer(#[from] tokenizer::TokenizerError),
     /// Writing an output shard failed.
     #[error(transparent)]
-    Write(#[from] crate::core::atomic::AtomicError),
+    Write(#[from] crate::atomic::AtomicError),
 }
 
 impl Failure for TokensError {

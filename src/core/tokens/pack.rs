@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::shard::{check_shard_vocab, Layout, ShardHeader, ShardWriter, MAX_COUNT};
 use super::TokensError;
-use crate::core::atomic::{self, Prepared};
+use crate::atomic::{self, Prepared};
 
 /// Bytes read from an input at a time.
 const READ_CHUNK: usize = 1 << 20;
@@ -317,7 +317,7 @@ fn describe_char_at(bytes: &[u8], i: usize, byte: u8) -> String {
             .unwrap_or_default(),
     };
     match valid.chars().next() {
-        Some(c) => crate::core::text::quote(c.encode_utf8(&mut [0; 4])),
+        Some(c) => crate::text::quote(c.encode_utf8(&mut [0; 4])),
         None => format!("byte 0x{byte:02x}"),
     }
 }
@@ -495,7 +495,7 @@ pub fn pack(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::tokens::Shard;
+    use crate::tokens::Shard;
 
     fn input(name: &str, bytes: &[u8]) -> PackInput {
         PackInput {

@@ -18,7 +18,7 @@ use memmap2::Mmap;
 use serde::Serialize;
 
 use super::TokensError;
-use crate::core::atomic::{AtomicFile, Prepared};
+use crate::atomic::{AtomicFile, Prepared};
 
 /// Bytes in the header.
 pub const HEADER_BYTES: usize = 1024;
@@ -604,7 +604,7 @@ impl ShardWriter {
 
     /// Patch the header with the final count and make the file durable under its
     /// temporary name; the caller renames it into place (with others, see
-    /// [`atomic::publish_all`](crate::core::atomic::publish_all)).
+    /// [`atomic::publish_all`](crate::atomic::publish_all)).
     pub fn prepare(mut self) -> Result<(ShardHeader, Prepared), TokensError> {
         let header = ShardHeader::for_layout(self.count, self.vocab, self.layout)?;
         let w = self.file.writer();
@@ -832,7 +832,7 @@ mod tests {
         // A missing file is an I/O error, not a validation failure.
         let missing = Shard::open(&d.join("missing.bin"), None).unwrap_err();
         assert!(matches!(missing, TokensError::Io { .. }));
-        use crate::core::failure::{Failure, FailureKind};
+        use crate::failure::{Failure, FailureKind};
         assert_eq!(missing.kind(), FailureKind::Operational);
         assert_eq!(
             Shard::open(&short, None).unwrap_err().kind(),

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::shard::{check_shard_vocab, Shard};
 use super::TokensError;
-use crate::core::pcg::Pcg32;
+use crate::pcg::Pcg32;
 
 /// Hex digits of each 64-bit generator word in JSON.
 const HEX_DIGITS: usize = 16;
@@ -50,7 +50,7 @@ fn row(values: &[i64], b: usize, t: usize) -> Option<&[i64]> {
 
 /// The PCG32 position travels in JSON as two 64-bit words of exactly 16 lowercase hex
 /// digits each (no JSON reader rounds a string), the increment odd.
-pub use crate::core::pcg::RngState;
+pub use crate::pcg::RngState;
 
 /// Reading the position from a cursor's JSON (tokens.md), where it is validated.
 impl RngState {
@@ -456,8 +456,8 @@ impl TokenStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::pcg::DEFAULT_SEQ;
-    use crate::core::tokens::ShardWriter;
+    use crate::pcg::DEFAULT_SEQ;
+    use crate::tokens::ShardWriter;
     use proptest::prelude::*;
     use std::path::{Path, PathBuf};
 

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use tiktoken_rs::CoreBPE;
 
 use super::gpt2fast::Gpt2Fast;
-use crate::core::{Failure, FailureKind};
+use crate::{Failure, FailureKind};
 
 /// The largest `tokenizer.json` we load (real ones are a few MB; Llama-3's is 9 MB).
 pub const MAX_TOKENIZER_JSON_BYTES: u64 = 256 << 20;

@@ -10,7 +10,7 @@
 //! gradient buffer exists (the memory is the weights plus the optimizer's state).
 
 use super::TrainError;
-use crate::core::optim::Optimizer;
+use crate::optim::Optimizer;
 
 /// The model's only tensor.
 pub const WEIGHT_NAME: &str = "bigram.weight";
@@ -298,8 +298,8 @@ impl Workspace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::optim::OptimConfig;
-    use crate::core::pcg::Pcg32;
+    use crate::optim::OptimConfig;
+    use crate::pcg::Pcg32;
 
     fn random_batch(rng: &mut Pcg32, v: u32, n: usize) -> (Vec<i64>, Vec<i64>) {
         let x = (0..n).map(|_| rng.below(v) as i64).collect();
@@ -413,7 +413,7 @@ mod tests {
     /// boundary, and the test reports how many values were exact.
     #[test]
     fn matches_the_independent_reference_fixtures() {
-        use crate::core::optim::fixture::{f32_of, f32s, ints, load, ulps_at};
+        use crate::optim::fixture::{f32_of, f32s, ints, load, ulps_at};
         let fx = load();
         let cases = fx["bigram"].as_array().unwrap();
         assert_eq!(cases.len(), 2);

@@ -13,8 +13,8 @@ use super::final_line::sha256_file;
 use super::layout::LOCK_FILE;
 use super::spec::{Method, RunSpec};
 use super::TrainError;
-use crate::core::checkpoint::{self, Loaded};
-use crate::core::tokens::{self, Shard};
+use crate::checkpoint::{self, Loaded};
+use crate::tokens::{self, Shard};
 
 /// Holds `DIR/.train.lock` for the run's life so that two runs never share a
 /// directory; released by the OS when the process ends, however it ends.

@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::optim::{Hyper, OptimConfig};
+use crate::optim::{Hyper, OptimConfig};
 
 /// The `format` value of a train config.
 pub const CONFIG_FORMAT: &str = "tlio-train-bigram";
@@ -236,7 +236,7 @@ fn optim_mismatch(c: Option<&OptimConfig>, g: Option<&OptimConfig>) -> Option<Mi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::optim::NoStep;
+    use crate::optim::NoStep;
 
     fn config() -> RunConfig {
         RunConfig {

@@ -208,7 +208,7 @@ mod tests {
     /// row totals are checked through the weights.
     #[test]
     fn matches_the_independent_reference_fixtures() {
-        use crate::core::optim::fixture::{f32s, ints, load};
+        use crate::optim::fixture::{f32s, ints, load};
         let fx = load();
         let cases = fx["counts"].as_array().unwrap();
         assert_eq!(cases.len(), 2);

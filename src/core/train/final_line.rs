@@ -21,9 +21,9 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::TrainError;
-use crate::core::digest::{hex, sha256_stream};
-use crate::core::optim::Optimizer;
-use crate::core::tokens::Cursor;
+use crate::digest::{hex, sha256_stream};
+use crate::optim::Optimizer;
+use crate::tokens::Cursor;
 
 /// f32 values converted per chunk when hashing tensors.
 const HASH_FLOATS: usize = 1 << 16;

@@ -17,6 +17,6 @@ pub const MODEL_FILE: &str = "model.safetensors";
 pub const LOCK_FILE: &str = ".train.lock";
 /// The metadata of every model and optimizer file: defined once, with the optimizer
 /// file's rules in checkpoint.
-pub use crate::core::checkpoint::optimizer::{FORMAT_KEY, FORMAT_VALUE};
+pub use crate::checkpoint::optimizer::{FORMAT_KEY, FORMAT_VALUE};
 /// The step a count model is saved at: one pass over the data.
 pub const COUNTS_STEP: u64 = 1;

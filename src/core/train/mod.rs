@@ -25,12 +25,12 @@ pub mod writers;
 use std::io;
 use std::path::PathBuf;
 
-use crate::core::atomic::AtomicError;
-use crate::core::checkpoint::CheckpointError;
-use crate::core::failure::{Failure, FailureKind};
-use crate::core::optim::OptimError;
-use crate::core::safetensors::SafetensorsError;
-use crate::core::tokens::TokensError;
+use crate::atomic::AtomicError;
+use crate::checkpoint::CheckpointError;
+use crate::failure::{Failure, FailureKind};
+use crate::optim::OptimError;
+use crate::safetensors::SafetensorsError;
+use crate::tokens::TokensError;
 
 /// The most memory the model state may take: the [V, V] F32 weights plus two
 /// [V, V] F32 AdamW moments (`V * V * 3 * 4` bytes); the count model needs the same

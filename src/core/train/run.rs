@@ -30,16 +30,16 @@ use super::spec::{Method, Progress, RunOutcome, RunSpec};
 use super::trainer::Trainer;
 use super::writers::write_model;
 use super::TrainError;
-use crate::core::checkpoint::{self, Loaded, Payload, SaveRequest, TrainerState};
-use crate::core::digest::sha256_hex;
-use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
-use crate::core::tokens::{Shard, TokenStream};
+use crate::checkpoint::{self, Loaded, Payload, SaveRequest, TrainerState};
+use crate::digest::sha256_hex;
+use crate::pcg::{Pcg32, DEFAULT_SEQ};
+use crate::tokens::{Shard, TokenStream};
 
 /// Ids read per chunk when counting a shard.
 const CHUNK_IDS: usize = 1 << 20;
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
-    Ok(crate::core::atomic::write_file(path, bytes)?)
+    Ok(crate::atomic::write_file(path, bytes)?)
 }
 
 /// Run `tlio train bigram` as `spec` says, reporting through `progress`. Returns the
@@ -68,8 +68,8 @@ fn prepare_out(spec: &RunSpec) -> Result<(), TrainError> {
     let inputs: Vec<&Path> = spec.data.iter().map(PathBuf::as_path).collect();
     for name in [CONFIG_FILE, FINAL_FILE, MODEL_FILE] {
         let path = spec.out.join(name);
-        crate::core::atomic::refuse_inputs(&path, &inputs)?;
-        crate::core::atomic::check_target(&path)?;
+        crate::atomic::refuse_inputs(&path, &inputs)?;
+        crate::atomic::check_target(&path)?;
     }
     fs::create_dir_all(&spec.out).map_err(|source| TrainError::Io {
         path: spec.out.clone(),
@@ -236,7 +236,7 @@ fn run_counts(
     }
     .to_line();
     let model_path = spec.out.join(MODEL_FILE);
-    let mut file = crate::core::atomic::AtomicFile::create(&model_path)?;
+    let mut file = crate::atomic::AtomicFile::create(&model_path)?;
     write_model(&mut file, &fit.model).map_err(|source| TrainError::Io {
         path: model_path.clone(),
         source,

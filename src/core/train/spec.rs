@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::core::optim::OptimConfig;
+use crate::optim::OptimConfig;
 
 /// How the model is fitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

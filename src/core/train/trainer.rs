@@ -14,13 +14,11 @@ use super::bigram::{Bigram, Workspace, WEIGHT_NAME};
 use super::final_line::{optimizer_sha256, sha256_f32, FinalLine};
 use super::writers::{write_model, write_optimizer};
 use super::TrainError;
-use crate::core::checkpoint::{
-    self, DataCursor, Loaded, Payload, SaveReport, SaveRequest, TrainerState,
-};
-use crate::core::digest::sha256_hex;
-use crate::core::optim::{Hyper, OptimConfig, Optimizer};
-use crate::core::safetensors::Dtype;
-use crate::core::tokens::{Cursor, RngState, TokenStream};
+use crate::checkpoint::{self, DataCursor, Loaded, Payload, SaveReport, SaveRequest, TrainerState};
+use crate::digest::sha256_hex;
+use crate::optim::{Hyper, OptimConfig, Optimizer};
+use crate::safetensors::Dtype;
+use crate::tokens::{Cursor, RngState, TokenStream};
 
 /// A gradient-method training run in memory: model, optimizer, stream, position.
 #[derive(Debug)]
@@ -275,9 +273,9 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::core::pcg::{Pcg32, DEFAULT_SEQ};
-    use crate::core::tokens::{Shard, ShardWriter};
-    use crate::core::train::config::{RunConfig, CONFIG_FORMAT, CONFIG_VERSION};
+    use crate::pcg::{Pcg32, DEFAULT_SEQ};
+    use crate::tokens::{Shard, ShardWriter};
+    use crate::train::config::{RunConfig, CONFIG_FORMAT, CONFIG_VERSION};
 
     const TEXT: &str = "a bigram model predicts the next byte from the current one; \
         a run killed at any instant resumes from its newest checkpoint and ends \

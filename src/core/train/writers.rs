@@ -11,9 +11,9 @@ use std::io::{self, Write};
 
 use super::bigram::{Bigram, WEIGHT_NAME};
 use super::layout::{FORMAT_KEY, FORMAT_VALUE};
-use crate::core::checkpoint::OptimizerFile;
-use crate::core::optim::Optimizer;
-use crate::core::safetensors::{self, Dtype, Tensor, TensorData};
+use crate::checkpoint::OptimizerFile;
+use crate::optim::Optimizer;
+use crate::safetensors::{self, Dtype, Tensor, TensorData};
 
 /// The metadata of model and optimizer files' `format` key.
 fn format_meta() -> BTreeMap<String, String> {
