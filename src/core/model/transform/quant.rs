@@ -1,0 +1,172 @@
+//! The int4 passes over one tensor: quantize a float tensor into its scales or its
+//! packed values, and dequantize a pair back to floats, whole groups at a time through
+//! the row kernels of [`int4`](super::super::int4).
+//!
+//! Invariants: each chunk holds whole groups, so a chunk's result does not depend on
+//! where chunks begin; a scale the reader rule forbids (not finite, or negative) is an
+//! error, never dequantized; a value the target cannot hold names its tensor and index.
+
+use super::super::int4::{dequantize_row, quantize_row, row_scales, QuantFailure, SCALES_SUFFIX};
+use super::super::{Model, ModelError};
+use super::plan::{OutTensor, Quant};
+use super::read::{entry, Files};
+use super::write::Sink;
+use super::{shard_err, CHUNK_ELEMS};
+use crate::safetensors::float::{decode_f32, encode_f32, EncodeError, EncodeFailure};
+use crate::safetensors::{Dtype, SafetensorsError};
+
+/// Write the scales (`is_scales`) or the packed values of quantizing `q`, whole
+/// groups at a time.
+pub(super) fn quantize_entry(
+    model: &Model,
+    files: &mut Files<'_>,
+    q: Quant,
+    is_scales: bool,
+    sink: &mut Sink<'_>,
+) -> Result<(), ModelError> {
+    let info = &entry(model, q.entry)?.info;
+    let g = q.group as usize;
+    let size = q.size;
+    let numel = info.numel();
+    let step = (CHUNK_ELEMS / g).max(1) * g;
+    let (mut raw, mut vals) = (Vec::new(), Vec::new());
+    let (mut scales, mut packed, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut at = 0u64;
+    while at < numel {
+        let n = (numel - at).min(step as u64) as usize;
+        raw.resize(n * size, 0);
+        files.read(q.entry, at * size as u64, &mut raw)?;
+        vals.clear();
+        decode_f32(info.dtype, &raw, &mut vals);
+        scales.clear();
+        packed.clear();
+        // The scales pass needs no values: only the qweight pass packs them.
+        let done = if is_scales {
+            row_scales(&vals, g, &mut scales)
+        } else {
+            quantize_row(&vals, g, &mut scales, &mut packed)
+        };
+        done.map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
+        if is_scales {
+            bytes.clear();
+            for s in &scales {
+                bytes.extend_from_slice(&s.to_le_bytes());
+            }
+            sink.write(&bytes)?;
+        } else {
+            sink.write(&packed)?;
+        }
+        at += n as u64;
+        // Each source tensor is read twice (scales, then values): count half.
+        (sink.tick)((n * size / 2) as u64);
+    }
+    Ok(())
+}
+
+/// The error for a weight of `tensor` (flat index `flat`) that cannot be quantized.
+fn quant_error(tensor: &str, q: Quant, flat: u64, f: QuantFailure) -> ModelError {
+    let (row, col) = (flat / q.cols.max(1), flat % q.cols.max(1));
+    match f {
+        QuantFailure::NonFinite { value, .. } => ModelError::NonFinite {
+            tensor: tensor.to_string(),
+            row,
+            col,
+            value,
+        },
+        QuantFailure::ScaleOverflow { amax } => ModelError::ScaleOverflow {
+            tensor: tensor.to_string(),
+            row,
+            group: col / q.group,
+            amax,
+        },
+    }
+}
+
+/// Write the int4 pair (qweight entry, scales entry, group) as output tensor `t` of
+/// dtype `target`, whole groups at a time.
+pub(super) fn dequantize_pair(
+    files: &mut Files<'_>,
+    t: &OutTensor,
+    (q, s, group): (usize, usize, u64),
+    target: Dtype,
+    sink: &mut Sink<'_>,
+) -> Result<(), ModelError> {
+    let numel = crate::safetensors::dtype::numel(&t.shape).unwrap_or(0);
+    let g = usize::try_from(group).unwrap_or(usize::MAX).max(2);
+    let step = (CHUNK_ELEMS / g).max(1) * g;
+    let (mut qbuf, mut sbuf, mut s16, mut vals, mut enc) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut at = 0u64;
+    while at < numel {
+        let n = (numel - at).min(step as u64) as usize;
+        qbuf.resize(n / 2, 0);
+        files.read(q, at / 2, &mut qbuf)?;
+        let groups = n / g;
+        sbuf.resize(groups * 2, 0);
+        files.read(s, at / group * 2, &mut sbuf)?;
+        read_scales(&sbuf, &t.name, at / group, &mut s16)?;
+        vals.clear();
+        dequantize_row(&qbuf, &s16, g, &mut vals);
+        enc.clear();
+        encode_f32(target, &vals, &mut enc).map_err(|e| encode_error(&t.name, target, at, &e))?;
+        sink.write(&enc)?;
+        at += n as u64;
+        (sink.tick)((n / 2 + groups * 2) as u64);
+    }
+    Ok(())
+}
+
+/// Decode little-endian F16 scale bits into `s16`, refusing what the reader rule
+/// forbids; `first` is the index of the first scale (for the message).
+fn read_scales(
+    bytes: &[u8],
+    tensor: &str,
+    first: u64,
+    s16: &mut Vec<u16>,
+) -> Result<(), ModelError> {
+    s16.clear();
+    // The buffer holds whole scales (two bytes each): there is no remainder.
+    let (pairs, _) = bytes.as_chunks::<2>();
+    for &pair in pairs {
+        let bits = u16::from_le_bytes(pair);
+        // Reader rule: scales are finite and >= 0 (-0 is 0).
+        if bits & 0x7C00 == 0x7C00 || (bits & 0x8000 != 0 && bits & 0x7FFF != 0) {
+            return Err(ModelError::Invalid {
+                first: format!(
+                    "int4 (scales): tensor {}: scale {} has bits {bits:#06x}; scales must be finite and >= 0",
+                    crate::text::quote(&format!("{tensor}{SCALES_SUFFIX}")),
+                    first + (s16.len() as u64)
+                ),
+                more: 0,
+            });
+        }
+        s16.push(bits);
+    }
+    Ok(())
+}
+
+/// The error for a value of output tensor `tensor` (chunk starting at element `at`)
+/// that `target` cannot hold.
+fn encode_error(tensor: &str, target: Dtype, at: u64, e: &EncodeError) -> ModelError {
+    let index = at + e.index as u64;
+    let tensor = tensor.to_string();
+    let source = match e.failure {
+        EncodeFailure::OutOfRange => SafetensorsError::OutOfRange {
+            tensor,
+            index,
+            value: e.value,
+            dtype: target,
+        },
+        EncodeFailure::NotExact => SafetensorsError::NotExact {
+            tensor,
+            index,
+            value: e.value,
+            dtype: target,
+        },
+        EncodeFailure::RawOnly => SafetensorsError::RawOnly {
+            tensor,
+            dtype: target,
+        },
+    };
+    shard_err(source)
+}

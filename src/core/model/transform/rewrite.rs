@@ -1,0 +1,147 @@
+//! What a directory output holds besides its shards: the index rewritten with the true
+//! `total_size` (and `total_parameters` where the source had it), `config.json` with
+//! convert's dtype, and the directory's other files copied as they are.
+//!
+//! Invariant: the JSON is written as transformers writes it (two-space indent, sorted
+//! keys, a final newline), so an unchanged model round-trips byte for byte.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::super::outdir::OutDir;
+use super::super::{torch_name, Kind, Model, ModelError, CONFIG_NAME, INDEX_NAME};
+use super::{Op, Report, ShardResult};
+
+/// What the rewritten index records over all shards.
+pub(super) struct Totals {
+    /// Tensor name to the shard file holding it.
+    weight_map: BTreeMap<String, Value>,
+    /// Tensor data bytes.
+    size: u64,
+    /// Parameters.
+    params: u64,
+}
+
+/// Add every shard's counts to `report` and gather the index's totals.
+pub(super) fn tally(model: &Model, results: &[ShardResult], report: &mut Report) -> Totals {
+    let mut totals = Totals {
+        weight_map: BTreeMap::new(),
+        size: 0,
+        params: 0,
+    };
+    for (shard, r) in model.shards.iter().zip(results) {
+        report.transformed += r.transformed;
+        report.copied += r.copied;
+        report.bytes_out = report.bytes_out.saturating_add(r.file_size);
+        totals.size = totals.size.saturating_add(r.data_len);
+        totals.params = totals.params.saturating_add(r.params);
+        for n in &r.names {
+            totals
+                .weight_map
+                .insert(n.clone(), Value::String(shard.name.clone()));
+        }
+    }
+    totals
+}
+
+/// Rewrite the index (if the model has one) with the true `total_size`, and
+/// `total_parameters` where the source had it.
+pub(super) fn write_index(model: &Model, out: &OutDir, totals: &Totals) -> Result<(), ModelError> {
+    let Some(index_path) = &model.index_path else {
+        return Ok(());
+    };
+    let mut metadata: serde_json::Map<String, Value> = model
+        .index_metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    metadata.insert("total_size".to_string(), Value::from(totals.size));
+    if metadata.contains_key("total_parameters") {
+        metadata.insert("total_parameters".to_string(), Value::from(totals.params));
+    }
+    let index = serde_json::json!({ "metadata": metadata, "weight_map": totals.weight_map });
+    let name = index_path
+        .file_name()
+        .map_or_else(|| INDEX_NAME.to_string(), |n| n.to_string_lossy().into());
+    out.write_file(&name, &pretty(&index)?)
+}
+
+/// `config.json`: its dtype updated by convert, copied as it is otherwise.
+pub(super) fn write_config(model: &Model, out: &OutDir, op: &Op<'_>) -> Result<(), ModelError> {
+    let Some(dir) = &model.dir else {
+        return Ok(());
+    };
+    let config_path = dir.join(CONFIG_NAME);
+    if let Some(config) = &model.config {
+        match op {
+            Op::Convert { target, .. } => {
+                let mut c = config.clone();
+                if let Some(name) = torch_name(*target) {
+                    c.insert("torch_dtype".to_string(), Value::from(name));
+                    if c.contains_key("dtype") {
+                        c.insert("dtype".to_string(), Value::from(name));
+                    }
+                }
+                out.write_file(CONFIG_NAME, &pretty(&Value::Object(c))?)?;
+            }
+            _ => out.copy_file(CONFIG_NAME, &config_path)?,
+        }
+    } else if config_path.is_file() {
+        out.copy_file(CONFIG_NAME, &config_path)?;
+    }
+    Ok(())
+}
+
+/// Copy a model directory's other files (see [`other_files`]); returns their names.
+pub(super) fn copy_other_files(model: &Model, out: &OutDir) -> Result<Vec<String>, ModelError> {
+    let mut copied = Vec::new();
+    let Some(dir) = &model.dir else {
+        return Ok(copied);
+    };
+    if model.kind == Kind::Directory {
+        for name in other_files(model)? {
+            out.copy_file(&name, &dir.join(&name))?;
+            copied.push(name);
+        }
+    }
+    Ok(copied)
+}
+
+/// JSON as transformers writes its index and config: two-space indent, sorted keys,
+/// a final newline.
+fn pretty(v: &Value) -> Result<Vec<u8>, ModelError> {
+    let mut s = serde_json::to_vec_pretty(v).map_err(|e| ModelError::Usage {
+        detail: format!("cannot serialise JSON: {e}"),
+    })?;
+    s.push(b'\n');
+    Ok(s)
+}
+
+/// The regular files of a model directory that are not the model's own (index,
+/// shards, config): tokenizer, generation config and the like, in name order.
+fn other_files(model: &Model) -> Result<Vec<String>, ModelError> {
+    let Some(dir) = &model.dir else {
+        return Ok(Vec::new());
+    };
+    let io = |source| ModelError::Io {
+        path: dir.clone(),
+        source,
+    };
+    let mut own: Vec<&str> = model.shards.iter().map(|s| s.name.as_str()).collect();
+    own.extend([INDEX_NAME, CONFIG_NAME]);
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        // Symlinked files (the Hugging Face cache) are copied as files.
+        let is_file = std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file());
+        if is_file && !own.contains(&name.as_str()) && !name.starts_with(".tlio-") {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
