@@ -1,0 +1,307 @@
+//! The temporary files and directories of atomic writes: their names, the registry of
+//! the live ones (so an interrupted process removes them, see [`abandon_all`]) and the
+//! removal of those that dead tlio processes left behind.
+//!
+//! Invariants: a temporary name is `.NAME.tlio-tmp-PID-XXXXXX`, created with `O_EXCL`
+//! and registered before it is returned; once [`abandon_all`] ran, no new temporary
+//! file or directory is created; only regular files whose owner process is gone are
+//! removed as stale, never another live process's.
+
+use std::collections::BTreeSet;
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::AtomicError;
+
+/// Bytes of the target's name kept in its temporary name, so the temporary name stays
+/// under the 255-byte limit of common file systems.
+const MAX_NAME_IN_TEMP: usize = 200;
+/// What marks a temporary name as tlio's: `.NAME` + this + `PID-XXXXXX`.
+const TEMP_MARK: &str = ".tlio-tmp-";
+/// Attempts at a fresh temporary name before giving up.
+const TEMP_ATTEMPTS: u32 = 64;
+
+/// One registered temporary entry.
+struct Entry {
+    id: u64,
+    path: PathBuf,
+    dir: bool,
+}
+
+/// Every temporary file (or directory) this process has created and not yet renamed or
+/// removed, and whether the process is going down.
+pub(super) struct Registry {
+    pub(super) dying: bool,
+    next: u64,
+    entries: Vec<Entry>,
+    scanned: BTreeSet<PathBuf>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    dying: false,
+    next: 0,
+    entries: Vec::new(),
+    scanned: BTreeSet::new(),
+});
+
+pub(super) fn registry() -> MutexGuard<'static, Registry> {
+    // A panic while holding the lock cannot leave the list inconsistent (every update
+    // is one push or one removal), so a poisoned lock is still usable.
+    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Registry {
+    fn add(&mut self, path: PathBuf, dir: bool) -> u64 {
+        self.next = self.next.wrapping_add(1);
+        let id = self.next;
+        self.entries.push(Entry { id, path, dir });
+        id
+    }
+
+    pub(super) fn forget(&mut self, id: u64) {
+        self.entries.retain(|e| e.id != id);
+    }
+}
+
+/// Remove every registered temporary file and directory and refuse any new one: called
+/// once, by the signal handler thread, right before the process exits. Returns how many
+/// entries were removed.
+pub fn abandon_all() -> usize {
+    let mut reg = registry();
+    reg.dying = true;
+    let mut removed = 0;
+    // Newest first, so the temporary files inside a temporary directory go before it.
+    for entry in reg.entries.drain(..).rev() {
+        let gone = if entry.dir {
+            remove_dir_while_written(&entry.path)
+        } else {
+            fs::remove_file(&entry.path)
+        };
+        if gone.is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// How often [`abandon_all`] tries to remove a temporary directory that another thread
+/// is still writing into.
+const ABANDON_DIR_ATTEMPTS: u32 = 50;
+
+/// Remove a directory that the interrupted thread may still be writing into: that
+/// thread runs on until the process exits, so a file it creates after `remove_dir_all`
+/// listed the directory makes the final rmdir fail (ENOTEMPTY). Removing again, for a
+/// bounded number of attempts, wins once the directory is gone, because then nothing
+/// can be created in it any more.
+fn remove_dir_while_written(path: &Path) -> io::Result<()> {
+    let mut last = Ok(());
+    for _ in 0..ABANDON_DIR_ATTEMPTS {
+        match fs::remove_dir_all(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => last = Err(e),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    last
+}
+
+/// A temporary directory removed when dropped and on interruption (see [`abandon_all`]).
+#[derive(Debug)]
+pub struct TempDir {
+    id: u64,
+    path: PathBuf,
+    live: bool,
+}
+
+impl TempDir {
+    /// Wrap a directory this process just created (it must not be shared).
+    pub fn adopt(path: PathBuf) -> Result<TempDir, AtomicError> {
+        let mut reg = registry();
+        if reg.dying {
+            return Err(AtomicError::Interrupted { path });
+        }
+        let id = reg.add(path.clone(), true);
+        Ok(TempDir {
+            id,
+            path,
+            live: true,
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stop tracking the directory without removing it: its contents were renamed
+    /// into place under another name, so nothing is left to clean up.
+    pub fn release(mut self) {
+        self.live = false;
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let mut reg = registry();
+        reg.forget(self.id);
+        if self.live {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// A registered temporary file: removed on drop unless it was renamed into place.
+pub(super) struct Temp {
+    pub(super) id: u64,
+    pub(super) path: PathBuf,
+    pub(super) live: bool,
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        if self.live {
+            let mut reg = registry();
+            reg.forget(self.id);
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The temporary name for `dest`, with this process's id and a distinguishing number.
+pub(super) fn temp_name(dest: &Path, salt: u64) -> OsString {
+    let name = dest.file_name().unwrap_or(OsStr::new("out"));
+    let mut bytes = name.as_encoded_bytes();
+    if bytes.len() > MAX_NAME_IN_TEMP {
+        bytes = bytes.get(..MAX_NAME_IN_TEMP).unwrap_or(bytes);
+    }
+    let mut out = OsString::from(".");
+    out.push(String::from_utf8_lossy(bytes).as_ref());
+    out.push(format!(
+        "{TEMP_MARK}{}-{:06x}",
+        std::process::id(),
+        salt & 0xff_ffff
+    ));
+    out
+}
+
+/// The process id in a tlio temporary name, or `None` when `name` is not one.
+pub(super) fn temp_owner(name: &OsStr) -> Option<u32> {
+    let text = name.to_str()?;
+    if !text.starts_with('.') {
+        return None;
+    }
+    let (_, tail) = text.rsplit_once(TEMP_MARK)?;
+    let (pid, salt) = tail.split_once('-')?;
+    let salt_ok = salt.len() == 6 && salt.bytes().all(|b| b.is_ascii_hexdigit());
+    salt_ok.then(|| pid.parse().ok()).flatten()
+}
+
+/// Whether process `pid` still exists (then its temporary files are in use).
+fn process_alive(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return false;
+        };
+        if pid <= 0 {
+            return false;
+        }
+        // SAFETY: kill with signal 0 sends nothing; it only checks that the process
+        // exists and may be signalled.
+        #[allow(unsafe_code, reason = "libc::kill has no safe wrapper in std")]
+        let rc = unsafe { libc::kill(pid, 0) };
+        rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
+/// Remove the temporary files that earlier, dead tlio processes left in `dir` (once
+/// per directory and process: a pack writing thousands of shards scans once).
+fn remove_stale(reg: &mut Registry, dir: &Path) {
+    if !reg.scanned.insert(dir.to_path_buf()) {
+        return;
+    }
+    let Ok(listing) = fs::read_dir(dir) else {
+        return;
+    };
+    let me = std::process::id();
+    for entry in listing.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = temp_owner(&name) else {
+            continue;
+        };
+        let regular = entry.file_type().is_ok_and(|t| t.is_file());
+        if regular && pid != me && !process_alive(pid) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// A distinguishing number for temporary names: time, a counter and the stack address
+/// mixed, so names of concurrent processes rarely collide (a collision only retries).
+fn salt(attempt: u32) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut x = u64::from(t) ^ n.rotate_left(24) ^ u64::from(attempt).rotate_left(40);
+    // splitmix64 finalizer: spreads the bits over the six hex digits kept.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Create the temporary file for `dest` in `dir` and register it.
+pub(super) fn create_temp(
+    shown: &Path,
+    dest: &Path,
+    dir: &Path,
+) -> Result<(Temp, File), AtomicError> {
+    let mut reg = registry();
+    if reg.dying {
+        return Err(AtomicError::Interrupted {
+            path: shown.to_path_buf(),
+        });
+    }
+    remove_stale(&mut reg, dir);
+    let mut last = None;
+    for attempt in 0..TEMP_ATTEMPTS {
+        let path = dir.join(temp_name(dest, salt(attempt)));
+        // create_new: O_EXCL, never an existing file or a symlink; mode 0666, which the
+        // umask reduces as for any file a user creates.
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(file) => {
+                let id = reg.add(path.clone(), false);
+                return Ok((
+                    Temp {
+                        id,
+                        path,
+                        live: true,
+                    },
+                    file,
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(source) => {
+                return Err(AtomicError::Create {
+                    dir: dir.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+    Err(AtomicError::Create {
+        dir: dir.to_path_buf(),
+        source: last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)),
+    })
+}
