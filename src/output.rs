@@ -154,6 +154,41 @@ fn scaled(n: u64, base: f64, units: &[&str], sep: &str) -> String {
     }
 }
 
+/// Six significant digits, without trailing zeros: plain notation between 1e-4 and
+/// 1e6 (`2.5`, `0.000123`, `1.11803`), scientific outside (`1e-8`, `3.38953e38`), so a
+/// tiny value never shows as 0.000000 and a huge one never as 39 digits. JSON keeps
+/// the full f64.
+pub fn significant(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let magnitude = x.abs();
+    if (1e-4..1e6).contains(&magnitude) {
+        // Digits after the point so that six significant digits show.
+        let exponent = magnitude.log10().floor() as i32;
+        let decimals = usize::try_from(5 - exponent).unwrap_or(0);
+        let text = format!("{x:.decimals$}");
+        if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            text
+        }
+    } else {
+        let text = format!("{x:.5e}");
+        match text.split_once('e') {
+            Some((mantissa, exp)) => {
+                let mantissa = if mantissa.contains('.') {
+                    mantissa.trim_end_matches('0').trim_end_matches('.')
+                } else {
+                    mantissa
+                };
+                format!("{mantissa}e{exp}")
+            }
+            None => text,
+        }
+    }
+}
+
 /// A rendered table without the padding comfy-table leaves at the end of each row.
 pub fn table_text(table: &Table) -> String {
     let text = table.to_string();
@@ -682,5 +717,20 @@ mod tests {
         // Chatter on a closed stderr is dropped, never an error or a panic.
         let p = super::Printer::with_writers(false, false, false, Shared::default(), Closed);
         p.info("still fine");
+    }
+
+    #[test]
+    fn significant_digits_for_people() {
+        use super::significant;
+        assert_eq!(significant(1e-8), "1e-8");
+        assert_eq!(significant(2.5), "2.5");
+        assert_eq!(significant(4.0), "4");
+        assert_eq!(significant(1.118033988749895), "1.11803");
+        assert_eq!(significant(-0.000123456789), "-0.000123457");
+        assert_eq!(significant(123456.7), "123457");
+        assert_eq!(significant(3.3895313892515355e38), "3.38953e38");
+        assert_eq!(significant(0.0), "0");
+        assert_eq!(significant(-65504.0), "-65504");
+        assert_eq!(significant(f64::MAX), "1.79769e308");
     }
 }

@@ -1,0 +1,299 @@
+//! `tlio st`: inspect, verify, convert, quantize, dequantize and diff safetensors files
+//! and model directories. Each command is one call into `tlio_core` plus printing
+//! (tables, JSON, progress); this file holds the clap structs, the dispatch and the
+//! cell formats the commands share, one file per command does the rest.
+
+mod diff;
+mod inspect;
+#[cfg(test)]
+mod tests;
+mod transform;
+mod verify;
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::args::FloatDtype;
+use super::Outcome;
+use crate::output::Printer;
+use diff::run_diff;
+use inspect::inspect;
+use tlio_core::model::int4::DEFAULT_GROUP;
+use transform::{run_convert, run_dequantize, run_quantize};
+use verify::run_verify;
+
+/// The `st` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum StCommand {
+    /// Show tensors (name, dtype, shape, parameters, bytes, offsets), metadata and
+    /// totals by dtype, from the headers alone; for an index or a model directory also
+    /// the architecture summary and each tensor's shard. int4 pairs show as one tensor.
+    #[command(after_help = INSPECT_EXAMPLES)]
+    Inspect(InspectArgs),
+    /// Check every reader rule, and for models the index, architecture and int4 rules;
+    /// print one line per failure naming the file, the rule and the tensor or shard;
+    /// exit 1 when any model fails.
+    #[command(after_help = VERIFY_EXAMPLES)]
+    Verify(VerifyArgs),
+    /// Convert every float tensor to another float dtype, copying the rest: a file into
+    /// a canonical file, an index or directory into a new directory (same sharding,
+    /// index and config.json updated), written atomically.
+    // clap would show the output as optional: it is required in one of two spellings.
+    #[command(
+        after_help = CONVERT_EXAMPLES,
+        override_usage = "tlio st convert [OPTIONS] <MODEL> -o <OUT> --dtype <DTYPE>"
+    )]
+    Convert(ConvertArgs),
+    /// Compare two models tensor by tensor, whatever their sharding: tensors only in
+    /// one, dtype and shape changes, value differences, metadata; exit 0 when
+    /// identical, 1 when they differ.
+    #[command(after_help = DIFF_EXAMPLES)]
+    Diff(DiffArgs),
+    /// Quantize the selected 2-D float weights to int4-gG-sym pairs (`<name>.qweight`
+    /// U8 + `<name>.scales` F16), copying the rest: file in, file out; index or
+    /// directory in, directory out.
+    #[command(
+        after_help = QUANTIZE_EXAMPLES,
+        override_usage = "tlio st quantize [OPTIONS] <MODEL> -o <OUT> --int4"
+    )]
+    Quantize(QuantizeArgs),
+    /// Turn every int4 pair back into one tensor of the requested dtype, removing the
+    /// `quant` metadata: file in, file out; index or directory in, directory out.
+    #[command(
+        after_help = DEQUANTIZE_EXAMPLES,
+        override_usage = "tlio st dequantize [OPTIONS] <MODEL> -o <OUT>"
+    )]
+    Dequantize(DequantizeArgs),
+}
+
+const INSPECT_EXAMPLES: &str = "\
+Examples:
+  tlio st inspect model.safetensors
+  tlio st inspect path/to/model-dir
+  tlio st inspect --stats model.safetensors
+  tlio --json st inspect model.safetensors.index.json";
+
+const VERIFY_EXAMPLES: &str = "\
+Examples:
+  tlio st verify model.safetensors
+  tlio st verify path/to/model-dir
+  tlio st verify --canonical --finite *.safetensors
+  tlio --json st verify model.safetensors";
+
+const CONVERT_EXAMPLES: &str = "\
+Examples:
+  tlio st convert model.safetensors -o model-bf16.safetensors --dtype bf16
+  tlio st convert path/to/model-dir -o model-dir-bf16 --dtype bf16
+  tlio st convert model.safetensors -o half.safetensors --dtype fp16 --exclude 'norm'
+  tlio st convert model.safetensors -o f8.safetensors --dtype fp8_e4m3 --saturate";
+
+const DIFF_EXAMPLES: &str = "\
+Examples:
+  tlio st diff before.safetensors after.safetensors
+  tlio st diff path/to/model-dir model.safetensors
+  tlio --json st diff a.safetensors b.safetensors
+  tlio -q st diff a.safetensors b.safetensors && echo identical";
+
+const QUANTIZE_EXAMPLES: &str = "\
+Examples:
+  tlio st quantize model.safetensors -o model-int4.safetensors --int4
+  tlio st quantize path/to/model-dir -o model-dir-int4 --int4 --group 64
+  tlio st quantize model.safetensors -o q.safetensors --int4 --exclude 'down_proj'";
+
+const DEQUANTIZE_EXAMPLES: &str = "\
+Examples:
+  tlio st dequantize model-int4.safetensors -o model.safetensors
+  tlio st dequantize model-dir-int4 -o model-dir-bf16 --dtype bf16";
+
+/// Arguments of `st inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// Models: safetensors files, sharded `*.index.json` indexes or model directories.
+    #[arg(required = true, value_name = "MODEL")]
+    pub files: Vec<PathBuf>,
+    /// Also read the data: min, max, mean, std, NaN and inf counts per tensor.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+/// Arguments of `st verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Models to check: files, indexes or model directories.
+    #[arg(required = true, value_name = "MODEL")]
+    pub files: Vec<PathBuf>,
+    /// Also require the exact bytes of the canonical writer (order, compact JSON,
+    /// padding).
+    #[arg(long)]
+    pub canonical: bool,
+    /// Also require no NaN or infinity in float tensors.
+    #[arg(long)]
+    pub finite: bool,
+}
+
+/// Arguments of `st convert`.
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// Input model: a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
+    pub input: PathBuf,
+    /// Output: a file for a file, a new directory for an index or a directory (written
+    /// atomically as a whole; an existing non-empty directory is refused).
+    #[arg(
+        short,
+        long,
+        value_name = "OUT",
+        required_unless_present = "legacy_output"
+    )]
+    pub output: Option<PathBuf>,
+    /// The output as a second positional: the spelling before -o, kept for one release.
+    #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
+    pub legacy_output: Option<PathBuf>,
+    /// Target dtype; also accepted: bf16, bfloat16, fp16, float16, half, f32, float32,
+    /// float, f64, float64, fp8_e4m3, float8_e4m3fn, fp8_e5m2, float8_e5m2 (any case).
+    #[arg(long, value_enum, ignore_case = true)]
+    pub dtype: FloatDtype,
+    /// Convert only tensors whose name matches this regular expression.
+    #[arg(long, value_name = "REGEX")]
+    pub only: Option<String>,
+    /// Do not convert tensors whose name matches this regular expression.
+    #[arg(long, value_name = "REGEX")]
+    pub exclude: Option<String>,
+    /// For F8_E4M3: clamp |x| > 448 (and infinities) to +-448 as torch does, instead
+    /// of failing; NaN stays NaN.
+    #[arg(long)]
+    pub saturate: bool,
+    /// Shards converted at once (default: the number of CPUs, at most 4).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+}
+
+/// Arguments of `st diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The first model (A): a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
+    pub a: PathBuf,
+    /// The second model (B), compared tensor by tensor whatever the sharding.
+    #[arg(value_name = "MODEL")]
+    pub b: PathBuf,
+}
+
+/// Arguments of `st quantize`.
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    /// Input model: a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
+    pub input: PathBuf,
+    /// Output: a file for a file, a new directory otherwise (written atomically).
+    #[arg(
+        short,
+        long,
+        value_name = "OUT",
+        required_unless_present = "legacy_output"
+    )]
+    pub output: Option<PathBuf>,
+    /// The output as a second positional (the spelling of the spec), also accepted.
+    #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
+    pub legacy_output: Option<PathBuf>,
+    /// Quantize to int4-gG-sym (the only scheme; required so the command says what it
+    /// does).
+    #[arg(long, required = true)]
+    pub int4: bool,
+    /// Group size G: an even number that divides each selected weight's columns.
+    #[arg(long, value_name = "G", default_value_t = DEFAULT_GROUP)]
+    pub group: u64,
+    /// Quantize only 2-D float tensors whose name matches this regular expression
+    /// (default: names ending in `_proj.weight`).
+    #[arg(long, value_name = "REGEX")]
+    pub only: Option<String>,
+    /// Do not quantize tensors whose name matches this regular expression.
+    #[arg(long, value_name = "REGEX")]
+    pub exclude: Option<String>,
+    /// Shards processed at once (default: the number of CPUs, at most 4).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+}
+
+/// Arguments of `st dequantize`.
+#[derive(Debug, Args)]
+pub struct DequantizeArgs {
+    /// Input model with int4 pairs: a file, an index or a model directory.
+    #[arg(value_name = "MODEL")]
+    pub input: PathBuf,
+    /// Output: a file for a file, a new directory otherwise (written atomically).
+    #[arg(
+        short,
+        long,
+        value_name = "OUT",
+        required_unless_present = "legacy_output"
+    )]
+    pub output: Option<PathBuf>,
+    /// The output as a second positional (the spelling of the spec), also accepted.
+    #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
+    pub legacy_output: Option<PathBuf>,
+    /// Dtype of the dequantized weights (aliases as for convert's --dtype).
+    #[arg(long, value_enum, ignore_case = true, default_value = "F32")]
+    pub dtype: FloatDtype,
+    /// Shards processed at once (default: the number of CPUs, at most 4).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+}
+
+/// The default selection of `st quantize`: the linear projections.
+const DEFAULT_QUANTIZE: &str = "_proj\\.weight$";
+/// Default shard workers when `--jobs` is not given (the CPUs, capped).
+const DEFAULT_JOBS_CAP: usize = 4;
+
+fn jobs(j: Option<usize>) -> usize {
+    j.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(DEFAULT_JOBS_CAP)
+    })
+    .max(1)
+}
+
+/// Run `tlio st`.
+pub fn run(cmd: StCommand, printer: &Printer) -> anyhow::Result<Outcome> {
+    match cmd {
+        StCommand::Inspect(args) => inspect(&args, printer),
+        StCommand::Verify(args) => run_verify(&args, printer),
+        StCommand::Convert(args) => run_convert(&args, printer),
+        StCommand::Diff(args) => run_diff(&args, printer),
+        StCommand::Quantize(args) => run_quantize(&args, printer),
+        StCommand::Dequantize(args) => run_dequantize(&args, printer),
+    }
+}
+
+/// Dimensions a human-readable shape lists before it abbreviates (`--json` has all).
+const MAX_SHAPE_DIMS_SHOWN: usize = 16;
+/// Characters a table cell shows before it abbreviates: the table library measures
+/// every cell at a cost that grows faster than its length, and a crafted header can
+/// hold a name of 100 MB (`--json` carries every name exactly).
+const MAX_CELL_CHARS: usize = 1024;
+
+fn shape_text(shape: &[u64]) -> String {
+    let shown = shape.len().min(MAX_SHAPE_DIMS_SHOWN);
+    let dims: Vec<String> = shape.iter().take(shown).map(u64::to_string).collect();
+    if shown < shape.len() {
+        format!("[{}, … ({} dims)]", dims.join(", "), shape.len())
+    } else {
+        format!("[{}]", dims.join(", "))
+    }
+}
+
+/// `text` for one table cell: whole when short, else its start and how much is cut.
+fn cell(text: String) -> String {
+    match text.char_indices().nth(MAX_CELL_CHARS) {
+        None => text,
+        Some((cut, _)) => {
+            let rest = text.len().saturating_sub(cut);
+            format!(
+                "{}… ({rest} more bytes)",
+                text.get(..cut).unwrap_or_default()
+            )
+        }
+    }
+}
