@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod digest;
 pub mod failpoints;
 pub mod failure;
+mod file_size;
 pub mod files;
 mod layering;
 pub mod model;
