@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
@@ -17,13 +16,14 @@ use tlio_core::model::arch::{summary, Summary};
 use tlio_core::model::int4::DEFAULT_GROUP;
 use tlio_core::model::transform::{self, Op, Report as TransformReport};
 use tlio_core::model::view::{diff_views, verify_model, Listing, ModelView, Row};
-use tlio_core::model::{Kind, Model};
+use tlio_core::model::{Kind, Model, ModelError};
 use tlio_core::safetensors::diff::{Changed, DiffReport, Different, MetaChange, ValueDiff};
 use tlio_core::safetensors::header::{totals, Totals};
 use tlio_core::safetensors::stats::{Number, TensorStats};
 use tlio_core::safetensors::verify::{Finding, VerifyOptions};
-use tlio_core::safetensors::Dtype;
+use tlio_core::safetensors::{Dtype, SafetensorsError};
 use tlio_core::text::escape;
+use tlio_core::Failure;
 
 /// The `st` subcommands.
 #[derive(Debug, Subcommand)]
@@ -397,15 +397,51 @@ struct Inspected {
     stats: Option<Vec<Option<TensorStats>>>,
 }
 
+/// A model error under the command's `context`, which names every file in `files`:
+/// each file is said once. A core error that only says it could not read one of those
+/// files gives way to its cause (`cannot inspect x: No such file...`, not `cannot
+/// inspect x: cannot read x: No such file...`); a refusal of one of them keeps only its
+/// reason. Chosen by the error's type, never by its text.
+fn in_context(err: ModelError, context: String, files: &[&Path]) -> anyhow::Error {
+    let named = |path: &Path| files.contains(&path);
+    let kind = err.kind();
+    let reason = match &err {
+        ModelError::OutputExists { path } if named(path) => {
+            Some("it already exists and is not an empty directory")
+        }
+        ModelError::SameAsInput { path } if named(path) => {
+            Some("it is the input or lies inside the input model's directory")
+        }
+        _ => None,
+    };
+    if let Some(reason) = reason {
+        return crate::error::Classified {
+            message: format!("{context}: {reason}"),
+            kind,
+        }
+        .into();
+    }
+    match err {
+        ModelError::Io { path, source }
+        | ModelError::Safetensors(SafetensorsError::Io { path, source })
+            if named(&path) =>
+        {
+            anyhow::Error::new(source).context(context)
+        }
+        other => anyhow::Error::new(other).context(context),
+    }
+}
+
 fn inspect_one(
     path: &Path,
     stats: bool,
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<Inspected> {
     let context = || format!("cannot inspect {}", path.display());
-    let model = Model::open(path).with_context(context)?;
+    let files = [path];
+    let model = Model::open(path).map_err(|e| in_context(e, context(), &files))?;
     let (model, stats) = if stats {
-        let view = ModelView::map(model).with_context(context)?;
+        let view = ModelView::map(model).map_err(|e| in_context(e, context(), &files))?;
         bar.inc_length(view.model.shards.iter().map(|s| s.header.data_len()).sum());
         let values = view.stats(&mut |n| bar.inc(n));
         (view.model, Some(values))
@@ -858,7 +894,7 @@ fn run_verify(args: &VerifyArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             bar.set_position(done);
         };
         let failures = verify_model(path, opts, &mut progress)
-            .with_context(|| format!("cannot verify {}", path.display()));
+            .map_err(|e| in_context(e, format!("cannot verify {}", path.display()), &[path]));
         bar.finish_and_clear();
         let report = VerifyReport {
             path: path.display().to_string(),
@@ -927,13 +963,15 @@ fn transform_model(
     verb: &str,
 ) -> anyhow::Result<(Model, TransformReport)> {
     let context = || format!("cannot {verb} {} to {}", input.display(), output.display());
-    let model = Model::open(input).with_context(context)?;
+    let files = [input, output];
+    let model = Model::open(input).map_err(|e| in_context(e, context(), &files))?;
     let bar = printer.bytes_bar(0, verb);
     let progress = |done: u64, total: u64| {
         bar.set_length(total);
         bar.set_position(done);
     };
-    let report = transform::run(&model, output, op, jobs, &progress).with_context(context)?;
+    let report = transform::run(&model, output, op, jobs, &progress)
+        .map_err(|e| in_context(e, context(), &files))?;
     bar.finish_and_clear();
     Ok((model, report))
 }
@@ -1114,8 +1152,10 @@ struct DiffJson<'r> {
 }
 
 fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    let open =
-        |p: &PathBuf| ModelView::open(p).with_context(|| format!("cannot diff {}", p.display()));
+    let open = |p: &PathBuf| {
+        ModelView::open(p)
+            .map_err(|e| in_context(e, format!("cannot diff {}", p.display()), &[p.as_path()]))
+    };
     let (a, b) = (open(&args.a)?, open(&args.b)?);
     let report = diff_views(&a, &b);
     let identical = report.identical();

@@ -36,7 +36,7 @@ const TEMP_ATTEMPTS: u32 = 64;
 #[derive(Debug, thiserror::Error)]
 pub enum AtomicError {
     /// The temporary file could not be created next to the target.
-    #[error("cannot create a temporary file in {}: {source}", .dir.display())]
+    #[error("cannot create a temporary file in {}", .dir.display())]
     Create {
         /// The directory the target lives in.
         dir: PathBuf,
@@ -44,7 +44,7 @@ pub enum AtomicError {
         source: io::Error,
     },
     /// The directory the target goes into could not be created.
-    #[error("cannot create directory {}: {source}", .dir.display())]
+    #[error("cannot create directory {}", .dir.display())]
     Parent {
         /// The directory.
         dir: PathBuf,
@@ -52,7 +52,7 @@ pub enum AtomicError {
         source: io::Error,
     },
     /// Writing, syncing or renaming failed.
-    #[error("cannot write {}: {source}", .path.display())]
+    #[error("cannot write {}", .path.display())]
     Write {
         /// The target path.
         path: PathBuf,

@@ -27,3 +27,94 @@ pub mod tokens;
 pub mod train;
 
 pub use failure::{Failure, FailureKind};
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+    use std::io;
+    use std::path::PathBuf;
+
+    use crate::atomic::AtomicError;
+    use crate::checkpoint::{state::StateError, CheckpointError};
+    use crate::model::ModelError;
+    use crate::safetensors::SafetensorsError;
+    use crate::train::TrainError;
+
+    fn io() -> io::Error {
+        io::Error::new(io::ErrorKind::NotFound, "No such file or directory")
+    }
+
+    fn path() -> PathBuf {
+        PathBuf::from("x.bin")
+    }
+
+    /// An error prints its source or returns it, never both: the CLI joins the chain
+    /// with ": " and nothing else, so a source in the message would print twice.
+    #[test]
+    fn no_error_prints_the_source_it_returns() {
+        let errors: Vec<Box<dyn Error>> = vec![
+            Box::new(AtomicError::Create {
+                dir: path(),
+                source: io(),
+            }),
+            Box::new(AtomicError::Parent {
+                dir: path(),
+                source: io(),
+            }),
+            Box::new(AtomicError::Write {
+                path: path(),
+                source: io(),
+            }),
+            Box::new(SafetensorsError::Io {
+                path: path(),
+                source: io(),
+            }),
+            Box::new(SafetensorsError::Write(io())),
+            Box::new(ModelError::Io {
+                path: path(),
+                source: io(),
+            }),
+            Box::new(ModelError::Write {
+                path: path(),
+                source: io(),
+            }),
+            Box::new(ModelError::Shard {
+                shard: "a.safetensors".into(),
+                source: SafetensorsError::Io {
+                    path: path(),
+                    source: io(),
+                },
+            }),
+            Box::new(ModelError::Safetensors(SafetensorsError::Io {
+                path: path(),
+                source: io(),
+            })),
+            Box::new(TrainError::Io {
+                path: path(),
+                source: io(),
+            }),
+            Box::new(CheckpointError::Io {
+                path: path(),
+                source: io(),
+            }),
+            Box::new(CheckpointError::State(StateError::Schema(
+                "unknown key `x`".into(),
+            ))),
+        ];
+        let mut with_source = 0;
+        for err in &errors {
+            let text = err.to_string();
+            let mut cause = err.source();
+            while let Some(c) = cause {
+                with_source += 1;
+                assert!(
+                    !text.contains(&c.to_string()),
+                    "{text:?} prints its source {:?}",
+                    c.to_string()
+                );
+                cause = c.source();
+            }
+        }
+        assert!(with_source >= errors.len());
+    }
+}

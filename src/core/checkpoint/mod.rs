@@ -67,7 +67,7 @@ const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// The trainer state breaks the schema.
-    #[error("invalid trainer state: {0}")]
+    #[error("invalid trainer state")]
     State(#[from] state::StateError),
     /// The optimizer file or state breaks the format.
     #[error("invalid optimizer state: {0}")]
@@ -109,7 +109,7 @@ pub enum CheckpointError {
         path: PathBuf,
     },
     /// A file-system operation failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         /// The path operated on.
         path: PathBuf,

@@ -86,7 +86,7 @@ pub enum TrainError {
     #[error(transparent)]
     Atomic(#[from] AtomicError),
     /// A file-system operation failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         /// The path operated on.
         path: PathBuf,
