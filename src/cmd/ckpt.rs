@@ -168,6 +168,7 @@ fn save(args: SaveArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         keep,
         overwrite: args.overwrite,
         force: args.force,
+        lock_wait: checkpoint::SAVE_LOCK_WAIT,
     };
     let report = checkpoint::save_waiting(&args.dir, req, &mut |path| {
         printer.warn(format!(

@@ -78,10 +78,14 @@ pub struct SaveRequest<'a> {
     /// (moving LATEST backwards). Without it such a save is refused: a later gc would
     /// otherwise delete the newer steps as "newer than LATEST".
     pub force: bool,
+    /// How long to wait for another save or gc to release the directory's lock before
+    /// failing with `Locked` ([`SAVE_LOCK_WAIT`] for the CLI; zero: fail at once).
+    pub lock_wait: std::time::Duration,
 }
 
 impl<'a> SaveRequest<'a> {
-    /// A request with no optimizer, no config, no keep, no overwrite.
+    /// A request with no optimizer, no config, no keep, no overwrite, waiting up to
+    /// [`SAVE_LOCK_WAIT`] for the lock.
     pub fn new(step: u64, model: Payload<'a>, state: TrainerState) -> Self {
         SaveRequest {
             step,
@@ -92,6 +96,7 @@ impl<'a> SaveRequest<'a> {
             keep: None,
             overwrite: false,
             force: false,
+            lock_wait: SAVE_LOCK_WAIT,
         }
     }
 }
@@ -115,7 +120,7 @@ pub fn save(dir: &Path, req: SaveRequest<'_>) -> Result<SaveReport, CheckpointEr
 }
 
 /// `save`, calling `on_wait` with the lock's path when the save has waited
-/// `SAVE_LOCK_NOTICE` for another save or gc to finish (it waits up to `SAVE_LOCK_WAIT`).
+/// `SAVE_LOCK_NOTICE` for another save or gc to finish (it waits up to `req.lock_wait`).
 pub fn save_waiting(
     dir: &Path,
     req: SaveRequest<'_>,
@@ -312,7 +317,7 @@ pub fn save_with_wait(
 ) -> Result<SaveReport, CheckpointError> {
     let state_bytes = validate(&mut req)?;
     fs.create_dir_all(dir).map_err(io_at(dir))?;
-    let _lock = DirLock::acquire_waiting(dir, SAVE_LOCK_WAIT, SAVE_LOCK_NOTICE, on_wait)?;
+    let _lock = DirLock::acquire_waiting(dir, req.lock_wait, SAVE_LOCK_NOTICE, on_wait)?;
 
     let name = step_name(req.step);
     let final_path = dir.join(&name);
