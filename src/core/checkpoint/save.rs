@@ -23,9 +23,9 @@ use super::optimizer::{check_header, model_params};
 use super::state::TrainerState;
 use super::verify::{inspect, safetensors_problem};
 use super::{
-    io_at, list, step_name, CheckpointError, DirLock, Listing, CONFIG_NAME, LATEST_NAME,
-    LATEST_TMP_NAME, MODEL_NAME, OPTIMIZER_NAME, SAVE_LOCK_NOTICE, SAVE_LOCK_WAIT, STATE_NAME,
-    TMP_SUFFIX,
+    io_at, list, step_name, CheckpointError, DirLock, Listing, SaveAnyway, CONFIG_NAME,
+    LATEST_NAME, LATEST_TMP_NAME, MODEL_NAME, OPTIMIZER_NAME, SAVE_LOCK_NOTICE, SAVE_LOCK_WAIT,
+    STATE_NAME, TMP_SUFFIX,
 };
 use crate::digest::{hex, sha256_hex};
 use crate::safetensors::read_header;
@@ -299,9 +299,9 @@ fn check_forward(
             step: req.step,
             latest,
             hint: if req.step == latest {
-                "--overwrite to replace it"
+                SaveAnyway::Overwrite
             } else {
-                "--force to save anyway and move LATEST back"
+                SaveAnyway::Force
             },
         });
     }
