@@ -83,42 +83,17 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 
 /// The chain of causes on one line, outermost first, joined with ": ".
 ///
-/// A cause whose text the line already ends with is skipped: many error types print
-/// their source inside their own message *and* return it from `source()`, which would
-/// otherwise show "No such file or directory" twice. The whole line goes through
+/// Each cause is printed once by construction: an error of tlio-core either prints its
+/// source in its message or returns it from `source()`, never both (a core test holds
+/// every error type to it), and a context added here names what was being done, not
+/// what the cause below already says. The whole line goes through
 /// `core::text::escape`: a newline inside a cause would break the one-line contract, and
 /// a name or path with a control or bidi character must not reach the terminal raw, no
 /// matter which error carried it (escaping is idempotent, so causes that already
 /// escaped their names are unchanged).
 pub fn one_line(err: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in err.chain() {
-        let mut text = cause.to_string();
-        if !line.is_empty() {
-            if line.ends_with(&text) {
-                continue;
-            }
-            text = drop_repeated_file(&line, text);
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    tlio_core::text::escape(&line)
-}
-
-/// A file is named once per line: when the line so far ends with a file name (`cannot
-/// inspect x.safetensors`) and the next cause starts by naming it again (`cannot read
-/// x.safetensors: ...` or `x.safetensors: ...`), that first part is dropped.
-fn drop_repeated_file(line: &str, text: String) -> String {
-    let Some(named) = line.rsplit(' ').next().filter(|n| !n.is_empty()) else {
-        return text;
-    };
-    match text.split_once(": ") {
-        Some((first, rest)) if first == named || first.ends_with(&format!(" {named}")) => {
-            rest.to_string()
-        }
-        _ => text,
-    }
+    let causes: Vec<String> = err.chain().map(ToString::to_string).collect();
+    tlio_core::text::escape(&causes.join(": "))
 }
 
 /// Print the one-line error and return the exit code.
@@ -213,22 +188,18 @@ pub fn usage_line(err: &clap::Error) -> String {
 mod tests {
     use super::*;
 
-    #[derive(Debug, thiserror::Error)]
-    #[error("cannot read x.bin: {source}")]
-    struct Repeats {
-        source: io::Error,
-    }
-
     #[test]
-    fn one_line_shows_a_repeated_cause_once() {
+    fn one_line_joins_the_chain_once() {
         let inner = io::Error::new(io::ErrorKind::NotFound, "No such file");
-        let err = anyhow::Error::new(Repeats { source: inner }).context("cannot inspect x.bin");
-        assert_eq!(one_line(&err), "cannot inspect x.bin: No such file");
-        let err = anyhow::anyhow!("x.bin: bad magic 7").context("cannot open x.bin");
-        assert_eq!(one_line(&err), "cannot open x.bin: bad magic 7");
-        // A different file is kept.
-        let err = anyhow::anyhow!("cannot read y.bin: gone").context("cannot open x.bin");
-        assert_eq!(one_line(&err), "cannot open x.bin: cannot read y.bin: gone");
+        let err = anyhow::Error::new(tlio_core::atomic::AtomicError::Write {
+            path: "x.bin".into(),
+            source: inner,
+        })
+        .context("cannot save");
+        assert_eq!(
+            one_line(&err),
+            "cannot save: cannot write x.bin: No such file"
+        );
     }
 
     #[test]

@@ -15,9 +15,32 @@ use super::Outcome;
 use crate::output::{Printer, Tone};
 use comfy_table::Cell;
 use tlio_core::checkpoint::{
-    self, load::Survey, parse_step_name, step_name, verify as ckverify, Payload, SaveRequest,
-    TrainerState, MANIFEST_NAME,
+    self, load::Survey, parse_step_name, step_name, verify as ckverify, CheckpointError, Payload,
+    SaveAnyway, SaveRequest, TrainerState, MANIFEST_NAME,
 };
+use tlio_core::Failure;
+
+/// A checkpoint error as the command line says it: how to save anyway is the flag.
+pub(super) fn with_flags(err: CheckpointError) -> anyhow::Error {
+    let kind = err.kind();
+    let flag = |hint: SaveAnyway| match hint {
+        SaveAnyway::Overwrite => "--overwrite to replace it",
+        SaveAnyway::Force => "--force to save anyway and move LATEST back",
+    };
+    let message = match err {
+        CheckpointError::Exists { path } => format!(
+            "{} already exists as a complete checkpoint (use --overwrite to replace it)",
+            path.display()
+        ),
+        CheckpointError::NotNewer { step, latest, hint } => format!(
+            "step {step} is not newer than {}, which LATEST names and which verifies; a save must move LATEST forward ({})",
+            step_name(latest),
+            flag(hint)
+        ),
+        other => return anyhow::Error::new(other),
+    };
+    crate::error::Classified { message, kind }.into()
+}
 use tlio_core::text::escape;
 
 /// The `ckpt` subcommands.
@@ -168,6 +191,7 @@ fn save(args: SaveArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         keep,
         overwrite: args.overwrite,
         force: args.force,
+        lock_wait: checkpoint::SAVE_LOCK_WAIT,
     };
     let report = checkpoint::save_waiting(&args.dir, req, &mut |path| {
         printer.warn(format!(
@@ -176,6 +200,7 @@ fn save(args: SaveArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             checkpoint::SAVE_LOCK_WAIT.as_secs()
         ))
     })
+    .map_err(with_flags)
     .with_context(|| format!("cannot save step {} in {}", args.step, args.dir.display()))?;
     for path in &report.removed {
         printer.info(format!("removed {}", path.display()));

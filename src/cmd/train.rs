@@ -16,6 +16,8 @@ use tlio_core::optim::{OptimConfig, ADAMW_WEIGHT_DECAY, SGD_MOMENTUM};
 use tlio_core::train::layout::CKPT_DIR;
 use tlio_core::train::run::run as run_training;
 use tlio_core::train::spec::{Method, Progress, RunSpec};
+use tlio_core::train::{shard_text, Field, TrainError};
+use tlio_core::Failure;
 
 /// AdamW's default learning rate (the spec's example).
 pub const ADAMW_LR: f64 = 0.01;
@@ -189,12 +191,75 @@ fn bigram(args: BigramArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         start_tokens: 0,
     };
     let outcome = run_training(&spec, &mut |p| view.show(p))
+        .map_err(with_flags)
         .with_context(|| format!("train bigram {}", args.out.display()))?;
     view.bar.finish_and_clear();
     let mut out = printer.out();
     out.write_all(outcome.line.as_bytes())?;
     out.flush()?;
     Ok(Outcome::Success)
+}
+
+/// The flag that sets a field of the run's spec (a field no flag sets, such as AdamW's
+/// betas, keeps its name).
+fn flag(field: Field) -> &'static str {
+    match field {
+        Field::Data => "--data",
+        Field::MaxSteps => "--max-steps",
+        Field::CkptEvery => "--ckpt-every",
+        Field::Batch => "--batch",
+        Field::SeqLen => "--seq-len",
+        Field::Keep => "--keep",
+        Field::VocabSize => "--vocab-size",
+        Field::Method => "--method",
+        Field::Seed => "--seed",
+        Field::Optimizer => "--optimizer",
+        Field::Lr => "--lr",
+        Field::WeightDecay => "--weight-decay",
+        Field::Momentum => "--momentum",
+        Field::Betas | Field::Eps | Field::Dampening | Field::Nesterov | Field::ConfigFormat => {
+            field.name()
+        }
+    }
+}
+
+/// A training error as the command line says it: a field is the flag the user typed.
+/// Core's own messages name fields and values; these keep the CLI's words.
+fn with_flags(err: TrainError) -> anyhow::Error {
+    let kind = err.kind();
+    let message = match err {
+        TrainError::BadField {
+            field: Field::Data, ..
+        } => "at least one --data shard is required".to_string(),
+        TrainError::BadField { field, rule } => format!("{} {rule}", flag(field)),
+        TrainError::NoVocab => {
+            "no shard records its vocabulary size (header word 3 is 0): pass --vocab-size"
+                .to_string()
+        }
+        TrainError::ExistingCheckpoints { dir } => format!(
+            "{} already holds checkpoints: pass --resume to continue that run, or choose another --out",
+            dir.display()
+        ),
+        TrainError::ConfigMismatch {
+            field,
+            shard,
+            checkpoint,
+            given,
+        } => format!(
+            "--resume: {}{} disagrees with the checkpoint's run: it used {checkpoint}, this run asks for {given}",
+            flag(field),
+            shard_text(shard)
+        ),
+        TrainError::PastMaxSteps { step, max_steps } => format!(
+            "the run's checkpoint is at step {step}, --max-steps is {max_steps}: pass a larger --max-steps to continue it"
+        ),
+        TrainError::NonFiniteLoss { step, loss } => format!(
+            "the loss became {loss} at step {step}: training diverged (try a smaller --lr); the checkpoints before it are kept, nothing of this step is saved"
+        ),
+        TrainError::Checkpoint(e) => return super::ckpt::with_flags(e),
+        other => return anyhow::Error::new(other),
+    };
+    crate::error::Classified { message, kind }.into()
 }
 
 /// How a run's progress is drawn on stderr: a bar on a terminal, plain lines every

@@ -4,6 +4,9 @@
 //! failpoint name or an action the `fail` crate rejects is an error (the process exits
 //! 2 before doing anything), so a typo can never silently change, or fail to change, a
 //! run.
+//!
+//! Without the crate's `failpoints` feature the points compile to nothing (the `fail`
+//! crate's macro is empty), so a non-empty value is refused rather than ignored.
 
 use crate::{Failure, FailureKind};
 
@@ -44,6 +47,10 @@ pub enum FailpointsError {
         /// The crate's reason.
         reason: String,
     },
+    /// A non-empty value, but this build has no failpoints (the crate was built
+    /// without its `failpoints` feature), so it could not take effect.
+    #[error("{ENV_VAR} is set, but this build lacks the `failpoints` feature: its failpoints compile to nothing")]
+    NotBuilt,
 }
 
 impl Failure for FailpointsError {
@@ -77,6 +84,9 @@ pub fn parse(spec: &str) -> Result<Vec<(&str, &str)>, FailpointsError> {
 /// Configure the failpoints `spec` names; on error none stays configured.
 pub fn configure(spec: &str) -> Result<(), FailpointsError> {
     let entries = parse(spec)?;
+    if !cfg!(feature = "failpoints") && !entries.is_empty() {
+        return Err(FailpointsError::NotBuilt);
+    }
     for (i, (name, actions)) in entries.iter().enumerate() {
         if let Err(reason) = fail::cfg(*name, actions) {
             for (done, _) in entries.iter().take(i) {
@@ -125,9 +135,28 @@ mod tests {
             parse("ckpt/fsnyc=return"),
             Err(FailpointsError::Unknown { .. })
         ));
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn configure_refuses_actions_the_fail_crate_refuses() {
         assert!(matches!(
             configure("ckpt/rename=bogus(1)"),
             Err(FailpointsError::BadActions { .. })
+        ));
+    }
+
+    #[cfg(not(feature = "failpoints"))]
+    #[test]
+    fn without_the_feature_a_named_failpoint_is_refused() {
+        assert!(configure("").is_ok());
+        assert!(configure(" ; ").is_ok());
+        let err = configure("ckpt/fsync=return").unwrap_err();
+        assert!(matches!(err, FailpointsError::NotBuilt), "{err}");
+        // A typo is still reported as one.
+        assert!(matches!(
+            configure("ckpt/fsnyc=return"),
+            Err(FailpointsError::Unknown { .. })
         ));
     }
 

@@ -9,7 +9,6 @@ use std::borrow::Cow;
 use std::io::{self, Write};
 use std::path::PathBuf;
 
-use anyhow::Context;
 use serde::Serialize;
 
 use super::super::Outcome;
@@ -51,8 +50,11 @@ pub(super) struct DiffJson<'r> {
 }
 
 pub(super) fn run_diff(args: &DiffArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    let open =
-        |p: &PathBuf| ModelView::open(p).with_context(|| format!("cannot diff {}", p.display()));
+    let open = |p: &PathBuf| {
+        ModelView::open(p).map_err(|e| {
+            super::in_context(e, format!("cannot diff {}", p.display()), &[p.as_path()])
+        })
+    };
     let (a, b) = (open(&args.a)?, open(&args.b)?);
     let report = diff_views(&a, &b);
     let identical = report.identical();

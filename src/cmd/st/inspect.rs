@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::Path;
 
-use anyhow::Context;
 use serde::Serialize;
 
 use super::super::Outcome;
@@ -37,9 +36,10 @@ pub(super) fn inspect_one(
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<Inspected> {
     let context = || format!("cannot inspect {}", path.display());
-    let model = Model::open(path).with_context(context)?;
+    let files = [path];
+    let model = Model::open(path).map_err(|e| super::in_context(e, context(), &files))?;
     let (model, stats) = if stats {
-        let view = ModelView::map(model).with_context(context)?;
+        let view = ModelView::map(model).map_err(|e| super::in_context(e, context(), &files))?;
         bar.inc_length(view.model.shards.iter().map(|s| s.header.data_len()).sum());
         let values = view.stats(&mut |n| bar.inc(n));
         (view.model, Some(values))

@@ -5,6 +5,48 @@
 
 mod diff;
 mod inspect;
+/// A model error under the command's `context`, which names every file in `files`:
+/// each file is said once. A core error that only says it could not read one of those
+/// files gives way to its cause (`cannot inspect x: No such file...`, not `cannot
+/// inspect x: cannot read x: No such file...`); a refusal of one of them keeps only its
+/// reason. Chosen by the error's type, never by its text.
+pub(super) fn in_context(
+    err: tlio_core::model::ModelError,
+    context: String,
+    files: &[&std::path::Path],
+) -> anyhow::Error {
+    use tlio_core::model::ModelError;
+    use tlio_core::safetensors::SafetensorsError;
+    use tlio_core::Failure;
+    let named = |path: &std::path::Path| files.contains(&path);
+    let kind = err.kind();
+    let reason = match &err {
+        ModelError::OutputExists { path } if named(path) => {
+            Some("it already exists and is not an empty directory")
+        }
+        ModelError::SameAsInput { path } if named(path) => {
+            Some("it is the input or lies inside the input model's directory")
+        }
+        _ => None,
+    };
+    if let Some(reason) = reason {
+        return crate::error::Classified {
+            message: format!("{context}: {reason}"),
+            kind,
+        }
+        .into();
+    }
+    match err {
+        ModelError::Io { path, source }
+        | ModelError::Safetensors(SafetensorsError::Io { path, source })
+            if named(&path) =>
+        {
+            anyhow::Error::new(source).context(context)
+        }
+        other => anyhow::Error::new(other).context(context),
+    }
+}
+
 #[cfg(test)]
 mod tests;
 mod transform;

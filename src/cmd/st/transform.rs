@@ -7,8 +7,6 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
-
 use super::super::Outcome;
 use super::{jobs, ConvertArgs, DequantizeArgs, QuantizeArgs, DEFAULT_QUANTIZE};
 use crate::output::Printer;
@@ -48,13 +46,15 @@ fn transform_model(
     verb: &str,
 ) -> anyhow::Result<(Model, TransformReport)> {
     let context = || format!("cannot {verb} {} to {}", input.display(), output.display());
-    let model = Model::open(input).with_context(context)?;
+    let files = [input, output];
+    let model = Model::open(input).map_err(|e| super::in_context(e, context(), &files))?;
     let bar = printer.bytes_bar(0, verb);
     let progress = |done: u64, total: u64| {
         bar.set_length(total);
         bar.set_position(done);
     };
-    let report = transform::run(&model, output, op, jobs, &progress).with_context(context)?;
+    let report = transform::run(&model, output, op, jobs, &progress)
+        .map_err(|e| super::in_context(e, context(), &files))?;
     bar.finish_and_clear();
     Ok((model, report))
 }

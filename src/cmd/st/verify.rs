@@ -7,7 +7,6 @@
 
 use std::io::Write;
 
-use anyhow::Context;
 use serde::Serialize;
 
 use super::super::Outcome;
@@ -36,8 +35,9 @@ pub(super) fn run_verify(args: &VerifyArgs, printer: &Printer) -> anyhow::Result
             bar.set_length(total);
             bar.set_position(done);
         };
-        let failures = verify_model(path, opts, &mut progress)
-            .with_context(|| format!("cannot verify {}", path.display()));
+        let failures = verify_model(path, opts, &mut progress).map_err(|e| {
+            super::in_context(e, format!("cannot verify {}", path.display()), &[path])
+        });
         bar.finish_and_clear();
         let report = VerifyReport {
             path: path.display().to_string(),

@@ -31,7 +31,7 @@ pub const MAX_SYMLINK_HOPS: usize = 40;
 #[derive(Debug, thiserror::Error)]
 pub enum AtomicError {
     /// The temporary file could not be created next to the target.
-    #[error("cannot create a temporary file in {}: {source}", .dir.display())]
+    #[error("cannot create a temporary file in {}", .dir.display())]
     Create {
         /// The directory the target lives in.
         dir: PathBuf,
@@ -39,7 +39,7 @@ pub enum AtomicError {
         source: io::Error,
     },
     /// The directory the target goes into could not be created.
-    #[error("cannot create directory {}: {source}", .dir.display())]
+    #[error("cannot create directory {}", .dir.display())]
     Parent {
         /// The directory.
         dir: PathBuf,
@@ -47,7 +47,7 @@ pub enum AtomicError {
         source: io::Error,
     },
     /// Writing, syncing or renaming failed.
-    #[error("cannot write {}: {source}", .path.display())]
+    #[error("cannot write {}", .path.display())]
     Write {
         /// The target path.
         path: PathBuf,

@@ -63,11 +63,29 @@ pub const SAVE_LOCK_NOTICE: std::time::Duration = std::time::Duration::from_secs
 /// How often a waiting save tries the lock again.
 const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// How a refused save can be made anyway: the `SaveRequest` field to set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveAnyway {
+    /// `overwrite`: replace the step of the same number.
+    Overwrite,
+    /// `force`: save an older step and move LATEST back.
+    Force,
+}
+
+impl std::fmt::Display for SaveAnyway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SaveAnyway::Overwrite => "overwrite to replace it",
+            SaveAnyway::Force => "force to save anyway and move LATEST back",
+        })
+    }
+}
+
 /// Errors of the checkpoint protocol.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// The trainer state breaks the schema.
-    #[error("invalid trainer state: {0}")]
+    #[error("invalid trainer state")]
     State(#[from] state::StateError),
     /// The optimizer file or state breaks the format.
     #[error("invalid optimizer state: {0}")]
@@ -87,7 +105,7 @@ pub enum CheckpointError {
     #[error("{0}")]
     Request(String),
     /// The step already exists as a complete checkpoint.
-    #[error("{} already exists as a complete checkpoint (use --overwrite to replace it)", path.display())]
+    #[error("{} already exists as a complete checkpoint (save with overwrite to replace it)", path.display())]
     Exists {
         /// The existing directory.
         path: PathBuf,
@@ -100,7 +118,7 @@ pub enum CheckpointError {
         /// The step LATEST names.
         latest: u64,
         /// How to save anyway.
-        hint: &'static str,
+        hint: SaveAnyway,
     },
     /// Another writer holds the directory's lock.
     #[error("{} is locked by another tlio save or gc; try again when it has finished", path.display())]
@@ -109,7 +127,7 @@ pub enum CheckpointError {
         path: PathBuf,
     },
     /// A file-system operation failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         /// The path operated on.
         path: PathBuf,

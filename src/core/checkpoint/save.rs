@@ -23,9 +23,9 @@ use super::optimizer::{check_header, model_params};
 use super::state::TrainerState;
 use super::verify::{inspect, safetensors_problem};
 use super::{
-    io_at, list, step_name, CheckpointError, DirLock, Listing, CONFIG_NAME, LATEST_NAME,
-    LATEST_TMP_NAME, MODEL_NAME, OPTIMIZER_NAME, SAVE_LOCK_NOTICE, SAVE_LOCK_WAIT, STATE_NAME,
-    TMP_SUFFIX,
+    io_at, list, step_name, CheckpointError, DirLock, Listing, SaveAnyway, CONFIG_NAME,
+    LATEST_NAME, LATEST_TMP_NAME, MODEL_NAME, OPTIMIZER_NAME, SAVE_LOCK_NOTICE, SAVE_LOCK_WAIT,
+    STATE_NAME, TMP_SUFFIX,
 };
 use crate::digest::{hex, sha256_hex};
 use crate::safetensors::read_header;
@@ -78,10 +78,14 @@ pub struct SaveRequest<'a> {
     /// (moving LATEST backwards). Without it such a save is refused: a later gc would
     /// otherwise delete the newer steps as "newer than LATEST".
     pub force: bool,
+    /// How long to wait for another save or gc to release the directory's lock before
+    /// failing with `Locked` ([`SAVE_LOCK_WAIT`] for the CLI; zero: fail at once).
+    pub lock_wait: std::time::Duration,
 }
 
 impl<'a> SaveRequest<'a> {
-    /// A request with no optimizer, no config, no keep, no overwrite.
+    /// A request with no optimizer, no config, no keep, no overwrite, waiting up to
+    /// [`SAVE_LOCK_WAIT`] for the lock.
     pub fn new(step: u64, model: Payload<'a>, state: TrainerState) -> Self {
         SaveRequest {
             step,
@@ -92,6 +96,7 @@ impl<'a> SaveRequest<'a> {
             keep: None,
             overwrite: false,
             force: false,
+            lock_wait: SAVE_LOCK_WAIT,
         }
     }
 }
@@ -115,7 +120,7 @@ pub fn save(dir: &Path, req: SaveRequest<'_>) -> Result<SaveReport, CheckpointEr
 }
 
 /// `save`, calling `on_wait` with the lock's path when the save has waited
-/// `SAVE_LOCK_NOTICE` for another save or gc to finish (it waits up to `SAVE_LOCK_WAIT`).
+/// `SAVE_LOCK_NOTICE` for another save or gc to finish (it waits up to `req.lock_wait`).
 pub fn save_waiting(
     dir: &Path,
     req: SaveRequest<'_>,
@@ -294,9 +299,9 @@ fn check_forward(
             step: req.step,
             latest,
             hint: if req.step == latest {
-                "--overwrite to replace it"
+                SaveAnyway::Overwrite
             } else {
-                "--force to save anyway and move LATEST back"
+                SaveAnyway::Force
             },
         });
     }
@@ -312,7 +317,7 @@ pub fn save_with_wait(
 ) -> Result<SaveReport, CheckpointError> {
     let state_bytes = validate(&mut req)?;
     fs.create_dir_all(dir).map_err(io_at(dir))?;
-    let _lock = DirLock::acquire_waiting(dir, SAVE_LOCK_WAIT, SAVE_LOCK_NOTICE, on_wait)?;
+    let _lock = DirLock::acquire_waiting(dir, req.lock_wait, SAVE_LOCK_NOTICE, on_wait)?;
 
     let name = step_name(req.step);
     let final_path = dir.join(&name);

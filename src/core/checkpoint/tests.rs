@@ -880,12 +880,14 @@ fn manifest_names_outside_and_symlinks_are_rejected_without_touching_anything() 
 }
 
 #[test]
-fn a_second_writer_fails_at_once() {
+fn a_held_lock_refuses_a_save_that_may_not_wait_and_a_gc() {
     let dir = tempfile::tempdir().unwrap();
     save(dir.path(), request(5)).unwrap();
     let held = DirLock::acquire(dir.path()).unwrap();
+    let mut no_wait = request(7);
+    no_wait.lock_wait = std::time::Duration::ZERO;
     assert!(matches!(
-        save(dir.path(), request(7)),
+        save(dir.path(), no_wait),
         Err(CheckpointError::Locked { .. })
     ));
     assert!(matches!(
@@ -994,7 +996,16 @@ fn a_save_never_moves_latest_backwards_unless_forced() {
         "{err}"
     );
     assert_eq!(err.kind(), FailureKind::Invalid);
-    assert!(err.to_string().contains("--force"), "{err}");
+    assert!(
+        matches!(
+            err,
+            CheckpointError::NotNewer {
+                hint: crate::checkpoint::SaveAnyway::Force,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(!dir.path().join("step-000001").exists());
     assert_eq!(load(dir.path(), None).unwrap().step, 200);
     // A gc after the refused save keeps everything.
@@ -1070,14 +1081,14 @@ fn gc_dry_run_takes_no_lock_and_save_waits_for_one() {
         !dir.path().join(LOCK_NAME).exists(),
         "a dry run creates no .lock"
     );
-    // While a lock is held, gc fails at once and a save waits for its release.
+    // While a lock is held, gc fails (it takes the lock without waiting: no bound on
+    // time is asserted, a slow machine only makes it slower) and a save waits for its
+    // release.
     let held = DirLock::acquire(dir.path()).unwrap();
-    let start = std::time::Instant::now();
     assert!(matches!(
         gc(dir.path(), 1, false),
         Err(CheckpointError::Locked { .. })
     ));
-    assert!(start.elapsed() < std::time::Duration::from_secs(1));
     let (tx, rx) = std::sync::mpsc::channel();
     let path = dir.path().to_path_buf();
     let saver = std::thread::spawn(move || {

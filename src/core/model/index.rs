@@ -177,7 +177,7 @@ fn read_shards(
                         ));
                     } else {
                         return Err(ModelError::Shard {
-                            shard: Some(name.clone()),
+                            shard: name.clone(),
                             source: e,
                         });
                     }

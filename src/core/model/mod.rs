@@ -42,7 +42,7 @@ pub const MAX_CONFIG_SIZE: u64 = 16 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// A file or directory could not be read.
-    #[error("cannot read {}: {source}", .path.display())]
+    #[error("cannot read {}", .path.display())]
     Io {
         /// The path.
         path: PathBuf,
@@ -63,11 +63,15 @@ pub enum ModelError {
         /// How many more problems there are.
         more: usize,
     },
-    /// A safetensors error while reading or writing a shard.
-    #[error("{}{source}", shard_prefix(.shard))]
+    /// A safetensors error while reading or writing the file of a single-file model
+    /// (or a shard the caller has yet to name, see [`ModelError::in_shard`]).
+    #[error(transparent)]
+    Safetensors(SafetensorsError),
+    /// A safetensors error while reading or writing one shard of a sharded model.
+    #[error("shard {}", quote(.shard))]
     Shard {
-        /// The shard concerned, when the model has several.
-        shard: Option<String>,
+        /// The shard concerned.
+        shard: String,
         /// The cause.
         source: SafetensorsError,
     },
@@ -122,7 +126,7 @@ pub enum ModelError {
         path: PathBuf,
     },
     /// Writing the output failed.
-    #[error("cannot write {}: {source}", .path.display())]
+    #[error("cannot write {}", .path.display())]
     Write {
         /// The path being written.
         path: PathBuf,
@@ -148,10 +152,15 @@ fn more_text(more: usize) -> String {
     }
 }
 
-fn shard_prefix(shard: &Option<String>) -> String {
-    shard
-        .as_ref()
-        .map_or(String::new(), |s| format!("shard {}: ", quote(s)))
+impl ModelError {
+    /// A safetensors error, in the shard `shard` when the model has several (`None`:
+    /// a single-file model, whose one file the message needs not name again).
+    pub fn in_shard(shard: Option<String>, source: SafetensorsError) -> ModelError {
+        match shard {
+            Some(shard) => ModelError::Shard { shard, source },
+            None => ModelError::Safetensors(source),
+        }
+    }
 }
 
 impl Failure for ModelError {
@@ -163,7 +172,7 @@ impl Failure for ModelError {
             | ModelError::SameAsInput { .. }
             | ModelError::BadGroup { .. }
             | ModelError::Usage { .. } => FailureKind::Operational,
-            ModelError::Shard { source, .. } => source.kind(),
+            ModelError::Shard { source, .. } | ModelError::Safetensors(source) => source.kind(),
             ModelError::Atomic(source) => source.kind(),
             ModelError::NotAModel { .. }
             | ModelError::Invalid { .. }
@@ -317,12 +326,7 @@ impl Model {
                         tensor: e.tensor().map(str::to_string),
                         message: e.to_string(),
                     }),
-                    None => {
-                        return Err(ModelError::Shard {
-                            shard: None,
-                            source: e,
-                        })
-                    }
+                    None => return Err(ModelError::Safetensors(e)),
                 },
             }
         }

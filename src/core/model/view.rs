@@ -36,9 +36,8 @@ impl ModelView {
     pub fn map(model: Model) -> Result<ModelView, ModelError> {
         let mut maps = Vec::with_capacity(model.shards.len());
         for s in &model.shards {
-            let m = MappedData::open(&s.path, &s.header).map_err(|source| ModelError::Shard {
-                shard: (model.shards.len() > 1).then(|| s.name.clone()),
-                source,
+            let m = MappedData::open(&s.path, &s.header).map_err(|source| {
+                ModelError::in_shard((model.shards.len() > 1).then(|| s.name.clone()), source)
             })?;
             maps.push(m);
         }
@@ -256,12 +255,8 @@ pub fn verify_model(
         if !(opts.canonical || opts.finite) {
             break;
         }
-        let found = verify_with_progress(&shard.path, opts, progress).map_err(|source| {
-            ModelError::Shard {
-                shard: named.then(|| shard.name.clone()),
-                source,
-            }
-        })?;
+        let found = verify_with_progress(&shard.path, opts, progress)
+            .map_err(|source| ModelError::in_shard(named.then(|| shard.name.clone()), source))?;
         for mut f in found {
             if named {
                 f.message = format!("shard {}: {}", quote(&shard.name), f.message);

@@ -60,7 +60,7 @@ pub enum TensorData<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum SafetensorsError {
     /// The file could not be opened or read.
-    #[error("cannot read {}: {source}", .path.display())]
+    #[error("cannot read {}", .path.display())]
     Io {
         /// The file.
         path: PathBuf,
@@ -68,7 +68,7 @@ pub enum SafetensorsError {
         source: io::Error,
     },
     /// Writing the output failed.
-    #[error("write failed: {0}")]
+    #[error("write failed")]
     Write(#[source] io::Error),
     /// The atomic output file could not be created or committed.
     #[error(transparent)]

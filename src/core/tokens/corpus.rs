@@ -6,15 +6,23 @@
 //! files; memory is bounded by a few batches of documents (plus one document, which
 //! must be tokenized whole to be exact, up to `MAX_DOCUMENT_BYTES`); on any error
 //! nothing is left under an output name.
+//!
+//! Parquet needs the crate's `parquet` feature, `.gz` and `.zst` its `compression`
+//! feature; without them such an input is [`TokensError::NotBuilt`], never read as
+//! plain text.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 
+#[cfg(feature = "parquet")]
 use parquet::basic::Type as PhysicalType;
+#[cfg(feature = "parquet")]
 use parquet::column::reader::ColumnReader;
+#[cfg(feature = "parquet")]
 use parquet::data_type::ByteArray;
+#[cfg(feature = "parquet")]
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use rayon::prelude::*;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
@@ -34,6 +42,7 @@ const BATCH_DOCS: usize = 4096;
 /// Batches read ahead of the tokenizers (bounded memory: at most this many waiting).
 const BATCHES_AHEAD: usize = 2;
 /// Parquet values read per call.
+#[cfg(feature = "parquet")]
 const PARQUET_BATCH: usize = 1024;
 /// llm.c's shard size, the default of `--shard-tokens` with `--val-tokens`.
 pub const DEFAULT_SHARD_TOKENS: u64 = 100_000_000;
@@ -109,10 +118,12 @@ fn read_err(name: &str, error: io::Error) -> TokensError {
 }
 
 /// A zstd stream of one or more frames (ruzstd's streaming decoder stops after one).
+#[cfg(feature = "compression")]
 struct Zstd<R: BufRead> {
     decoder: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
 }
 
+#[cfg(feature = "compression")]
 impl<R: BufRead> Zstd<R> {
     fn new(source: R) -> io::Result<Self> {
         let decoder = ruzstd::decoding::StreamingDecoder::new(source).map_err(io::Error::other)?;
@@ -122,6 +133,7 @@ impl<R: BufRead> Zstd<R> {
     }
 }
 
+#[cfg(feature = "compression")]
 impl<R: BufRead> Read for Zstd<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
@@ -154,13 +166,25 @@ fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
     if path.as_os_str() == "-" {
         return Ok(Box::new(BufReader::new(io::stdin())));
     }
+    let compressed = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("gz" | "zst")
+    );
+    if compressed && !cfg!(feature = "compression") {
+        return Err(TokensError::NotBuilt {
+            input: name,
+            feature: "compression",
+        });
+    }
     let file = File::open(path).map_err(|e| read_err(&name, e))?;
     let raw = BufReader::with_capacity(1 << 20, file);
     Ok(match path.extension().and_then(|e| e.to_str()) {
+        #[cfg(feature = "compression")]
         Some("gz") => Box::new(BufReader::with_capacity(
             1 << 20,
             flate2::bufread::MultiGzDecoder::new(raw),
         )),
+        #[cfg(feature = "compression")]
         Some("zst") => Box::new(BufReader::with_capacity(
             1 << 20,
             Zstd::new(raw).map_err(|e| read_err(&name, e))?,
@@ -337,6 +361,20 @@ impl Reader<'_> {
         }
     }
 
+    /// Without the `parquet` feature a Parquet input is refused, never misread.
+    #[cfg(not(feature = "parquet"))]
+    fn parquet(
+        &mut self,
+        path: &Path,
+        _emit: &mut dyn FnMut(String) -> Result<(), TokensError>,
+    ) -> Result<(), TokensError> {
+        Err(TokensError::NotBuilt {
+            input: path.display().to_string(),
+            feature: "parquet",
+        })
+    }
+
+    #[cfg(feature = "parquet")]
     fn parquet(
         &mut self,
         path: &Path,

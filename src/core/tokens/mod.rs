@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use crate::failure::{Failure, FailureKind};
 
 mod corpus;
+#[cfg(feature = "tokenizers")]
 mod gpt2fast;
 mod pack;
 mod shard;
@@ -243,6 +244,16 @@ pub enum TokensError {
         /// What is wrong.
         reason: String,
     },
+    /// An input that needs a part of the crate this build was made without (a
+    /// `.parquet` file without the `parquet` feature, `.gz` or `.zst` without
+    /// `compression`).
+    #[error("{input}: this build lacks the `{feature}` feature needed to read it")]
+    NotBuilt {
+        /// The input's name.
+        input: String,
+        /// The crate feature that reads it.
+        feature: &'static str,
+    },
     /// The tokenizer could not be loaded or failed.
     #[error(transparent)]
     Tokenizer(#[from] tokenizer::TokenizerError),
@@ -263,7 +274,8 @@ impl Failure for TokensError {
             | TokensError::BadArg { .. }
             | TokensError::BatchTooLarge { .. }
             | TokensError::BadVocab { .. }
-            | TokensError::BadOptions(_) => FailureKind::Operational,
+            | TokensError::BadOptions(_)
+            | TokensError::NotBuilt { .. } => FailureKind::Operational,
             TokensError::Short { .. }
             | TokensError::BadMagic { .. }
             | TokensError::BadVersion { .. }

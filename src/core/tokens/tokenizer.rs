@@ -18,13 +18,20 @@
 //! `gpt2fast` replaces the regex with a hand-written scanner over the same ranks
 //! (measured in docs/tokens.md). The reference ids in `fixtures/tokenizers/` hold every
 //! path to tiktoken's and `tokenizers`' exact output.
+//!
+//! Without the `tokenizers` feature the types stay (so callers compile unchanged), no
+//! `Tokenizer` can exist, and every load is [`TokenizerError::NotBuilt`].
 
+#[cfg(feature = "tokenizers")]
 use std::collections::HashMap;
+#[cfg(feature = "tokenizers")]
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "tokenizers")]
 use tiktoken_rs::CoreBPE;
 
+#[cfg(feature = "tokenizers")]
 use super::gpt2fast::Gpt2Fast;
 use crate::{Failure, FailureKind};
 
@@ -33,6 +40,7 @@ pub const MAX_TOKENIZER_JSON_BYTES: u64 = 256 << 20;
 /// tiktoken's end-of-text token.
 pub const ENDOFTEXT: &str = "<|endoftext|>";
 /// Its id in r50k_base and p50k_base.
+#[cfg(feature = "tokenizers")]
 const GPT2_ENDOFTEXT: u32 = 50256;
 
 /// Errors of loading and using a tokenizer.
@@ -108,6 +116,13 @@ pub enum TokenizerError {
         /// What the library said.
         reason: String,
     },
+    /// A tokenizer was named, but this build has no tokenizers (the crate was built
+    /// without its `tokenizers` feature).
+    #[error("cannot load tokenizer {name:?}: this build lacks the `tokenizers` feature (only byte-level and pre-tokenized-id packing are available)")]
+    NotBuilt {
+        /// The tokenizer named.
+        name: String,
+    },
 }
 
 impl Failure for TokenizerError {
@@ -119,7 +134,8 @@ impl Failure for TokenizerError {
             TokenizerError::Unknown(_)
             | TokenizerError::Read { .. }
             | TokenizerError::NoSuchToken { .. }
-            | TokenizerError::NeedEot { .. } => FailureKind::Operational,
+            | TokenizerError::NeedEot { .. }
+            | TokenizerError::NotBuilt { .. } => FailureKind::Operational,
             TokenizerError::TooLarge { .. }
             | TokenizerError::Invalid { .. }
             | TokenizerError::BadVocab { .. }
@@ -175,6 +191,7 @@ impl OpenAiEncoding {
         }
     }
 
+    #[cfg(feature = "tokenizers")]
     fn core(self) -> &'static CoreBPE {
         // The singletons parse the compiled-in rank file once per process.
         match self {
@@ -186,6 +203,7 @@ impl OpenAiEncoding {
     }
 }
 
+#[cfg(feature = "tokenizers")]
 enum Inner {
     OpenAi {
         encoding: OpenAiEncoding,
@@ -198,6 +216,11 @@ enum Inner {
         vocab: HashMap<String, u32>,
     },
 }
+
+/// Without the `tokenizers` feature there is no kind of tokenizer: a `Tokenizer`
+/// cannot be built, and the compiler knows every method past `load` is unreachable.
+#[cfg(not(feature = "tokenizers"))]
+enum Inner {}
 
 /// A loaded tokenizer; shareable between threads.
 pub struct Tokenizer {
@@ -216,6 +239,7 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 /// The text of a panic payload, for an error message.
+#[cfg(feature = "tokenizers")]
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
@@ -229,6 +253,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// as a repetition of the interval, ours (fancy-regex) as a possessive interval, and the
 /// ids would differ. Better no ids than different ones. The tokenizer.json files of
 /// real models (GPT-2, Llama-3, Qwen2, Mistral) do not use it.
+#[cfg(feature = "tokenizers")]
 fn check_patterns(bytes: &[u8]) -> Result<(), String> {
     // `{n}+`, `{n,}+`, `{n,m}+`; not `\p{L}+`, a class repeated.
     let Ok(interval_plus) = regex::Regex::new(r"\{[0-9]+(,[0-9]*)?\}\+") else {
@@ -242,6 +267,7 @@ fn check_patterns(bytes: &[u8]) -> Result<(), String> {
     }
 }
 
+#[cfg(feature = "tokenizers")]
 fn walk_patterns(v: &serde_json::Value, interval_plus: &regex::Regex) -> Result<(), String> {
     let walk = |v: &serde_json::Value| walk_patterns(v, interval_plus);
     {
@@ -262,6 +288,7 @@ fn walk_patterns(v: &serde_json::Value, interval_plus: &regex::Regex) -> Result<
     }
 }
 
+#[cfg(feature = "tokenizers")]
 impl Tokenizer {
     /// A built-in encoding by name (`gpt2`, `r50k_base`, `p50k_base`, `cl100k_base`,
     /// `o200k_base`), else the `tokenizer.json` at that path.
@@ -469,7 +496,77 @@ impl Tokenizer {
     }
 }
 
-#[cfg(test)]
+/// The same API without the `tokenizers` feature: every load says so.
+#[cfg(not(feature = "tokenizers"))]
+impl Tokenizer {
+    /// A built-in encoding or a `tokenizer.json`: not in this build.
+    pub fn load(spec: &str) -> Result<Tokenizer, TokenizerError> {
+        Err(TokenizerError::NotBuilt {
+            name: spec.to_string(),
+        })
+    }
+
+    /// A Hugging Face `tokenizer.json`: not in this build.
+    pub fn from_json_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
+        Tokenizer::load(&path.display().to_string())
+    }
+
+    /// A Hugging Face tokenizer from bytes: not in this build.
+    pub fn from_json_bytes(name: &str, _bytes: &[u8]) -> Result<Tokenizer, TokenizerError> {
+        Tokenizer::load(name)
+    }
+
+    /// The name for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// One more than the largest id.
+    pub fn vocab_size(&self) -> u32 {
+        self.vocab_size
+    }
+
+    /// The id of the token `token`.
+    pub fn token_id(&self, _token: &str) -> Result<u32, TokenizerError> {
+        match self.inner {}
+    }
+
+    /// The end-of-text token put before every document.
+    pub fn default_eot(&self) -> Result<u32, TokenizerError> {
+        match self.inner {}
+    }
+
+    /// The ids of `text`.
+    pub fn encode(&self, _text: &str) -> Result<Vec<u32>, TokenizerError> {
+        match self.inner {}
+    }
+
+    /// The text of `ids`.
+    pub fn decode(&self, _ids: &[u32]) -> Result<String, TokenizerError> {
+        match self.inner {}
+    }
+
+    /// The built-in encoding, if this is one.
+    pub fn openai_encoding(&self) -> Option<OpenAiEncoding> {
+        match self.inner {}
+    }
+}
+
+#[cfg(all(test, not(feature = "tokenizers")))]
+mod not_built_tests {
+    use super::*;
+
+    #[test]
+    fn naming_any_tokenizer_says_the_feature_is_missing() {
+        for name in ["gpt2", "cl100k_base", "tokenizer.json"] {
+            let err = Tokenizer::load(name).unwrap_err();
+            assert!(matches!(err, TokenizerError::NotBuilt { .. }), "{err}");
+            assert!(err.to_string().contains("`tokenizers` feature"), "{err}");
+        }
+    }
+}
+
+#[cfg(all(test, feature = "tokenizers"))]
 mod tests {
     use super::*;
 

@@ -12,7 +12,7 @@ use super::config::{DataId, RunConfig, CONFIG_FORMAT, CONFIG_VERSION};
 use super::final_line::sha256_file;
 use super::layout::LOCK_FILE;
 use super::spec::{Method, RunSpec};
-use super::TrainError;
+use super::{Field, TrainError};
 use crate::checkpoint::{self, Loaded};
 use crate::tokens::{self, Shard};
 
@@ -43,28 +43,29 @@ impl RunLock {
 
 /// Refuse flags out of range before anything is created or allocated.
 pub(super) fn check_spec(spec: &RunSpec) -> Result<(), TrainError> {
-    let usage = |m: &str| Err(TrainError::Usage(m.to_string()));
+    let bad = |field, rule| Err(TrainError::BadField { field, rule });
+    const AT_LEAST_1: &str = "must be at least 1";
     if spec.data.is_empty() {
-        return usage("at least one --data shard is required");
+        return bad(Field::Data, "needs at least one shard");
     }
     if spec.method == Method::Gradient {
         if spec.max_steps == 0 {
-            return usage("--max-steps must be at least 1");
+            return bad(Field::MaxSteps, AT_LEAST_1);
         }
         if spec.ckpt_every == 0 {
-            return usage("--ckpt-every must be at least 1");
+            return bad(Field::CkptEvery, AT_LEAST_1);
         }
         if spec.batch == 0 {
-            return usage("--batch must be at least 1");
+            return bad(Field::Batch, AT_LEAST_1);
         }
         if spec.seq_len == 0 {
-            return usage("--seq-len must be at least 1");
+            return bad(Field::SeqLen, AT_LEAST_1);
         }
         // Before anything is created or allocated: a huge --batch is one error line.
         tokens::check_batch_shape(spec.seq_len, spec.batch)?;
     }
     if spec.keep == Some(0) {
-        return usage("--keep must be at least 1");
+        return bad(Field::Keep, AT_LEAST_1);
     }
     spec.optim.validate()?;
     Ok(())
@@ -143,6 +144,7 @@ pub(super) fn check_resume_config(loaded: &Loaded, config: &[u8]) -> Result<(), 
     if let Some(m) = theirs.first_mismatch(&ours) {
         return Err(TrainError::ConfigMismatch {
             field: m.field,
+            shard: m.shard,
             checkpoint: m.checkpoint,
             given: m.given,
         });

@@ -11,6 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Field;
 use crate::optim::{Hyper, OptimConfig};
 
 /// The `format` value of a train config.
@@ -59,8 +60,10 @@ pub struct RunConfig {
 /// A difference between the checkpoint's config and this run's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
-    /// The flag (or config key) that differs.
-    pub field: String,
+    /// The field that differs.
+    pub field: Field,
+    /// The data shard that differs, when `field` is `data` and the counts agree.
+    pub shard: Option<usize>,
     /// The checkpoint's value.
     pub checkpoint: String,
     /// This run's value.
@@ -92,12 +95,13 @@ impl RunConfig {
     }
 
     /// The first field where `self` (the checkpoint's) and `given` (this run's)
-    /// differ, named by its flag: the method, then the spec's order (data, vocabulary,
+    /// differ, named by its field: the method, then the spec's order (data, vocabulary,
     /// batch, seq-len, seed, optimizer and its hyperparameters).
     pub fn first_mismatch(&self, given: &RunConfig) -> Option<Mismatch> {
-        let m = |field: &str, c: String, g: String| {
+        let m = |field: Field, c: String, g: String| {
             Some(Mismatch {
-                field: field.to_string(),
+                field,
+                shard: None,
                 checkpoint: c,
                 given: g,
             })
@@ -105,50 +109,51 @@ impl RunConfig {
         if self.format != given.format || self.version != given.version || self.model != given.model
         {
             return m(
-                "config format",
+                Field::ConfigFormat,
                 format!("{} v{} {}", self.format, self.version, self.model),
                 format!("{} v{} {}", given.format, given.version, given.model),
             );
         }
         // The method first: with another method every later field differs too.
         if self.method != given.method {
-            return m("--method", self.method.clone(), given.method.clone());
+            return m(Field::Method, self.method.clone(), given.method.clone());
         }
         if self.data.len() != given.data.len() {
             return m(
-                "--data",
+                Field::Data,
                 format!("{} shard(s)", self.data.len()),
                 format!("{} shard(s)", given.data.len()),
             );
         }
         for (i, (c, g)) in self.data.iter().zip(&given.data).enumerate() {
             if c != g {
-                return m(
-                    &format!("--data (shard {i})"),
-                    format!("sha256 {} with {} ids", c.sha256, c.tokens),
-                    format!("sha256 {} with {} ids", g.sha256, g.tokens),
-                );
+                return Some(Mismatch {
+                    field: Field::Data,
+                    shard: Some(i),
+                    checkpoint: format!("sha256 {} with {} ids", c.sha256, c.tokens),
+                    given: format!("sha256 {} with {} ids", g.sha256, g.tokens),
+                });
             }
         }
         if self.vocab_size != given.vocab_size {
             return m(
-                "--vocab-size",
+                Field::VocabSize,
                 self.vocab_size.to_string(),
                 given.vocab_size.to_string(),
             );
         }
         if self.batch != given.batch {
-            return m("--batch", opt_text(&self.batch), opt_text(&given.batch));
+            return m(Field::Batch, opt_text(&self.batch), opt_text(&given.batch));
         }
         if self.seq_len != given.seq_len {
             return m(
-                "--seq-len",
+                Field::SeqLen,
                 opt_text(&self.seq_len),
                 opt_text(&given.seq_len),
             );
         }
         if self.seed != given.seed {
-            return m("--seed", opt_text(&self.seed), opt_text(&given.seed));
+            return m(Field::Seed, opt_text(&self.seed), opt_text(&given.seed));
         }
         optim_mismatch(self.optimizer.as_ref(), given.optimizer.as_ref())
     }
@@ -160,9 +165,10 @@ fn same(a: f64, b: f64) -> bool {
 }
 
 fn optim_mismatch(c: Option<&OptimConfig>, g: Option<&OptimConfig>) -> Option<Mismatch> {
-    let m = |field: &str, c: String, g: String| {
+    let m = |field: Field, c: String, g: String| {
         Some(Mismatch {
-            field: field.to_string(),
+            field,
+            shard: None,
             checkpoint: c,
             given: g,
         })
@@ -187,14 +193,14 @@ fn optim_mismatch(c: Option<&OptimConfig>, g: Option<&OptimConfig>) -> Option<Mi
             }),
         ) => {
             if !same(l1, l2) {
-                m("--lr", l1.to_string(), l2.to_string())
+                m(Field::Lr, l1.to_string(), l2.to_string())
             } else if !same(w1, w2) {
-                m("--weight-decay", w1.to_string(), w2.to_string())
+                m(Field::WeightDecay, w1.to_string(), w2.to_string())
             } else if !b1.iter().zip(&b2).all(|(x, y)| same(*x, *y)) {
                 // Written as the config.json array.
-                m("betas", format!("{b1:?}"), format!("{b2:?}"))
+                m(Field::Betas, format!("{b1:?}"), format!("{b2:?}"))
             } else if !same(e1, e2) {
-                m("eps", e1.to_string(), e2.to_string())
+                m(Field::Eps, e1.to_string(), e2.to_string())
             } else {
                 None
             }
@@ -216,20 +222,20 @@ fn optim_mismatch(c: Option<&OptimConfig>, g: Option<&OptimConfig>) -> Option<Mi
             }),
         ) => {
             if !same(l1, l2) {
-                m("--lr", l1.to_string(), l2.to_string())
+                m(Field::Lr, l1.to_string(), l2.to_string())
             } else if !same(m1, m2) {
-                m("--momentum", m1.to_string(), m2.to_string())
+                m(Field::Momentum, m1.to_string(), m2.to_string())
             } else if !same(w1, w2) {
-                m("--weight-decay", w1.to_string(), w2.to_string())
+                m(Field::WeightDecay, w1.to_string(), w2.to_string())
             } else if !same(d1, d2) {
-                m("dampening", d1.to_string(), d2.to_string())
+                m(Field::Dampening, d1.to_string(), d2.to_string())
             } else if n1 != n2 {
-                m("nesterov", n1.to_string(), n2.to_string())
+                m(Field::Nesterov, n1.to_string(), n2.to_string())
             } else {
                 None
             }
         }
-        (c, g) => m("--optimizer", kind(c), kind(g)),
+        (c, g) => m(Field::Optimizer, kind(c), kind(g)),
     }
 }
 
@@ -340,8 +346,8 @@ mod tests {
         };
         let m = config().first_mismatch(&with(Some(betas))).unwrap();
         assert_eq!(
-            (m.field.as_str(), m.checkpoint.as_str(), m.given.as_str()),
-            ("betas", "[0.9, 0.999]", "[0.8, 0.999]")
+            (m.field, m.checkpoint.as_str(), m.given.as_str()),
+            (Field::Betas, "[0.9, 0.999]", "[0.8, 0.999]")
         );
         let m = config()
             .first_mismatch(&with(Some(OptimConfig::sgd(0.01, 0.9))))
@@ -349,33 +355,39 @@ mod tests {
         assert_eq!((m.checkpoint.as_str(), m.given.as_str()), ("adamw", "sgd"));
         let m = config().first_mismatch(&with(None)).unwrap();
         assert_eq!(
-            (m.field.as_str(), m.checkpoint.as_str(), m.given.as_str()),
-            ("--optimizer", "adamw", "none")
+            (m.field, m.checkpoint.as_str(), m.given.as_str()),
+            (Field::Optimizer, "adamw", "none")
         );
     }
 
     #[test]
-    fn mismatches_name_the_flag() {
+    fn mismatches_name_the_field() {
         let c = config();
         assert_eq!(c.first_mismatch(&c), None);
         type Change = Box<dyn Fn(&mut RunConfig)>;
-        let cases: Vec<(&str, Change)> = vec![
-            ("--batch", Box::new(|g| g.batch = Some(5))),
-            ("--seq-len", Box::new(|g| g.seq_len = Some(5))),
-            ("--seed", Box::new(|g| g.seed = Some(8))),
-            ("--method", Box::new(|g| g.method = "counts".into())),
-            ("--data", Box::new(|g| g.data.push(g.data[0].clone()))),
-            ("--data (shard 0)", Box::new(|g| g.data[0].tokens = 999)),
+        let cases: Vec<((Field, Option<usize>), Change)> = vec![
+            ((Field::Batch, None), Box::new(|g| g.batch = Some(5))),
+            ((Field::SeqLen, None), Box::new(|g| g.seq_len = Some(5))),
+            ((Field::Seed, None), Box::new(|g| g.seed = Some(8))),
             (
-                "--lr",
+                (Field::Method, None),
+                Box::new(|g| g.method = "counts".into()),
+            ),
+            (
+                (Field::Data, None),
+                Box::new(|g| g.data.push(g.data[0].clone())),
+            ),
+            ((Field::Data, Some(0)), Box::new(|g| g.data[0].tokens = 999)),
+            (
+                (Field::Lr, None),
                 Box::new(|g| g.optimizer = Some(OptimConfig::adamw(0.02))),
             ),
             (
-                "--optimizer",
+                (Field::Optimizer, None),
                 Box::new(|g| g.optimizer = Some(OptimConfig::sgd(0.01, 0.9))),
             ),
             (
-                "--weight-decay",
+                (Field::WeightDecay, None),
                 Box::new(|g| {
                     g.optimizer = Some(OptimConfig::AdamW {
                         step: NoStep,
@@ -391,7 +403,7 @@ mod tests {
             let mut g = config();
             change(&mut g);
             let m = c.first_mismatch(&g).unwrap();
-            assert_eq!(m.field, field);
+            assert_eq!((m.field, m.shard), field);
         }
         let sgd = |mom| {
             let mut g = config();
@@ -400,7 +412,7 @@ mod tests {
         };
         assert_eq!(
             sgd(0.9).first_mismatch(&sgd(0.5)).unwrap().field,
-            "--momentum"
+            Field::Momentum
         );
     }
 }

@@ -41,6 +41,80 @@ pub const MAX_STATE_BYTES: u64 = 4 << 30;
 /// Bytes per vocabulary entry squared that the limit counts: three F32 arrays.
 pub const STATE_BYTES_PER_ENTRY: u64 = 3 * 4;
 
+/// A field of the run's spec that an error is about. Core names it by its field
+/// (`max_steps`); the command layer, which knows how the user set it, by its flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// The token shards.
+    Data,
+    /// The last step.
+    MaxSteps,
+    /// Steps between checkpoints.
+    CkptEvery,
+    /// Sequences per batch.
+    Batch,
+    /// Tokens per sequence.
+    SeqLen,
+    /// Checkpoints kept.
+    Keep,
+    /// The vocabulary size.
+    VocabSize,
+    /// The training method.
+    Method,
+    /// The data-order seed.
+    Seed,
+    /// The optimizer kind.
+    Optimizer,
+    /// The learning rate.
+    Lr,
+    /// The weight decay.
+    WeightDecay,
+    /// SGD's momentum.
+    Momentum,
+    /// AdamW's betas.
+    Betas,
+    /// AdamW's epsilon.
+    Eps,
+    /// SGD's dampening.
+    Dampening,
+    /// SGD's Nesterov switch.
+    Nesterov,
+    /// The config's format, version and model.
+    ConfigFormat,
+}
+
+impl Field {
+    /// The field's name in the spec.
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::Data => "data",
+            Field::MaxSteps => "max_steps",
+            Field::CkptEvery => "ckpt_every",
+            Field::Batch => "batch",
+            Field::SeqLen => "seq_len",
+            Field::Keep => "keep",
+            Field::VocabSize => "vocab_size",
+            Field::Method => "method",
+            Field::Seed => "seed",
+            Field::Optimizer => "optimizer",
+            Field::Lr => "lr",
+            Field::WeightDecay => "weight_decay",
+            Field::Momentum => "momentum",
+            Field::Betas => "betas",
+            Field::Eps => "eps",
+            Field::Dampening => "dampening",
+            Field::Nesterov => "nesterov",
+            Field::ConfigFormat => "config format",
+        }
+    }
+}
+
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Errors of training.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -86,7 +160,7 @@ pub enum TrainError {
     #[error(transparent)]
     Atomic(#[from] AtomicError),
     /// A file-system operation failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         /// The path operated on.
         path: PathBuf,
@@ -96,8 +170,17 @@ pub enum TrainError {
     /// The flags contradict themselves or are out of range.
     #[error("{0}")]
     Usage(String),
+    /// A field of the run's spec is out of range (the command layer names the flag
+    /// that set it).
+    #[error("{field} {rule}")]
+    BadField {
+        /// The field.
+        field: Field,
+        /// What it must be, e.g. `must be at least 1`.
+        rule: &'static str,
+    },
     /// No shard records its vocabulary size and none was given.
-    #[error("no shard records its vocabulary size (header word 3 is 0): pass --vocab-size")]
+    #[error("no shard records its vocabulary size (header word 3 is 0): give vocab_size")]
     NoVocab,
     /// Another training run holds the run directory.
     #[error("{} is held by another tlio train run", path.display())]
@@ -106,16 +189,18 @@ pub enum TrainError {
         path: PathBuf,
     },
     /// Without `--resume`, the run directory already holds checkpoints.
-    #[error("{} already holds checkpoints: pass --resume to continue that run, or choose another --out", dir.display())]
+    #[error("{} already holds checkpoints: resume that run, or choose another output directory", dir.display())]
     ExistingCheckpoints {
         /// The checkpoint directory.
         dir: PathBuf,
     },
     /// `--resume` with flags that disagree with the checkpoint's config.
-    #[error("--resume: {field} disagrees with the checkpoint's run: it used {checkpoint}, this run asks for {given}")]
+    #[error("cannot resume: {field}{} disagrees with the checkpoint's run: it used {checkpoint}, this run asks for {given}", shard_text(*.shard))]
     ConfigMismatch {
-        /// The flag or config key.
-        field: String,
+        /// The field that differs.
+        field: Field,
+        /// The data shard that differs, when `field` is `data` and the counts agree.
+        shard: Option<usize>,
         /// The checkpoint's value.
         checkpoint: String,
         /// This run's value.
@@ -130,7 +215,7 @@ pub enum TrainError {
         why: String,
     },
     /// The checkpoint is at or past `--max-steps` and there is nothing to print.
-    #[error("the run's checkpoint is at step {step}, --max-steps is {max_steps}: pass a larger --max-steps to continue it")]
+    #[error("the run's checkpoint is at step {step}, max_steps is {max_steps}: give a larger max_steps to continue it")]
     PastMaxSteps {
         /// The checkpoint's step.
         step: u64,
@@ -138,13 +223,18 @@ pub enum TrainError {
         max_steps: u64,
     },
     /// The loss stopped being a finite number: training diverged.
-    #[error("the loss became {loss} at step {step}: training diverged (try a smaller --lr); the checkpoints before it are kept, nothing of this step is saved")]
+    #[error("the loss became {loss} at step {step}: training diverged (try a smaller lr); the checkpoints before it are kept, nothing of this step is saved")]
     NonFiniteLoss {
         /// The step whose loss was not finite.
         step: u64,
         /// That loss.
         loss: f32,
     },
+}
+
+/// ` (shard i)` after `data` when one shard differs.
+pub fn shard_text(shard: Option<usize>) -> String {
+    shard.map(|i| format!(" (shard {i})")).unwrap_or_default()
 }
 
 impl Failure for TrainError {
@@ -157,6 +247,7 @@ impl Failure for TrainError {
             TrainError::Atomic(e) => e.kind(),
             TrainError::Io { .. }
             | TrainError::Usage(_)
+            | TrainError::BadField { .. }
             | TrainError::NoVocab
             | TrainError::Locked { .. }
             | TrainError::ExistingCheckpoints { .. }

@@ -300,6 +300,7 @@ fn save_counts(
         keep: spec.keep,
         overwrite: true,
         force: false,
+        lock_wait: checkpoint::SAVE_LOCK_WAIT,
     };
     let report = checkpoint::save_waiting(&spec.out.join(CKPT_DIR), req, &mut |path| {
         progress(Progress::WaitingForLock {

@@ -184,6 +184,7 @@ impl Trainer {
             keep,
             overwrite: true,
             force: false,
+            lock_wait: checkpoint::SAVE_LOCK_WAIT,
         };
         Ok(checkpoint::save_waiting(dir, req, on_wait)?)
     }

@@ -180,10 +180,9 @@ fn check_op(model: &Model, op: &Op<'_>) -> Result<(), ModelError> {
     match op {
         Op::Convert { target, .. } | Op::Dequantize { target } => {
             if !is_convert_target(*target) {
-                return Err(ModelError::Shard {
-                    shard: None,
-                    source: SafetensorsError::BadTarget { dtype: *target },
-                });
+                return Err(ModelError::Safetensors(SafetensorsError::BadTarget {
+                    dtype: *target,
+                }));
             }
         }
         Op::Quantize { group, .. } => {
@@ -271,11 +270,8 @@ fn parallel_shards(
 
 fn with_shard(e: ModelError, shard: &str, model: &Model) -> ModelError {
     match e {
-        ModelError::Shard {
-            shard: None,
-            source,
-        } if model.shards.len() > 1 => ModelError::Shard {
-            shard: Some(shard.to_string()),
+        ModelError::Safetensors(source) if model.shards.len() > 1 => ModelError::Shard {
+            shard: shard.to_string(),
             source,
         },
         other => other,
@@ -284,8 +280,5 @@ fn with_shard(e: ModelError, shard: &str, model: &Model) -> ModelError {
 
 /// A safetensors failure of the shard being written (named by the caller).
 pub(super) fn shard_err(source: SafetensorsError) -> ModelError {
-    ModelError::Shard {
-        shard: None,
-        source,
-    }
+    ModelError::Safetensors(source)
 }
