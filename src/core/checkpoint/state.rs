@@ -389,6 +389,30 @@ mod tests {
         }
     }
 
+    /// `data_cursor` may carry the stream's `global_batch` (a positive integer, written
+    /// only when present); anything else there is refused.
+    #[test]
+    fn data_cursor_global_batch() {
+        let ok = r#"{"step": 1, "data_cursor": {"shard": 0, "offset": 6, "global_batch": 16}}"#;
+        let s = TrainerState::from_json_with_defaults(ok.as_bytes()).unwrap();
+        let dc = s.data_cursor.unwrap();
+        assert_eq!(dc.global_batch.map(|g| g.get()), Some(16));
+        let text = String::from_utf8(s.to_json().unwrap()).unwrap();
+        assert!(text.contains("\"global_batch\": 16"), "{text}");
+        assert_eq!(TrainerState::from_json(text.as_bytes()).unwrap(), s);
+        let plain = String::from_utf8(full().to_json().unwrap()).unwrap();
+        assert!(!plain.contains("global_batch"), "{plain}");
+        for bad in ["0", "-16", "1.5", "null", "\"16\"", "[16]"] {
+            let text = format!(
+                r#"{{"step": 1, "data_cursor": {{"shard": 0, "offset": 6, "global_batch": {bad}}}}}"#
+            );
+            assert!(
+                TrainerState::from_json_with_defaults(text.as_bytes()).is_err(),
+                "accepted {text}"
+            );
+        }
+    }
+
     #[test]
     fn config_binding() {
         let sha = "cd".repeat(32);

@@ -501,7 +501,7 @@ pub fn pack_text(
 ) -> Result<TextPackSummary, TokensError> {
     if opts.threads == 0 || opts.threads > MAX_THREADS {
         return Err(TokensError::BadOptions(format!(
-            "--threads must be 1 to {MAX_THREADS}, got {}",
+            "threads must be 1 to {MAX_THREADS}, got {}",
             opts.threads
         )));
     }

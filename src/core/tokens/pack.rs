@@ -177,15 +177,12 @@ impl ShardPlan {
     pub fn check(&self) -> Result<(), TokensError> {
         let sizes: &[(&str, u64)] = match self {
             ShardPlan::Single(_) => &[],
-            ShardPlan::Numbered { shard_tokens, .. } => &[("--shard-tokens", *shard_tokens)],
+            ShardPlan::Numbered { shard_tokens, .. } => &[("shard_tokens", *shard_tokens)],
             ShardPlan::ValTrain {
                 val_tokens,
                 shard_tokens,
                 ..
-            } => &[
-                ("--val-tokens", *val_tokens),
-                ("--shard-tokens", *shard_tokens),
-            ],
+            } => &[("val_tokens", *val_tokens), ("shard_tokens", *shard_tokens)],
         };
         for &(name, n) in sizes {
             if n == 0 || n > MAX_COUNT {

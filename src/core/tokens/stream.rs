@@ -719,6 +719,45 @@ mod tests {
     }
 
     #[test]
+    fn ranks_and_buffers_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = tagged_shards(dir.path(), &[20]);
+        let rng = Pcg32::seed(3, DEFAULT_SEQ);
+        let open = |rank, world_size| {
+            TokenStream::open(&paths, 3, 2, rng, None, Ranks { rank, world_size })
+        };
+        assert!(matches!(
+            open(0, 0),
+            Err(TokensError::BadArg {
+                name: "world_size",
+                ..
+            })
+        ));
+        assert!(matches!(
+            open(2, 2),
+            Err(TokensError::BadRank {
+                rank: 2,
+                world_size: 2
+            })
+        ));
+        let mut s = open(1, 2).unwrap();
+        let mut reference = open(1, 2).unwrap();
+        let (mut x, mut y) = (vec![0i64; 6], vec![0i64; 5]);
+        assert!(matches!(
+            s.next_batch_into(&mut x, &mut y),
+            Err(TokensError::BatchBuffer {
+                name: "targets",
+                ..
+            })
+        ));
+        let mut y = vec![0i64; 6];
+        s.next_batch_into(&mut x, &mut y).unwrap();
+        let want = reference.next_batch();
+        assert_eq!((x, y), (want.inputs, want.targets));
+        assert_eq!(s.cursor(), reference.cursor());
+    }
+
+    #[test]
     fn test_restore_rejects_bad_cursor() {
         let dir = tempfile::tempdir().unwrap();
         let paths = tagged_shards(dir.path(), &[10, 12]);
@@ -888,6 +927,80 @@ mod tests {
                     prop_assert!(next <= n);
                 }
             }
+        }
+
+        /// For world sizes 1 to 4 the ranks' batches, side by side, are the
+        /// single-process stream of the global batch, bit for bit, and every rank's
+        /// cursor is that stream's cursor.
+        #[test]
+        fn ranks_tile_the_global_stream((lens, t, b, seed) in config(), world in 1usize..5, batches in 1usize..8) {
+            let dir = tempfile::tempdir().unwrap();
+            let paths = tagged_shards(dir.path(), &lens);
+            let rng = Pcg32::seed(seed, DEFAULT_SEQ);
+            let mut global = TokenStream::open(&paths, t, b * world, rng, None, Ranks::SINGLE).unwrap();
+            let mut ranks: Vec<TokenStream> = (0..world)
+                .map(|rank| TokenStream::open(&paths, t, b, rng, None, Ranks { rank, world_size: world }).unwrap())
+                .collect();
+            for _ in 0..batches {
+                let want = global.next_batch();
+                let mut inputs = Vec::new();
+                let mut targets = Vec::new();
+                for r in &mut ranks {
+                    let got = r.next_batch();
+                    inputs.extend(got.inputs);
+                    targets.extend(got.targets);
+                }
+                prop_assert_eq!(&inputs, &want.inputs);
+                prop_assert_eq!(&targets, &want.targets);
+                let expect = Cursor {
+                    global_batch: (world > 1).then(|| NonZeroU64::new((b * world) as u64).unwrap()),
+                    ..global.cursor()
+                };
+                for r in &ranks {
+                    prop_assert_eq!(r.cursor(), expect);
+                }
+            }
+        }
+
+        /// Elastic resumption: a cursor of 2 ranks of 8 continues in 1 rank of 16 and
+        /// in 4 ranks of 4 exactly as the run would have; another global batch is
+        /// refused with both numbers.
+        #[test]
+        fn elastic_restore_keeps_the_global_stream((lens, t, _b, seed) in config(), n in 0usize..6, m in 1usize..6) {
+            let dir = tempfile::tempdir().unwrap();
+            let paths = tagged_shards(dir.path(), &lens);
+            let rng = Pcg32::seed(seed, DEFAULT_SEQ);
+            let ranked = |rank, world_size, b| {
+                TokenStream::open(&paths, t, b, rng, None, Ranks { rank, world_size }).unwrap()
+            };
+            let mut one = ranked(0, 1, 16);
+            let all: Vec<Batch> = (0..n + m).map(|_| one.next_batch()).collect();
+            let mut r0 = ranked(0, 2, 8);
+            for _ in 0..n {
+                r0.next_batch();
+            }
+            let cursor = Cursor::from_json(&r0.cursor().to_json()).unwrap();
+            prop_assert_eq!(cursor.global_batch, NonZeroU64::new(16));
+            for (world, b) in [(1usize, 16usize), (4, 4)] {
+                let mut streams: Vec<TokenStream> = (0..world).map(|r| ranked(r, world, b)).collect();
+                for s in &mut streams {
+                    s.restore(&cursor).unwrap();
+                }
+                for want in &all[n..] {
+                    let mut inputs = Vec::new();
+                    for s in &mut streams {
+                        inputs.extend(s.next_batch().inputs);
+                    }
+                    prop_assert_eq!(&inputs, &want.inputs);
+                }
+            }
+            let mut other = ranked(1, 3, 8);
+            let e = other.restore(&cursor).unwrap_err();
+            prop_assert!(matches!(e, TokensError::GlobalBatchMismatch { cursor: 16, stream: 24, .. }), "{}", e);
+            let text = e.to_string();
+            prop_assert!(text.contains("16") && text.contains("24"), "{}", text);
+            // A cursor without the key restores into any stream.
+            other.restore(&Cursor { global_batch: None, ..cursor }).unwrap();
         }
 
         #[test]
