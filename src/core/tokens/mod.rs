@@ -2,7 +2,20 @@
 //!
 //! Invariants: a `Shard` is only ever built from a file whose header, size and every id
 //! have been validated; a `TokenStream`'s `Cursor` is its whole position (shard, offset
-//! of the next window, generator state), so restoring it continues bit for bit.
+//! of the next window, generator state, and the global batch of a stream with ranks),
+//! so restoring it continues bit for bit.
+//!
+//! The stream as a library (what a binding calls):
+//! - [`TokenStream::open`]`(paths, seq_len, batch, rng, vocab_size, Ranks { rank,
+//!   world_size })` opens and validates the shards and builds rank `rank`'s stream
+//!   ([`Ranks::SINGLE`] for one process; [`TokenStream::new`] takes opened shards).
+//! - [`TokenStream::next_batch`] returns fresh [B, T] `Vec<i64>`s;
+//!   [`TokenStream::next_batch_into`] fills caller-owned `&mut [i64]` of B × T each.
+//! - [`TokenStream::cursor`] returns the [`Cursor`], whose serde is the JSON of
+//!   tokens.md (`Cursor::from_json`, `Cursor::to_json`, or `serde_json` directly);
+//!   [`TokenStream::restore`] moves to one, checking it against the stream.
+//! - [`CursorSession`] and [`read_cursor`] are `tokens windows`'s cursor files: read
+//!   bounded, saved atomically, never over a shard.
 
 use std::io;
 use std::path::PathBuf;
@@ -16,6 +29,7 @@ mod session;
 mod shard;
 mod stream;
 pub mod tokenizer;
+mod writer;
 
 pub use crate::cursor::Cursor;
 pub use crate::pcg::RngState;

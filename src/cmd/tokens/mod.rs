@@ -11,6 +11,12 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
+mod pack;
+mod windows;
+
+use pack::pack;
+use windows::windows;
+
 use super::Outcome;
 use crate::error::operational;
 use crate::output::Printer;
@@ -212,6 +218,26 @@ pub struct WindowsArgs {
     pub vocab_size: Option<u64>,
 }
 
+/// `--vocab-size V` checked: 1 to 2^31 - 1.
+fn vocab_arg(v: u64) -> anyhow::Result<u32> {
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v >= 1 && u64::from(v) <= tokens::MAX_COUNT)
+        .ok_or_else(|| {
+            operational(format!(
+                "--vocab-size must be 1 to {}, got {v}",
+                tokens::MAX_COUNT
+            ))
+        })
+}
+
+fn layout(format: ShardFormat) -> Layout {
+    match format {
+        ShardFormat::Llama3 => Layout::Llama3,
+        ShardFormat::V2 => Layout::V2,
+    }
+}
+
 /// Run `tlio tokens`.
 pub fn run(cmd: TokensCommand, printer: &Printer) -> anyhow::Result<Outcome> {
     match cmd {
@@ -355,281 +381,6 @@ fn print_header_rows(rows: &[HeaderRow], printer: &Printer) -> anyhow::Result<()
     Ok(())
 }
 
-#[derive(Serialize)]
-struct PackedShard {
-    file: String,
-    n: u64,
-    magic: i32,
-    version: i32,
-    vocab_size: Option<u32>,
-}
-
-#[derive(Serialize)]
-struct PackReport {
-    shards: Vec<PackedShard>,
-    tokens: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    documents: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    skipped: Option<u64>,
-}
-
-/// `--vocab-size V` checked: 1 to 2^31 - 1.
-fn vocab_arg(v: u64) -> anyhow::Result<u32> {
-    u32::try_from(v)
-        .ok()
-        .filter(|&v| v >= 1 && u64::from(v) <= tokens::MAX_COUNT)
-        .ok_or_else(|| {
-            operational(format!(
-                "--vocab-size must be 1 to {}, got {v}",
-                tokens::MAX_COUNT
-            ))
-        })
-}
-
-fn layout(format: ShardFormat) -> Layout {
-    match format {
-        ShardFormat::Llama3 => Layout::Llama3,
-        ShardFormat::V2 => Layout::V2,
-    }
-}
-
-fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    if let Some(spec) = args.tokenizer.clone() {
-        return pack_text(args, &spec, printer);
-    }
-    let (format, vocab) = id_format(&args)?;
-    let (inputs, total) = open_id_inputs(&input_paths(&args))?;
-    let bar = match total {
-        Some(t) => printer.bytes_bar(t, "packing"),
-        None => printer.bar(0, "packing", "{msg} {bytes} {bytes_per_sec}"),
-    };
-    let opts = PackOptions {
-        format,
-        vocab,
-        shard_tokens: args.shard_tokens,
-        layout: layout(args.format),
-    };
-    let summary = tokens::pack(inputs, &args.output, &opts, &mut |n| bar.inc(n));
-    bar.finish_and_clear();
-    let summary = summary?;
-    let report = PackReport {
-        shards: packed_shards(&summary.shards),
-        tokens: summary.tokens,
-        documents: None,
-        skipped: None,
-    };
-    report_pack(&report, printer)
-}
-
-/// The inputs named on the command line; none means standard input.
-fn input_paths(args: &PackArgs) -> Vec<PathBuf> {
-    if args.inputs.is_empty() {
-        vec![PathBuf::from("-")]
-    } else {
-        args.inputs.clone()
-    }
-}
-
-/// The id format and vocabulary of a pack without a tokenizer, refusing the flags and
-/// formats that need one.
-fn id_format(args: &PackArgs) -> anyhow::Result<(InputFormat, u32)> {
-    let tokenizer_only = [
-        ("--val-tokens", args.val_tokens.is_some()),
-        ("--eot", args.eot.is_some()),
-        ("--threads", args.threads.is_some()),
-        ("--skip-bad", args.skip_bad),
-        ("--field", args.field != "text"),
-    ];
-    if let Some((flag, _)) = tokenizer_only.iter().find(|(_, given)| *given) {
-        return Err(operational(format!("{flag} needs --tokenizer")));
-    }
-    let format = match args.from.unwrap_or(FromFormat::Bytes) {
-        FromFormat::Bytes => InputFormat::Bytes,
-        FromFormat::Ids => InputFormat::Ids,
-        FromFormat::U16le => InputFormat::U16le,
-        FromFormat::U32le => InputFormat::U32le,
-        FromFormat::Text | FromFormat::Jsonl | FromFormat::Parquet => {
-            return Err(operational(
-                "--from text, jsonl and parquet need --tokenizer (gpt2, cl100k_base, ... or a tokenizer.json)",
-            ))
-        }
-    };
-    let vocab = match (args.vocab_size, format) {
-        (Some(v), _) => vocab_arg(v)?,
-        (None, InputFormat::Bytes) => BYTES_VOCAB,
-        (None, _) => {
-            return Err(operational(
-                "--vocab-size is required with --from ids, u16le or u32le",
-            ))
-        }
-    };
-    Ok((format, vocab))
-}
-
-/// Open every input before writing anything, so a missing file fails first (core's
-/// pack refuses an output that would replace one). Returns the readers and their total
-/// size (None when standard input is among them).
-fn open_id_inputs(paths: &[PathBuf]) -> anyhow::Result<(Vec<PackInput>, Option<u64>)> {
-    let mut inputs = Vec::new();
-    let mut total = Some(0u64);
-    for path in paths {
-        if path.as_os_str() == "-" {
-            total = None;
-            inputs.push(PackInput {
-                name: "-".to_string(),
-                reader: Box::new(io::stdin()),
-                path: None,
-            });
-            continue;
-        }
-        let (input, size) = PackInput::open(path)?;
-        total = total.map(|t| t.saturating_add(size));
-        inputs.push(input);
-    }
-    Ok((inputs, total))
-}
-
-fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
-    shards
-        .iter()
-        .map(|(path, h)| PackedShard {
-            file: path.display().to_string(),
-            n: h.count,
-            magic: h.magic,
-            version: h.version,
-            vocab_size: h.vocab,
-        })
-        .collect()
-}
-
-/// Like every command that writes files, pack says what it wrote as chatter on stderr
-/// (silenced by -q), or as one JSON document on stdout with --json.
-fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome> {
-    if printer.json {
-        printer.json_line(report)?;
-    } else {
-        for s in &report.shards {
-            printer.info(format!(
-                "wrote {}: {} ids, version {}, V {}",
-                escape(&s.file),
-                s.n,
-                s.version,
-                s.vocab_size
-                    .map_or("not recorded".to_string(), |v| v.to_string())
-            ));
-        }
-        if let (Some(docs), Some(skipped)) = (report.documents, report.skipped) {
-            printer.info(format!(
-                "{docs} documents, {} tokens{}",
-                report.tokens,
-                if skipped > 0 {
-                    format!(", {skipped} bad lines or rows skipped")
-                } else {
-                    String::new()
-                }
-            ));
-        }
-    }
-    Ok(Outcome::Success)
-}
-
-fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Outcome> {
-    let format = corpus_format(&args)?;
-    let tokenizer = Tokenizer::load(spec).map_err(TokensError::from)?;
-    let eot = match args.eot.as_deref() {
-        Some("none") => None,
-        Some(token) => Some(tokenizer.token_id(token).map_err(TokensError::from)?),
-        None => Some(tokenizer.default_eot().map_err(TokensError::from)?),
-    };
-    let plan = match (args.val_tokens, args.shard_tokens) {
-        (Some(val_tokens), shard_tokens) => ShardPlan::ValTrain {
-            prefix: args.output.clone(),
-            val_tokens,
-            shard_tokens: shard_tokens.unwrap_or(DEFAULT_SHARD_TOKENS),
-        },
-        (None, Some(shard_tokens)) => ShardPlan::Numbered {
-            out: args.output.clone(),
-            shard_tokens,
-        },
-        (None, None) => ShardPlan::Single(args.output.clone()),
-    };
-    let paths = input_paths(&args);
-    check_text_inputs(&paths, format)?;
-    let threads = match args.threads {
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
-    let opts = TextPackOptions {
-        format,
-        field: args.field.clone(),
-        eot,
-        plan,
-        threads,
-        skip_bad: args.skip_bad,
-        layout: layout(args.format),
-    };
-    let bar = printer.bar(0, "", "{spinner} {elapsed} {msg}");
-    let started = std::time::Instant::now();
-    let summary = tokens::pack_text(&paths, &tokenizer, &opts, &mut |p: &TextPackProgress| {
-        let secs = started.elapsed().as_secs_f64().max(1e-3);
-        bar.set_message(format!(
-            "{} documents, {} tokens, {:.1} MB/s",
-            p.documents,
-            p.tokens,
-            p.bytes as f64 / 1e6 / secs
-        ));
-        bar.tick();
-    });
-    bar.finish_and_clear();
-    let summary = summary?;
-    let report = PackReport {
-        shards: packed_shards(&summary.shards),
-        tokens: summary.tokens,
-        documents: Some(summary.documents),
-        skipped: Some(summary.skipped),
-    };
-    report_pack(&report, printer)
-}
-
-/// The text format of a pack with a tokenizer, refusing id formats and `--vocab-size`
-/// (the tokenizer's vocabulary is the one recorded).
-fn corpus_format(args: &PackArgs) -> anyhow::Result<CorpusFormat> {
-    let format = match args.from.unwrap_or(FromFormat::Text) {
-        FromFormat::Text => CorpusFormat::Text,
-        FromFormat::Jsonl => CorpusFormat::Jsonl,
-        FromFormat::Parquet => CorpusFormat::Parquet,
-        other => {
-            return Err(operational(format!(
-                "--from {} reads ids, not text: it does not take --tokenizer (use text, jsonl or parquet)",
-                other.to_possible_value().map_or("?".into(), |v| v.get_name().to_string())
-            )))
-        }
-    };
-    if args.vocab_size.is_some() {
-        return Err(operational(
-            "--vocab-size does not go with --tokenizer: the tokenizer's vocabulary is recorded",
-        ));
-    }
-    Ok(format)
-}
-
-/// Every input must exist before anything is written (core's pack refuses one that an
-/// output would replace), and standard input can be read once (and not as Parquet,
-/// which needs a file).
-fn check_text_inputs(paths: &[PathBuf], format: CorpusFormat) -> anyhow::Result<()> {
-    let stdin_count = paths.iter().filter(|p| p.as_os_str() == "-").count();
-    if stdin_count > 1 || (stdin_count == 1 && format == CorpusFormat::Parquet) {
-        return Err(operational(
-            "standard input (-) can be read once, and not as Parquet (which needs a file)",
-        ));
-    }
-    for path in paths.iter().filter(|p| p.as_os_str() != "-") {
-        std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
-    }
-    Ok(())
-}
-
 /// What `tokens decode --json` prints.
 #[derive(Serialize)]
 struct Decoded<'a> {
@@ -677,71 +428,5 @@ fn decode(args: DecodeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         }
         out.flush()?;
     }
-    Ok(Outcome::Success)
-}
-
-/// One line of `tokens windows`.
-#[derive(Serialize)]
-struct WindowLine<'a> {
-    inputs: Vec<&'a [i64]>,
-    targets: Vec<&'a [i64]>,
-    cursor: Cursor,
-}
-
-fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    let vocab = args.vocab_size.map(vocab_arg).transpose()?;
-    let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
-    if args.rank >= args.world_size {
-        return Err(operational(format!(
-            "--rank {} must be below --world-size {}",
-            args.rank, args.world_size
-        )));
-    }
-    let ranks = Ranks {
-        rank: args.rank,
-        world_size: args.world_size,
-    };
-    let stream = TokenStream::open(&args.shards, args.seq_len, args.batch, rng, vocab, ranks)?;
-    let mut session =
-        CursorSession::start(stream, args.cursor.as_deref(), args.save_cursor.as_deref())?;
-    let saving = session.saves_cursor();
-    let mut out = BufWriter::new(printer.out());
-    let mut line_buf = Vec::new();
-    // Once the reader of stdout is gone, batches are no longer printed; the stream
-    // still advances when a cursor must be saved, so the file always holds the
-    // position after every requested batch, whoever reads stdout.
-    let mut stdout_open = true;
-    for _ in 0..args.batches {
-        let stream = session.stream();
-        let batch = stream.next_batch();
-        if !stdout_open {
-            continue;
-        }
-        let line = WindowLine {
-            inputs: (0..batch.batch)
-                .filter_map(|b| batch.input_row(b))
-                .collect(),
-            targets: (0..batch.batch)
-                .filter_map(|b| batch.target_row(b))
-                .collect(),
-            cursor: stream.cursor(),
-        };
-        // Serialize into memory first, so that a closed stdout surfaces as the plain
-        // BrokenPipe error main treats as a quiet exit.
-        line_buf.clear();
-        serde_json::to_writer(&mut line_buf, &line).map_err(io::Error::other)?;
-        line_buf.push(b'\n');
-        match out.write_all(&line_buf) {
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe && saving => {
-                stdout_open = false;
-            }
-            other => other?,
-        }
-    }
-    match out.flush() {
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe && saving => {}
-        other => other?,
-    }
-    session.finish()?;
     Ok(Outcome::Success)
 }
