@@ -573,6 +573,36 @@ mod tests {
         }
     }
 
+    /// A library call to pack has the command's guard: an output (one file, or a
+    /// numbered shard that exists) that is an input file is refused before anything is
+    /// read or written, and the input is untouched.
+    #[test]
+    fn pack_refuses_to_write_over_its_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("in.bin");
+        std::fs::write(&src, b"hello").unwrap();
+        let link = dir.path().join("link.bin");
+        std::fs::hard_link(&src, &link).unwrap();
+        let numbered = output_name(&dir.path().join("out"), 0);
+        std::fs::hard_link(&src, &numbered).unwrap();
+        for (out, shard_tokens) in [
+            (src.clone(), None),
+            (link, None),
+            (dir.path().join("out"), Some(2)),
+        ] {
+            let (input, _) = PackInput::open(&src).unwrap();
+            let e = pack(
+                vec![input],
+                &out,
+                &opts(InputFormat::Bytes, 256, shard_tokens),
+                &mut |_| {},
+            )
+            .unwrap_err();
+            assert!(matches!(e, TokensError::ReplacesInput { .. }), "{e}");
+            assert_eq!(std::fs::read(&src).unwrap(), b"hello");
+        }
+    }
+
     fn all_ids(summary: &PackSummary) -> Vec<u32> {
         summary
             .shards
