@@ -15,7 +15,7 @@ mod tests {
 
     /// Files still over the limit, relative to src/core: owned by the tokens work;
     /// remove when split.
-    const OVER_THE_LIMIT_FOR_NOW: &[&str] = &["tokens/shard.rs", "tokens/tokenizer.rs"];
+    const OVER_THE_LIMIT_FOR_NOW: &[&str] = &["tokens/tokenizer.rs"];
 
     fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir)

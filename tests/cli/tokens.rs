@@ -29,6 +29,23 @@ fn stdout_of(cmd: &mut assert_cmd::Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `tlio tokens windows --seq-len T --batch B`, the rest to be added.
+fn windows_cmd(seq_len: u32, batch: u32) -> assert_cmd::Command {
+    let mut cmd = tlio();
+    cmd.args(["tokens", "windows", "--seq-len"])
+        .arg(seq_len.to_string())
+        .arg("--batch")
+        .arg(batch.to_string());
+    cmd
+}
+
+/// `tlio tokens pack`, the rest to be added.
+fn pack() -> assert_cmd::Command {
+    let mut cmd = tlio();
+    cmd.args(["tokens", "pack"]);
+    cmd
+}
+
 /// Run and expect failure with `code`; returns stderr, which must be one line.
 fn fails(cmd: &mut assert_cmd::Command, code: i32) -> String {
     let out = cmd.output().unwrap();
@@ -44,16 +61,8 @@ fn fails(cmd: &mut assert_cmd::Command, code: i32) -> String {
 fn pack_ids_gives_the_worked_example_header() {
     let dir = tmp();
     let out = dir.path().join("ex.bin");
-    tlio()
-        .args([
-            "tokens",
-            "pack",
-            "--from",
-            "ids",
-            "--vocab-size",
-            "256",
-            "-o",
-        ])
+    pack()
+        .args(["--from", "ids", "--vocab-size", "256", "-o"])
         .arg(&out)
         .write_stdin("1 2 3\n")
         .assert()
@@ -140,12 +149,7 @@ fn header_rejects_bad_shards() {
             "{err}"
         );
         // Opening it for windows fails the same way, as one line naming the file.
-        let e = fails(
-            tlio()
-                .args(["tokens", "windows", "--seq-len", "1", "--batch", "1"])
-                .arg(path),
-            1,
-        );
+        let e = fails(windows_cmd(1, 1).arg(path), 1);
         assert!(
             e.contains(want) && e.contains(&*path.display().to_string()),
             "{e}"
@@ -176,12 +180,7 @@ fn header_rejects_bad_shards() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout)
         .contains("id 3 at index 2 is not below the vocabulary size 3"));
-    let e = fails(
-        tlio()
-            .args(["tokens", "windows", "--seq-len", "1", "--batch", "1"])
-            .arg(&oov),
-        1,
-    );
+    let e = fails(windows_cmd(1, 1).arg(&oov), 1);
     assert!(
         e.contains("oov.bin") && e.contains("id 3 at index 2"),
         "{e}"
@@ -192,12 +191,7 @@ fn header_rejects_bad_shards() {
         2,
     );
     assert!(e.contains("missing.bin"), "{e}");
-    fails(
-        tlio()
-            .args(["tokens", "windows", "--seq-len", "1", "--batch", "1"])
-            .arg(d.join("missing.bin")),
-        2,
-    );
+    fails(windows_cmd(1, 1).arg(d.join("missing.bin")), 2);
 }
 
 #[test]
@@ -274,16 +268,8 @@ fn pack_raw_inputs_from_files() {
     )
     .unwrap();
     let out = d.join("big.bin");
-    tlio()
-        .args([
-            "tokens",
-            "pack",
-            "--from",
-            "u32le",
-            "--vocab-size",
-            "100000",
-            "-o",
-        ])
+    pack()
+        .args(["--from", "u32le", "--vocab-size", "100000", "-o"])
         .arg(&out)
         .arg(&raw)
         .arg(&raw)
@@ -299,16 +285,8 @@ fn pack_raw_inputs_from_files() {
     let odd = d.join("odd.u16");
     std::fs::write(&odd, [1, 0, 2]).unwrap();
     let e = fails(
-        tlio()
-            .args([
-                "tokens",
-                "pack",
-                "--from",
-                "u16le",
-                "--vocab-size",
-                "10",
-                "-o",
-            ])
+        pack()
+            .args(["--from", "u16le", "--vocab-size", "10", "-o"])
             .arg(d.join("o.bin"))
             .arg(&odd),
         1,
@@ -323,16 +301,8 @@ fn pack_out_of_vocab_leaves_no_output() {
     let d = dir.path();
     let out = d.join("o.bin");
     let e = fails(
-        tlio()
-            .args([
-                "tokens",
-                "pack",
-                "--from",
-                "ids",
-                "--vocab-size",
-                "50",
-                "-o",
-            ])
+        pack()
+            .args(["--from", "ids", "--vocab-size", "50", "-o"])
             .arg(&out)
             .write_stdin("1 2 3 49 50 4"),
         1,
@@ -344,10 +314,8 @@ fn pack_out_of_vocab_leaves_no_output() {
     // Several shards already complete when the bad id comes: none is left.
     let ids = "7 ".repeat(100) + "60";
     fails(
-        tlio()
+        pack()
             .args([
-                "tokens",
-                "pack",
                 "--from",
                 "ids",
                 "--vocab-size",
@@ -367,45 +335,102 @@ fn pack_out_of_vocab_leaves_no_output() {
     );
     // Usage errors: no vocabulary for ids, a zero shard size, a missing input.
     fails(
-        tlio()
-            .args(["tokens", "pack", "--from", "ids", "-o"])
+        pack()
+            .args(["--from", "ids", "-o"])
             .arg(&out)
             .write_stdin("1"),
         2,
     );
     fails(
-        tlio()
-            .args(["tokens", "pack", "--shard-tokens", "0", "-o"])
+        pack()
+            .args(["--shard-tokens", "0", "-o"])
             .arg(&out)
             .write_stdin("a"),
         2,
     );
-    let e = fails(
-        tlio()
-            .args(["tokens", "pack", "-o"])
-            .arg(&out)
-            .arg(d.join("nope.txt")),
-        2,
-    );
+    let e = fails(pack().args(["-o"]).arg(&out).arg(d.join("nope.txt")), 2);
     assert!(e.contains("nope.txt"), "{e}");
     assert_eq!(std::fs::read_dir(d).unwrap().count(), 0);
 }
 
 fn windows(shards: &[PathBuf], seed: &str, extra: &[&str]) -> Vec<String> {
-    let mut cmd = tlio();
-    cmd.args([
-        "tokens",
-        "windows",
-        "--seq-len",
-        "5",
-        "--batch",
-        "3",
-        "--seed",
-        seed,
-    ])
-    .args(shards)
-    .args(extra);
+    let mut cmd = windows_cmd(5, 3);
+    cmd.args(["--seed", seed]).args(shards).args(extra);
     stdout_of(&mut cmd).lines().map(str::to_string).collect()
+}
+
+/// The batches and cursors of `--rank R --world-size W`: side by side, the ranks'
+/// rows are the single-process stream of batch B*W, and every rank prints the same
+/// global cursor, which carries global_batch; out-of-range ranks are refused naming
+/// the flags.
+#[test]
+fn windows_with_ranks_tile_the_global_batch() {
+    let dir = tmp();
+    let shards = pack_bytes(dir.path(), &(0u8..=200).collect::<Vec<_>>(), Some(67));
+    let lines = |b: u32, extra: &[&str]| -> Vec<serde_json::Value> {
+        let mut cmd = windows_cmd(4, b);
+        cmd.args(["--seed", "9", "--batches", "5"])
+            .args(&shards)
+            .args(extra);
+        stdout_of(&mut cmd)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let global = lines(6, &[]);
+    let world = 3;
+    let ranks: Vec<Vec<serde_json::Value>> = (0..world)
+        .map(|r| {
+            lines(
+                2,
+                &["--rank", &r.to_string(), "--world-size", &world.to_string()],
+            )
+        })
+        .collect();
+    for (i, want) in global.iter().enumerate() {
+        let inputs: Vec<serde_json::Value> = ranks
+            .iter()
+            .flat_map(|r| r[i]["inputs"].as_array().unwrap().clone())
+            .collect();
+        assert_eq!(&inputs, want["inputs"].as_array().unwrap());
+        assert!(want["cursor"].get("global_batch").is_none());
+        for r in &ranks {
+            assert_eq!(r[i]["cursor"]["global_batch"], 6);
+            assert_eq!(r[i]["cursor"]["offset"], want["cursor"]["offset"]);
+            assert_eq!(r[i]["cursor"]["rng"], want["cursor"]["rng"]);
+        }
+    }
+    let e = fails(
+        windows_cmd(4, 2)
+            .args(["--rank", "3", "--world-size", "3"])
+            .args(&shards),
+        2,
+    );
+    assert!(
+        e.contains("--rank 3") && e.contains("--world-size 3"),
+        "{e}"
+    );
+    let out = windows_cmd(4, 2)
+        .args(["--world-size", "0"])
+        .args(&shards)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--world-size"));
+    // A ranked cursor resumes only into the same global batch.
+    let c = dir.path().join("c.json");
+    stdout_of(
+        windows_cmd(4, 2)
+            .args(["--rank", "1", "--world-size", "3", "--save-cursor"])
+            .arg(&c)
+            .args(&shards),
+    );
+    assert!(std::fs::read_to_string(&c)
+        .unwrap()
+        .contains("\"global_batch\":6"));
+    stdout_of(windows_cmd(4, 6).arg("--cursor").arg(&c).args(&shards));
+    let e = fails(windows_cmd(4, 2).arg("--cursor").arg(&c).args(&shards), 1);
+    assert!(e.contains("6") && e.contains("global_batch"), "{e}");
 }
 
 #[test]
@@ -479,17 +504,17 @@ fn windows_rejects_bad_cursors() {
         ),
         (
             format!(r#"{{"shard":0,"offset":3,"rng":{rng},"extra":1}}"#),
-            "\"extra\"",
+            "unknown field `extra`",
         ),
         (
             r#"{"shard":0,"offset":3,"rng":{"state":"185706b82c2e03f8","inc":"000000000000006e"}}"#
                 .to_string(),
-            "\"rng.inc\"",
+            "inc 000000000000006e is even",
         ),
         (
             r#"{"shard":0,"offset":3,"rng":{"state":"185706b82c2e03F8","inc":"000000000000006d"}}"#
                 .to_string(),
-            "\"rng.state\"",
+            "\"185706b82c2e03F8\" is not exactly 16 lowercase hex digits",
         ),
         ("not json".to_string(), "not a JSON document"),
     ];
@@ -497,18 +522,7 @@ fn windows_rejects_bad_cursors() {
         let c = d.join(format!("c{i}.json"));
         std::fs::write(&c, text).unwrap();
         let e = fails(
-            tlio()
-                .args([
-                    "tokens",
-                    "windows",
-                    "--seq-len",
-                    "4",
-                    "--batch",
-                    "1",
-                    "--cursor",
-                ])
-                .arg(&c)
-                .args(&shards),
+            windows_cmd(4, 1).args(["--cursor"]).arg(&c).args(&shards),
             1,
         );
         assert!(
@@ -519,31 +533,15 @@ fn windows_rejects_bad_cursors() {
     // The offset at the end of the shard is valid: the next read starts a new pass.
     let c = d.join("end.json");
     std::fs::write(&c, format!(r#"{{"shard":0,"offset":50,"rng":{rng}}}"#)).unwrap();
-    tlio()
-        .args([
-            "tokens",
-            "windows",
-            "--seq-len",
-            "4",
-            "--batch",
-            "1",
-            "--cursor",
-        ])
+    windows_cmd(4, 1)
+        .args(["--cursor"])
         .arg(&c)
         .args(&shards)
         .assert()
         .success();
     let e = fails(
-        tlio()
-            .args([
-                "tokens",
-                "windows",
-                "--seq-len",
-                "4",
-                "--batch",
-                "1",
-                "--cursor",
-            ])
+        windows_cmd(4, 1)
+            .args(["--cursor"])
             .arg(d.join("none.json"))
             .args(&shards),
         2,
@@ -557,33 +555,13 @@ fn windows_refuses_a_shard_too_short_for_one_window() {
     let d = dir.path();
     let long = pack_bytes(d, &[3u8; 40], None);
     let short = raw_shard(d, "short5.bin", &[MAGIC, 1, 5, 256], &[0u8; 10]);
-    let e = fails(
-        tlio()
-            .args(["tokens", "windows", "--seq-len", "5", "--batch", "1"])
-            .args(&long)
-            .arg(&short),
-        1,
-    );
+    let e = fails(windows_cmd(5, 1).args(&long).arg(&short), 1);
     assert!(e.contains("short5.bin") && e.contains("too short"), "{e}");
     // Exactly one window (T + 1 ids) is fine.
-    tlio()
-        .args(["tokens", "windows", "--seq-len", "4", "--batch", "2"])
-        .arg(&short)
-        .assert()
-        .success();
+    windows_cmd(4, 2).arg(&short).assert().success();
     // T and B below 1 are usage errors.
-    fails(
-        tlio()
-            .args(["tokens", "windows", "--seq-len", "0", "--batch", "1"])
-            .arg(&short),
-        2,
-    );
-    fails(
-        tlio()
-            .args(["tokens", "windows", "--seq-len", "1", "--batch", "0"])
-            .arg(&short),
-        2,
-    );
+    fails(windows_cmd(0, 1).arg(&short), 2);
+    fails(windows_cmd(1, 0).arg(&short), 2);
 }
 
 #[test]
@@ -722,16 +700,8 @@ fn pack_shows_a_non_ascii_character_as_itself() {
         ("1 \u{202e}", "invalid character \"\\u{202e}\" at byte 2"),
     ] {
         let e = fails(
-            tlio()
-                .args([
-                    "tokens",
-                    "pack",
-                    "--from",
-                    "ids",
-                    "--vocab-size",
-                    "50",
-                    "-o",
-                ])
+            pack()
+                .args(["--from", "ids", "--vocab-size", "50", "-o"])
                 .arg(dir.path().join("o.bin"))
                 .write_stdin(input),
             1,
@@ -845,8 +815,8 @@ const ENCODINGS: [(&str, i32); 4] = [
 
 /// Pack `inputs` with `args`, returning the output directory's guard.
 fn pack_with(args: &[&str], inputs: &[PathBuf], out: &Path) {
-    let out_put = tlio()
-        .args(["tokens", "pack", "-q"])
+    let out_put = pack()
+        .args(["-q"])
         .args(args)
         .args(inputs)
         .arg("-o")
@@ -1050,8 +1020,8 @@ fn pack_tokenizer_json_matches_the_tokenizers_library() {
     }
     // A tokenizer.json has no standard end-of-text: it must be named (or none).
     let err = fails(
-        tlio()
-            .args(["tokens", "pack", "--from", "jsonl", "--tokenizer"])
+        pack()
+            .args(["--from", "jsonl", "--tokenizer"])
             .arg(tok_fixture("bpe_small.json"))
             .arg(tok_fixture("corpus.jsonl"))
             .arg("-o")
@@ -1060,8 +1030,8 @@ fn pack_tokenizer_json_matches_the_tokenizers_library() {
     );
     assert!(err.contains("--eot"), "{err}");
     let err = fails(
-        tlio()
-            .args(["tokens", "pack", "--eot", "<|nope|>", "--tokenizer"])
+        pack()
+            .args(["--eot", "<|nope|>", "--tokenizer"])
             .arg(tok_fixture("bpe_small.json"))
             .arg(tok_fixture("corpus.jsonl"))
             .arg("-o")
@@ -1076,8 +1046,8 @@ fn pack_parquet_column_with_a_null_row() {
     let dir = tmp();
     let out = dir.path().join("pq.bin");
     let err = fails(
-        tlio()
-            .args(["tokens", "pack", "--tokenizer", "gpt2", "--from", "parquet"])
+        pack()
+            .args(["--tokenizer", "gpt2", "--from", "parquet"])
             .arg(tok_fixture("corpus.parquet"))
             .arg("-o")
             .arg(&out),
@@ -1088,10 +1058,8 @@ fn pack_parquet_column_with_a_null_row() {
         "{err}"
     );
     assert!(!out.exists());
-    let o = tlio()
+    let o = pack()
         .args([
-            "tokens",
-            "pack",
             "--json",
             "--skip-bad",
             "--tokenizer",
@@ -1109,10 +1077,8 @@ fn pack_parquet_column_with_a_null_row() {
     assert_eq!(report["skipped"], 1);
     assert!(shard_ids(&out) == shard_ids(&tok_fixture("ref_gpt2.bin")));
     let err = fails(
-        tlio()
+        pack()
             .args([
-                "tokens",
-                "pack",
                 "--tokenizer",
                 "gpt2",
                 "--from",
@@ -1127,17 +1093,8 @@ fn pack_parquet_column_with_a_null_row() {
     );
     assert!(err.contains("no top-level column \"body\""), "{err}");
     let err = fails(
-        tlio()
-            .args([
-                "tokens",
-                "pack",
-                "--tokenizer",
-                "gpt2",
-                "--from",
-                "parquet",
-                "--field",
-                "id",
-            ])
+        pack()
+            .args(["--tokenizer", "gpt2", "--from", "parquet", "--field", "id"])
             .arg(tok_fixture("corpus.parquet"))
             .arg("-o")
             .arg(dir.path().join("id.bin")),
@@ -1157,8 +1114,8 @@ fn pack_bad_jsonl_lines_name_file_and_line_or_are_skipped() {
     .unwrap();
     let out = dir.path().join("o.bin");
     let err = fails(
-        tlio()
-            .args(["tokens", "pack", "--tokenizer", "gpt2", "--from", "jsonl"])
+        pack()
+            .args(["--tokenizer", "gpt2", "--from", "jsonl"])
             .arg(&input)
             .arg("-o")
             .arg(&out),
@@ -1166,16 +1123,8 @@ fn pack_bad_jsonl_lines_name_file_and_line_or_are_skipped() {
     );
     assert!(err.contains("in.jsonl:4: not JSON"), "{err}");
     assert!(!out.exists());
-    let o = tlio()
-        .args([
-            "tokens",
-            "pack",
-            "--tokenizer",
-            "gpt2",
-            "--from",
-            "jsonl",
-            "--skip-bad",
-        ])
+    let o = pack()
+        .args(["--tokenizer", "gpt2", "--from", "jsonl", "--skip-bad"])
         .arg(&input)
         .arg("-o")
         .arg(&out)
@@ -1205,8 +1154,8 @@ fn pack_bad_jsonl_lines_name_file_and_line_or_are_skipped() {
         let input = dir.path().join("in2.jsonl");
         std::fs::write(&input, format!("{line}\n")).unwrap();
         let err = fails(
-            tlio()
-                .args(["tokens", "pack", "--tokenizer", "gpt2", "--from", "jsonl"])
+            pack()
+                .args(["--tokenizer", "gpt2", "--from", "jsonl"])
                 .arg(&input)
                 .arg("-o")
                 .arg(&out),
@@ -1223,8 +1172,8 @@ fn pack_with_no_token_is_an_error_and_eot_none_adds_none() {
     let empty = dir.path().join("e.jsonl");
     std::fs::write(&empty, "\n").unwrap();
     let err = fails(
-        tlio()
-            .args(["tokens", "pack", "--tokenizer", "gpt2", "--from", "jsonl"])
+        pack()
+            .args(["--tokenizer", "gpt2", "--from", "jsonl"])
             .arg(&empty)
             .arg("-o")
             .arg(&out),
@@ -1234,31 +1183,15 @@ fn pack_with_no_token_is_an_error_and_eot_none_adds_none() {
     assert!(!out.exists());
     // An empty document under --eot none yields nothing either.
     let err = fails(
-        tlio()
-            .args([
-                "tokens",
-                "pack",
-                "--tokenizer",
-                "gpt2",
-                "--eot",
-                "none",
-                "-o",
-            ])
+        pack()
+            .args(["--tokenizer", "gpt2", "--eot", "none", "-o"])
             .arg(&out)
             .write_stdin(""),
         1,
     );
     assert!(err.contains("no token"), "{err}");
-    let o = tlio()
-        .args([
-            "tokens",
-            "pack",
-            "--tokenizer",
-            "gpt2",
-            "--eot",
-            "none",
-            "-o",
-        ])
+    let o = pack()
+        .args(["--tokenizer", "gpt2", "--eot", "none", "-o"])
         .arg(&out)
         .write_stdin("Hello world")
         .output()
@@ -1266,8 +1199,8 @@ fn pack_with_no_token_is_an_error_and_eot_none_adds_none() {
     assert!(o.status.success());
     assert_eq!(shard_ids(&out), vec![15496, 995]);
     // Special-token strings in a document are text, never the special token.
-    tlio()
-        .args(["tokens", "pack", "--tokenizer", "cl100k_base", "-o"])
+    pack()
+        .args(["--tokenizer", "cl100k_base", "-o"])
         .arg(&out)
         .write_stdin("<|endoftext|>")
         .assert()
@@ -1281,17 +1214,8 @@ fn pack_with_no_token_is_an_error_and_eot_none_adds_none() {
 fn pack_format_v2_keeps_20240520_version_2() {
     let dir = tmp();
     let out = dir.path().join("v2.bin");
-    tlio()
-        .args([
-            "tokens",
-            "pack",
-            "-q",
-            "--tokenizer",
-            "cl100k_base",
-            "--format",
-            "v2",
-            "-o",
-        ])
+    pack()
+        .args(["-q", "--tokenizer", "cl100k_base", "--format", "v2", "-o"])
         .arg(&out)
         .write_stdin("Hello world")
         .assert()
@@ -1301,16 +1225,8 @@ fn pack_format_v2_keeps_20240520_version_2() {
     assert!(llmc_llama3_accepts(&out).is_err() && llmc_dataloader_accepts(&out).is_err());
     // Raw ids above 65,536 take the Llama-3 layout by default too.
     let out = dir.path().join("ids.bin");
-    tlio()
-        .args([
-            "tokens",
-            "pack",
-            "--from",
-            "ids",
-            "--vocab-size",
-            "128256",
-            "-o",
-        ])
+    pack()
+        .args(["--from", "ids", "--vocab-size", "128256", "-o"])
         .arg(&out)
         .write_stdin("128000 9906 1917")
         .assert()
@@ -1370,8 +1286,8 @@ fn decode_shows_the_first_document() {
     // A shard recording another vocabulary is refused.
     let dir = tmp();
     let other = dir.path().join("cl.bin");
-    tlio()
-        .args(["tokens", "pack", "-q", "--tokenizer", "cl100k_base", "-o"])
+    pack()
+        .args(["-q", "--tokenizer", "cl100k_base", "-o"])
         .arg(&other)
         .write_stdin("x")
         .assert()
@@ -1416,33 +1332,15 @@ fn header_and_windows_take_vocab_size_and_refuse_mixed_vocabularies() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("not below the vocabulary size 30000"));
     let err = fails(
-        tlio()
-            .args([
-                "tokens",
-                "windows",
-                "--seq-len",
-                "4",
-                "--batch",
-                "1",
-                "--vocab-size",
-                "30000",
-            ])
+        windows_cmd(4, 1)
+            .args(["--vocab-size", "30000"])
             .arg(&ref_gpt2),
         1,
     );
     assert!(err.contains("not below the vocabulary size 30000"), "{err}");
     stdout_of(
-        tlio()
-            .args([
-                "tokens",
-                "windows",
-                "--seq-len",
-                "4",
-                "--batch",
-                "1",
-                "--vocab-size",
-                "50257",
-            ])
+        windows_cmd(4, 1)
+            .args(["--vocab-size", "50257"])
             .arg(&ref_gpt2),
     );
     // Shards of different recorded vocabularies never form one stream.
@@ -1450,19 +1348,13 @@ fn header_and_windows_take_vocab_size_and_refuse_mixed_vocabularies() {
     let a = dir.path().join("a.bin");
     let b = dir.path().join("b.bin");
     for (p, t) in [(&a, "gpt2"), (&b, "cl100k_base")] {
-        tlio()
-            .args(["tokens", "pack", "-q", "--tokenizer", t, "-o"])
+        pack()
+            .args(["-q", "--tokenizer", t, "-o"])
             .arg(p)
             .write_stdin("Some text that is long enough for a window or two.")
             .assert()
             .success();
     }
-    let err = fails(
-        tlio()
-            .args(["tokens", "windows", "--seq-len", "4", "--batch", "1"])
-            .arg(&a)
-            .arg(&b),
-        1,
-    );
+    let err = fails(windows_cmd(4, 1).arg(&a).arg(&b), 1);
     assert!(err.contains("different vocabularies"), "{err}");
 }

@@ -539,7 +539,7 @@ pub fn pack_text(
 ) -> Result<TextPackSummary, TokensError> {
     if opts.threads == 0 || opts.threads > MAX_THREADS {
         return Err(TokensError::BadOptions(format!(
-            "--threads must be 1 to {MAX_THREADS}, got {}",
+            "threads must be 1 to {MAX_THREADS}, got {}",
             opts.threads
         )));
     }
@@ -551,6 +551,12 @@ pub fn pack_text(
             )));
         }
     }
+    opts.plan.refuse_inputs(
+        inputs
+            .iter()
+            .map(PathBuf::as_path)
+            .filter(|p| p.as_os_str() != "-"),
+    )?;
     let mut sink = Sink::new(opts.plan.clone(), tokenizer.vocab_size(), opts.layout)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)

@@ -1,0 +1,259 @@
+//! `tlio tokens pack`: its inputs, plan and report; core's pack does the work and
+//! refuses an output that would replace an input.
+
+use super::*;
+
+#[derive(Serialize)]
+struct PackedShard {
+    file: String,
+    n: u64,
+    magic: i32,
+    version: i32,
+    vocab_size: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct PackReport {
+    shards: Vec<PackedShard>,
+    tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    documents: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped: Option<u64>,
+}
+
+pub(super) fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    if let Some(spec) = args.tokenizer.clone() {
+        return pack_text(args, &spec, printer);
+    }
+    let (format, vocab) = id_format(&args)?;
+    let (inputs, total) = open_id_inputs(&input_paths(&args))?;
+    let bar = match total {
+        Some(t) => printer.bytes_bar(t, "packing"),
+        None => printer.bar(0, "packing", "{msg} {bytes} {bytes_per_sec}"),
+    };
+    let opts = PackOptions {
+        format,
+        vocab,
+        shard_tokens: args.shard_tokens,
+        layout: layout(args.format),
+    };
+    let summary = tokens::pack(inputs, &args.output, &opts, &mut |n| bar.inc(n));
+    bar.finish_and_clear();
+    let summary = summary?;
+    let report = PackReport {
+        shards: packed_shards(&summary.shards),
+        tokens: summary.tokens,
+        documents: None,
+        skipped: None,
+    };
+    report_pack(&report, printer)
+}
+
+/// The inputs named on the command line; none means standard input.
+fn input_paths(args: &PackArgs) -> Vec<PathBuf> {
+    if args.inputs.is_empty() {
+        vec![PathBuf::from("-")]
+    } else {
+        args.inputs.clone()
+    }
+}
+
+/// The id format and vocabulary of a pack without a tokenizer, refusing the flags and
+/// formats that need one.
+fn id_format(args: &PackArgs) -> anyhow::Result<(InputFormat, u32)> {
+    let tokenizer_only = [
+        ("--val-tokens", args.val_tokens.is_some()),
+        ("--eot", args.eot.is_some()),
+        ("--threads", args.threads.is_some()),
+        ("--skip-bad", args.skip_bad),
+        ("--field", args.field != "text"),
+    ];
+    if let Some((flag, _)) = tokenizer_only.iter().find(|(_, given)| *given) {
+        return Err(operational(format!("{flag} needs --tokenizer")));
+    }
+    let format = match args.from.unwrap_or(FromFormat::Bytes) {
+        FromFormat::Bytes => InputFormat::Bytes,
+        FromFormat::Ids => InputFormat::Ids,
+        FromFormat::U16le => InputFormat::U16le,
+        FromFormat::U32le => InputFormat::U32le,
+        FromFormat::Text | FromFormat::Jsonl | FromFormat::Parquet => {
+            return Err(operational(
+                "--from text, jsonl and parquet need --tokenizer (gpt2, cl100k_base, ... or a tokenizer.json)",
+            ))
+        }
+    };
+    let vocab = match (args.vocab_size, format) {
+        (Some(v), _) => vocab_arg(v)?,
+        (None, InputFormat::Bytes) => BYTES_VOCAB,
+        (None, _) => {
+            return Err(operational(
+                "--vocab-size is required with --from ids, u16le or u32le",
+            ))
+        }
+    };
+    Ok((format, vocab))
+}
+
+/// Open every input before writing anything, so a missing file fails first (core's
+/// pack refuses an output that would replace one). Returns the readers and their total
+/// size (None when standard input is among them).
+fn open_id_inputs(paths: &[PathBuf]) -> anyhow::Result<(Vec<PackInput>, Option<u64>)> {
+    let mut inputs = Vec::new();
+    let mut total = Some(0u64);
+    for path in paths {
+        if path.as_os_str() == "-" {
+            total = None;
+            inputs.push(PackInput {
+                name: "-".to_string(),
+                reader: Box::new(io::stdin()),
+                path: None,
+            });
+            continue;
+        }
+        let (input, size) = PackInput::open(path)?;
+        total = total.map(|t| t.saturating_add(size));
+        inputs.push(input);
+    }
+    Ok((inputs, total))
+}
+
+fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
+    shards
+        .iter()
+        .map(|(path, h)| PackedShard {
+            file: path.display().to_string(),
+            n: h.count,
+            magic: h.magic,
+            version: h.version,
+            vocab_size: h.vocab,
+        })
+        .collect()
+}
+
+/// Like every command that writes files, pack says what it wrote as chatter on stderr
+/// (silenced by -q), or as one JSON document on stdout with --json.
+fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome> {
+    if printer.json {
+        printer.json_line(report)?;
+    } else {
+        for s in &report.shards {
+            printer.info(format!(
+                "wrote {}: {} ids, version {}, V {}",
+                escape(&s.file),
+                s.n,
+                s.version,
+                s.vocab_size
+                    .map_or("not recorded".to_string(), |v| v.to_string())
+            ));
+        }
+        if let (Some(docs), Some(skipped)) = (report.documents, report.skipped) {
+            printer.info(format!(
+                "{docs} documents, {} tokens{}",
+                report.tokens,
+                if skipped > 0 {
+                    format!(", {skipped} bad lines or rows skipped")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Outcome> {
+    let format = corpus_format(&args)?;
+    let tokenizer = Tokenizer::load(spec).map_err(TokensError::from)?;
+    let eot = match args.eot.as_deref() {
+        Some("none") => None,
+        Some(token) => Some(tokenizer.token_id(token).map_err(TokensError::from)?),
+        None => Some(tokenizer.default_eot().map_err(TokensError::from)?),
+    };
+    let plan = match (args.val_tokens, args.shard_tokens) {
+        (Some(val_tokens), shard_tokens) => ShardPlan::ValTrain {
+            prefix: args.output.clone(),
+            val_tokens,
+            shard_tokens: shard_tokens.unwrap_or(DEFAULT_SHARD_TOKENS),
+        },
+        (None, Some(shard_tokens)) => ShardPlan::Numbered {
+            out: args.output.clone(),
+            shard_tokens,
+        },
+        (None, None) => ShardPlan::Single(args.output.clone()),
+    };
+    let paths = input_paths(&args);
+    check_text_inputs(&paths, format)?;
+    let threads = match args.threads {
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let opts = TextPackOptions {
+        format,
+        field: args.field.clone(),
+        eot,
+        plan,
+        threads,
+        skip_bad: args.skip_bad,
+        layout: layout(args.format),
+    };
+    let bar = printer.bar(0, "", "{spinner} {elapsed} {msg}");
+    let started = std::time::Instant::now();
+    let summary = tokens::pack_text(&paths, &tokenizer, &opts, &mut |p: &TextPackProgress| {
+        let secs = started.elapsed().as_secs_f64().max(1e-3);
+        bar.set_message(format!(
+            "{} documents, {} tokens, {:.1} MB/s",
+            p.documents,
+            p.tokens,
+            p.bytes as f64 / 1e6 / secs
+        ));
+        bar.tick();
+    });
+    bar.finish_and_clear();
+    let summary = summary?;
+    let report = PackReport {
+        shards: packed_shards(&summary.shards),
+        tokens: summary.tokens,
+        documents: Some(summary.documents),
+        skipped: Some(summary.skipped),
+    };
+    report_pack(&report, printer)
+}
+
+/// The text format of a pack with a tokenizer, refusing id formats and `--vocab-size`
+/// (the tokenizer's vocabulary is the one recorded).
+fn corpus_format(args: &PackArgs) -> anyhow::Result<CorpusFormat> {
+    let format = match args.from.unwrap_or(FromFormat::Text) {
+        FromFormat::Text => CorpusFormat::Text,
+        FromFormat::Jsonl => CorpusFormat::Jsonl,
+        FromFormat::Parquet => CorpusFormat::Parquet,
+        other => {
+            return Err(operational(format!(
+                "--from {} reads ids, not text: it does not take --tokenizer (use text, jsonl or parquet)",
+                other.to_possible_value().map_or("?".into(), |v| v.get_name().to_string())
+            )))
+        }
+    };
+    if args.vocab_size.is_some() {
+        return Err(operational(
+            "--vocab-size does not go with --tokenizer: the tokenizer's vocabulary is recorded",
+        ));
+    }
+    Ok(format)
+}
+
+/// Every input must exist before anything is written (core's pack refuses one that an
+/// output would replace), and standard input can be read once (and not as Parquet,
+/// which needs a file).
+fn check_text_inputs(paths: &[PathBuf], format: CorpusFormat) -> anyhow::Result<()> {
+    let stdin_count = paths.iter().filter(|p| p.as_os_str() == "-").count();
+    if stdin_count > 1 || (stdin_count == 1 && format == CorpusFormat::Parquet) {
+        return Err(operational(
+            "standard input (-) can be read once, and not as Parquet (which needs a file)",
+        ));
+    }
+    for path in paths.iter().filter(|p| p.as_os_str() != "-") {
+        std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! `tlio tokens windows`: one JSON line per batch of the stream (this rank's rows and
+//! the global cursor), resumed from and saved to cursor files by core's session.
+
+use super::*;
+
+/// One line of `tokens windows`.
+#[derive(Serialize)]
+struct WindowLine<'a> {
+    inputs: Vec<&'a [i64]>,
+    targets: Vec<&'a [i64]>,
+    cursor: Cursor,
+}
+
+pub(super) fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let vocab = args.vocab_size.map(vocab_arg).transpose()?;
+    let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
+    if args.rank >= args.world_size {
+        return Err(operational(format!(
+            "--rank {} must be below --world-size {}",
+            args.rank, args.world_size
+        )));
+    }
+    let ranks = Ranks {
+        rank: args.rank,
+        world_size: args.world_size,
+    };
+    let stream = TokenStream::open(&args.shards, args.seq_len, args.batch, rng, vocab, ranks)?;
+    let mut session =
+        CursorSession::start(stream, args.cursor.as_deref(), args.save_cursor.as_deref())?;
+    let saving = session.saves_cursor();
+    let mut out = BufWriter::new(printer.out());
+    let mut line_buf = Vec::new();
+    // Once the reader of stdout is gone, batches are no longer printed; the stream
+    // still advances when a cursor must be saved, so the file always holds the
+    // position after every requested batch, whoever reads stdout.
+    let mut stdout_open = true;
+    for _ in 0..args.batches {
+        let stream = session.stream();
+        let batch = stream.next_batch();
+        if !stdout_open {
+            continue;
+        }
+        let line = WindowLine {
+            inputs: (0..batch.batch)
+                .filter_map(|b| batch.input_row(b))
+                .collect(),
+            targets: (0..batch.batch)
+                .filter_map(|b| batch.target_row(b))
+                .collect(),
+            cursor: stream.cursor(),
+        };
+        // Serialize into memory first, so that a closed stdout surfaces as the plain
+        // BrokenPipe error main treats as a quiet exit.
+        line_buf.clear();
+        serde_json::to_writer(&mut line_buf, &line).map_err(io::Error::other)?;
+        line_buf.push(b'\n');
+        match out.write_all(&line_buf) {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe && saving => {
+                stdout_open = false;
+            }
+            other => other?,
+        }
+    }
+    match out.flush() {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe && saving => {}
+        other => other?,
+    }
+    session.finish()?;
+    Ok(Outcome::Success)
+}
