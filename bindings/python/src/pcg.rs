@@ -1,0 +1,8 @@
+//! `tlio.pcg` (placeholder registration; the module's functions are being written).
+
+use pyo3::prelude::*;
+
+/// Fills the `pcg` submodule.
+pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+    Ok(())
+}
