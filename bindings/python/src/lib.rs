@@ -20,9 +20,26 @@ fn add_submodule(
     name: &str,
     fill: fn(&Bound<'_, PyModule>) -> PyResult<()>,
 ) -> PyResult<()> {
-    let sub = PyModule::new(parent.py(), name)?;
+    let py = parent.py();
+    let sub = PyModule::new(py, name)?;
     fill(&sub)?;
-    parent.add_submodule(&sub)
+    parent.add_submodule(&sub)?;
+    // So that `from tlio._tlio.<name> import x` works as for a package's module.
+    py.import("sys")?
+        .getattr("modules")?
+        .set_item(format!("tlio._tlio.{name}"), &sub)
+}
+
+/// A hidden test hook, not part of the API: panics inside `errors::guard`, so that the
+/// tests can prove a Rust panic reaches Python as a `RuntimeError`.
+#[pyfunction]
+fn _panic_for_tests() -> PyResult<()> {
+    errors::guard(|| -> PyResult<()> {
+        #[allow(clippy::panic, reason = "the test hook's whole purpose")]
+        {
+            panic!("the test hook panicked on purpose")
+        }
+    })
 }
 
 #[pymodule]
@@ -34,6 +51,7 @@ fn _tlio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     add_submodule(m, "pcg", pcg::register)?;
     add_submodule(m, "tokens", tokens::register)?;
     add_submodule(m, "checkpoint", checkpoint::register)?;
+    m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
