@@ -372,8 +372,9 @@ pub fn save(
     Ok(())
 }
 
-/// Buffer of [`save_unsynced`]'s writer: large writes, few system calls.
-const UNSYNCED_BUFFER_BYTES: usize = 8 << 20;
+/// Buffer of [`save_unsynced`]'s writer: headers and encoded chunks are gathered, while a
+/// raw tensor larger than it goes to the file in one write, without a copy.
+const UNSYNCED_BUFFER_BYTES: usize = 256 << 10;
 
 /// Like [`save`] without the fsyncs: a temporary file in the target's directory renamed
 /// over `path`, so readers still see the whole file or the old one, but a power loss

@@ -71,8 +71,8 @@ _F8 = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
 # How load_safetensors makes writable arrays of numpy-native dtypes: "copy" reads each
 # tensor once into a fresh array; "cow" maps the file privately (copy-on-write) and
 # hands out arrays over that mapping. bench/python_safetensors.py measures both; see
-# docs/python.md for the figures and why "copy" is the default.
-_LOAD_STRATEGY = os.environ.get("TLIO_LOAD_STRATEGY", "copy")
+# docs/python.md for the figures and why "cow" is the default.
+_LOAD_STRATEGY = "cow"
 
 
 def _fail(path: Any, message: str) -> ValueError:
