@@ -48,9 +48,7 @@ pub(crate) fn u64_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if let Ok(s) = obj.extract::<String>() {
         let digits = s.strip_prefix("0x").unwrap_or(&s);
         return u64::from_str_radix(digits, 16).map_err(|_| {
-            PyValueError::new_err(format!(
-                "{what}: {s:?} is not a hexadecimal 64-bit integer"
-            ))
+            PyValueError::new_err(format!("{what}: {s:?} is not a hexadecimal 64-bit integer"))
         });
     }
     if obj.is_instance_of::<pyo3::types::PyBool>() {
@@ -61,7 +59,8 @@ pub(crate) fn u64_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     obj.extract::<u64>().map_err(|_| {
         PyValueError::new_err(format!(
             "{what} must be an integer in [0, 2**64), got {}",
-            obj.repr().map_or_else(|_| "?".to_string(), |r| r.to_string())
+            obj.repr()
+                .map_or_else(|_| "?".to_string(), |r| r.to_string())
         ))
     })
 }
@@ -174,7 +173,9 @@ impl PyPcg32 {
     }
 
     /// Pickling goes through `from_state`, so an unpickled generator is checked too.
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let py = slf.py();
         let rng = slf.borrow().rng;
         let ctor = slf.get_type().getattr("from_state")?;

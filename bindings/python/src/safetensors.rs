@@ -11,7 +11,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use numpy::{IntoPyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn};
+use numpy::{
+    IntoPyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
+};
 use pyo3::exceptions::{PyFileNotFoundError, PyValueError};
 use pyo3::prelude::*;
 use tlio_core::model::Model;
@@ -70,7 +72,10 @@ fn dtypes() -> Vec<(&'static str, u64, Option<usize>, bool, bool)> {
 /// The header of one file: tensors in file order (byte ranges from the start of the
 /// file), the metadata, and the file size. Reads the header and the size only.
 #[pyfunction]
-fn header(py: Python<'_>, path: PathBuf) -> PyResult<(Vec<TensorRow>, BTreeMap<String, String>, u64)> {
+fn header(
+    py: Python<'_>,
+    path: PathBuf,
+) -> PyResult<(Vec<TensorRow>, BTreeMap<String, String>, u64)> {
     guard(|| {
         let h = py
             .detach(|| read_header(&path))
@@ -168,7 +173,8 @@ fn decode<'py>(
             .as_slice()
             .map_err(|e| PyValueError::new_err(format!("tensor {tensor:?}: {e}")))?;
         let (ok, values) = py.detach(|| {
-            let mut out = Vec::with_capacity(bytes.len().saturating_mul(4) / d.size().unwrap_or(1).max(1));
+            let mut out =
+                Vec::with_capacity(bytes.len().saturating_mul(4) / d.size().unwrap_or(1).max(1));
             let ok = decode_f32(d, bytes, &mut out);
             (ok, out)
         });
@@ -195,8 +201,11 @@ enum Held<'py> {
 /// C-contiguous array, and how to read it (`raw`, `f32` or `f64`).
 type Item<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>, String);
 
+/// One tensor to save with its array borrowed: name, dtype, shape, data.
+type HeldTensor<'py> = (String, Dtype, Vec<u64>, Held<'py>);
+
 /// Borrows each item's array and checks its dtype name.
-fn hold<'py>(items: Vec<Item<'py>>) -> PyResult<Vec<(String, Dtype, Vec<u64>, Held<'py>)>> {
+fn hold<'py>(items: Vec<Item<'py>>) -> PyResult<Vec<HeldTensor<'py>>> {
     items
         .into_iter()
         .map(|(name, dtype, shape, array, mode)| {
@@ -218,7 +227,8 @@ fn hold<'py>(items: Vec<Item<'py>>) -> PyResult<Vec<(String, Dtype, Vec<u64>, He
 
 /// The core tensor over a held array (no copy).
 fn tensor<'a>(name: &str, dtype: Dtype, shape: &[u64], held: &'a Held<'_>) -> PyResult<Tensor<'a>> {
-    let contiguous = |e: numpy::AsSliceError| PyValueError::new_err(format!("tensor {name:?}: {e}"));
+    let contiguous =
+        |e: numpy::AsSliceError| PyValueError::new_err(format!("tensor {name:?}: {e}"));
     let data = match held {
         Held::Raw(a) => TensorData::Raw(Cow::Borrowed(a.as_slice().map_err(contiguous)?)),
         Held::F32(a) => TensorData::F32(a.as_slice().map_err(contiguous)?),
