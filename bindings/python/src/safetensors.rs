@@ -33,19 +33,22 @@ pub(crate) fn at_path<E>(path: &Path, err: E) -> PyErr
 where
     E: tlio_core::Failure + Send + Sync + 'static,
 {
+    with_path(path, core_err(err))
+}
+
+/// `err` with `path` named in front of its message (unless it names it already), as
+/// the same exception type.
+pub(crate) fn with_path(path: &Path, err: PyErr) -> PyErr {
     let shown = path.display().to_string();
-    let py_err = core_err(err);
     Python::attach(|py| {
-        let message = py_err.value(py).to_string();
+        let message = err.value(py).to_string();
         if message.contains(&shown) {
-            py_err
-        } else {
-            let ty = py_err.get_type(py);
-            let args = (format!("{shown}: {message}"),);
-            match ty.call1(args) {
-                Ok(obj) => PyErr::from_value(obj),
-                Err(e) => e,
-            }
+            return err;
+        }
+        let args = (format!("{shown}: {message}"),);
+        match err.get_type(py).call1(args) {
+            Ok(obj) => PyErr::from_value(obj),
+            Err(e) => e,
         }
     })
 }
@@ -265,11 +268,12 @@ fn save_file(
     durable: bool,
 ) -> PyResult<()> {
     guard(|| {
-        let held = hold(items)?;
+        let held = hold(items).map_err(|e| with_path(&path, e))?;
         let tensors = held
             .iter()
             .map(|(name, dtype, shape, h)| tensor(name, *dtype, shape, h))
-            .collect::<PyResult<Vec<_>>>()?;
+            .collect::<PyResult<Vec<_>>>()
+            .map_err(|e| with_path(&path, e))?;
         py.detach(|| {
             if durable {
                 save(&path, &tensors, &meta)

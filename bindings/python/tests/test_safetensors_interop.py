@@ -269,3 +269,15 @@ def test_save_over_a_directory_is_an_error_and_leaves_no_temp(tmp_path):
     with pytest.raises((ValueError, OSError)):
         save_safetensors(d, {"w": np.float32([1])})
     assert sorted(os.listdir(tmp_path)) == ["dir.safetensors"]
+
+
+def test_any_memory_order_and_byte_order_is_written_little_endian_c_order(tmp_path):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ref, other = tmp_path / "ref.safetensors", tmp_path / "other.safetensors"
+    save_safetensors(ref, {"a": a, "s": np.float32(2.5), "b": np.array([True, False])})
+    save_safetensors(other, {"a": np.asfortranarray(a).astype(">f4"), "s": np.array(2.5, ">f4"), "b": np.array([True, False])})
+    assert ref.read_bytes() == other.read_bytes()
+    t, _ = load_safetensors(ref)
+    assert t["s"].shape == () and t["s"] == 2.5 and t["b"].dtype == np.bool_
+    save_safetensors(other, {"a": a.T}, durable=False)
+    np.testing.assert_array_equal(load_safetensors(other)[0]["a"], a.T)

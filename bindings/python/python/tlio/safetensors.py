@@ -178,6 +178,8 @@ def save_safetensors(
     for name, a in tensors.items():
         if not isinstance(name, str):
             raise _fail(path, f"tensor names must be str, got {name!r}")
+        if isinstance(a, np.generic):
+            a = np.asarray(a)  # a numpy scalar is a 0-d tensor
         if not isinstance(a, np.ndarray):
             raise _fail(path, f"tensor {name!r}: a numpy array is needed, got {type(a).__name__}")
         dtype, mode = _plan(path, name, a, dtypes.get(name))
