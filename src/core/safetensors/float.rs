@@ -440,7 +440,10 @@ mod tests {
     #[test]
     fn first_f32_overflow_finds_finite_values_only() {
         let max = f64::from(f32::MAX);
-        assert_eq!(first_f32_overflow(&[1.0, max, f64::INFINITY, f64::NAN]), None);
+        assert_eq!(
+            first_f32_overflow(&[1.0, max, f64::INFINITY, f64::NAN]),
+            None
+        );
         assert_eq!(first_f32_overflow(&[0.0, 1e39, -1e39]), Some(1));
         assert_eq!(first_f32_overflow(&[-1e300]), Some(0));
     }

@@ -430,7 +430,10 @@ mod unsynced_tests {
             },
         ];
         let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
-        let (a, b) = (dir.path().join("a.safetensors"), dir.path().join("b.safetensors"));
+        let (a, b) = (
+            dir.path().join("a.safetensors"),
+            dir.path().join("b.safetensors"),
+        );
         save(&a, &tensors, &meta).unwrap();
         save_unsynced(&b, &tensors, &meta).unwrap();
         assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
