@@ -254,8 +254,9 @@ def load_safetensors(
     path = os.fspath(path)
     rows, meta, size = _st.header(path)
     out: Dict[str, np.ndarray] = {}
-    ro = _map(path, size, mmap.ACCESS_READ)
     cow = _map(path, size, mmap.ACCESS_COPY) if _LOAD_STRATEGY == "cow" else None
+    # BF16/F8 decode from the stored bytes; reading a private map copies nothing.
+    ro = cow if cow is not None else _map(path, size, mmap.ACCESS_READ)
     with open(path, "rb") as f:
         fd = f.fileno()
         for name, dtype, shape, start, end in rows:
