@@ -2,7 +2,7 @@
 """tlio.safetensors against the safetensors package, side by side in one run.
 
 Each measurement runs in a fresh process (so its peak RSS is its own), the jobs
-alternate (a, b, c, a, b, c, ...) so that drift on a shared machine hits all of them,
+alternate (a, b, c, then b, c, a, ...) so that drift on a shared machine hits all of them,
 and the figures are medians. The 1 GiB F32 file (256 tensors of 1 Mi floats) is written
 once by the library and read from the page cache (warm) by every job.
 
@@ -116,6 +116,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--child", nargs=3)
+    ap.add_argument("--only", default=None, help="run only the groups whose title contains this")
     args = ap.parse_args()
     if args.child:
         child(*args.child)
@@ -133,16 +134,20 @@ def main():
     print(f"file: {os.path.getsize(path)} bytes, {TENSORS} F32 tensors; {args.runs} alternating runs; "
           f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores", flush=True)
     results = {}
-    for _ in range(args.runs):
-        for _, jobs in GROUPS:
-            for j in jobs:
+    groups = [g for g in GROUPS if args.only is None or args.only in g[0]]
+    for run in range(args.runs):
+        for _, jobs in groups:
+            # Each run starts the group at another job, so that no job always runs
+            # first (the first large write after a pause is often the slow one).
+            k = run % len(jobs)
+            for j in jobs[k:] + jobs[:k]:
                 r = subprocess.run([sys.executable, __file__, "--child", j, path, out],
                                    check=True, capture_output=True, text=True)
                 rec = json.loads(r.stdout.strip().splitlines()[-1])
                 results.setdefault(j, []).append(rec)
                 os.sync()  # a save's dirty pages must not be written back during the next job
     print(f"{'job':<40} {'median s':>10} {'ratio':>8} {'peak RSS MiB':>13}")
-    for title, jobs in GROUPS:
+    for title, jobs in groups:
         print(f"-- {title}")
         ref = statistics.median(r["s"] for r in results[jobs[-1]])
         for j in jobs:
