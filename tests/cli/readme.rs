@@ -265,9 +265,11 @@ fn the_parser_reads_commands_outputs_exit_codes_and_skips() {
 fn ci_runs_exactly_the_readme_test_command() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    // The README's first block: the demo, then the test command.
     let command = readme
         .lines()
-        .find(|l| l.starts_with("cargo test"))
+        .skip_while(|l| !l.starts_with("```"))
+        .nth(2)
         .and_then(|l| l.split('#').next())
         .map(str::trim)
         .expect("the README's test command");
@@ -275,5 +277,13 @@ fn ci_runs_exactly_the_readme_test_command() {
     assert!(
         ci.lines().any(|l| l.trim() == command),
         ".ci/run runs `{command}`"
+    );
+    // The test command runs cargo's whole suite with the committed lock file.
+    let script = fs::read_to_string(root.join(command)).unwrap();
+    assert!(
+        script
+            .lines()
+            .any(|l| l.trim() == "cargo test --release --locked"),
+        "{command} runs `cargo test --release --locked`"
     );
 }

@@ -88,6 +88,14 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     half::bf16::from_f32(x).to_bits()
 }
 
+/// The first finite f64 value that rounds to an infinite f32 (beyond f32::MAX after
+/// rounding), if any: F64 to F32 must fail there rather than store an infinity.
+pub fn first_f32_overflow(values: &[f64]) -> Option<usize> {
+    values
+        .iter()
+        .position(|&v| v.is_finite() && (v as f32).is_infinite())
+}
+
 /// f64 to F16 bits: one rounding, NaN to 0x7E00 with the sign, overflow to infinity.
 pub fn f64_to_f16(x: f64) -> u16 {
     ieee_small(x, 10, 15, 0x7C00, 0x7E00, 15)
@@ -428,6 +436,17 @@ fn encode_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_f32_overflow_finds_finite_values_only() {
+        let max = f64::from(f32::MAX);
+        assert_eq!(
+            first_f32_overflow(&[1.0, max, f64::INFINITY, f64::NAN]),
+            None
+        );
+        assert_eq!(first_f32_overflow(&[0.0, 1e39, -1e39]), Some(1));
+        assert_eq!(first_f32_overflow(&[-1e300]), Some(0));
+    }
 
     /// The codec tables and the raw-only lists of `Dtype` agree: a decodable or
     /// encodable dtype always has its arm, never the catch-all.

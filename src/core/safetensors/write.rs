@@ -371,3 +371,72 @@ pub fn save(
     file.commit()?;
     Ok(())
 }
+
+/// Buffer of [`save_unsynced`]'s writer: headers and encoded chunks are gathered, while a
+/// raw tensor larger than it goes to the file in one write, without a copy.
+const UNSYNCED_BUFFER_BYTES: usize = 256 << 10;
+
+/// Like [`save`] without the fsyncs: a temporary file in the target's directory renamed
+/// over `path`, so readers still see the whole file or the old one, but a power loss
+/// may leave either. It exists for callers comparing with libraries that never sync
+/// (the Python package's `durable=False`); everything durable goes through [`save`].
+pub fn save_unsynced(
+    path: &Path,
+    tensors: &[Tensor<'_>],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), SafetensorsError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let temp = tempfile::Builder::new()
+        .prefix(".tlio-")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(SafetensorsError::Write)?;
+    let mut out = std::io::BufWriter::with_capacity(UNSYNCED_BUFFER_BYTES, temp);
+    write(&mut out, tensors, metadata)?;
+    let temp = out
+        .into_inner()
+        .map_err(|e| SafetensorsError::Write(e.into_error()))?;
+    temp.persist(path)
+        .map_err(|e| SafetensorsError::Write(e.error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod unsynced_tests {
+    use super::*;
+    use std::borrow::Cow;
+
+    /// The unsynced writer writes the same bytes as the durable one and leaves no
+    /// temporary file behind.
+    #[test]
+    fn save_unsynced_writes_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let values = [1.0f32, 2.5, -0.0];
+        let tensors = [
+            Tensor {
+                name: "w".into(),
+                dtype: Dtype::BF16,
+                shape: vec![3],
+                data: TensorData::F32(&values),
+            },
+            Tensor {
+                name: "b".into(),
+                dtype: Dtype::U8,
+                shape: vec![2],
+                data: TensorData::Raw(Cow::Borrowed(&[7, 9])),
+            },
+        ];
+        let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+        let (a, b) = (
+            dir.path().join("a.safetensors"),
+            dir.path().join("b.safetensors"),
+        );
+        save(&a, &tensors, &meta).unwrap();
+        save_unsynced(&b, &tensors, &meta).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+}

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""tlio.safetensors against the safetensors package, side by side in one run.
+
+Each measurement runs in a fresh process (so its peak RSS is its own), the jobs
+alternate (a, b, c, then b, c, a, ...) so that drift on a shared machine hits all of them,
+and the figures are medians. The 1 GiB F32 file (256 tensors of 1 Mi floats) is written
+once by the library and read from the page cache (warm) by every job.
+
+    python bench/python_safetensors.py [--runs 5] [--dir DIR]
+
+Never a timed test: the numbers go to docs/python.md, nothing asserts on them.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TENSORS = 256
+ELEMS = 1 << 20  # 256 x 4 MiB = 1 GiB
+
+
+def make_tensors():
+    import numpy as np
+
+    base = np.arange(ELEMS, dtype=np.float32)
+    return {f"layer.{i:03d}.weight": base + i for i in range(TENSORS)}
+
+
+def job(name, path, out):
+    """One measurement in this process: returns seconds; the peak RSS is read after."""
+    import numpy as np
+
+    if name.startswith("save"):
+        tensors = make_tensors()
+        t0 = time.perf_counter()
+        if name == "save_tlio_fast":
+            from tlio.safetensors import save_safetensors
+
+            save_safetensors(out, tensors, {"format": "pt"}, durable=False)
+        elif name == "save_tlio_durable":
+            from tlio.safetensors import save_safetensors
+
+            save_safetensors(out, tensors, {"format": "pt"})
+        else:
+            import safetensors.numpy
+
+            safetensors.numpy.save_file(tensors, out, metadata={"format": "pt"})
+        dt = time.perf_counter() - t0
+        os.unlink(out)
+        return dt
+    t0 = time.perf_counter()
+    if name == "open_tlio":
+        from tlio.safetensors import safe_open
+
+        with safe_open(path) as f:
+            got = {k: f.get_tensor(k) for k in f.keys()}
+    elif name == "open_lib":
+        import safetensors
+
+        with safetensors.safe_open(path, framework="np") as f:
+            got = {k: f.get_tensor(k) for k in f.keys()}
+    elif name.startswith("load_tlio"):
+        import tlio.safetensors as ts
+
+        ts._LOAD_STRATEGY = name.rsplit("_", 1)[1].replace("+sum", "")
+        got, _ = ts.load_safetensors(path)
+    elif name.startswith("load_lib"):
+        import safetensors.numpy
+
+        got = safetensors.numpy.load_file(path)
+    else:
+        raise SystemExit(f"unknown job {name}")
+    if name.endswith("+sum"):
+        for a in got.values():
+            a += 1  # touch and write every page, as a training step would
+    dt = time.perf_counter() - t0
+    assert len(got) == TENSORS
+    return dt
+
+
+def peak_rss():
+    """VmHWM: this process's peak resident set (reset by exec, unlike ru_maxrss, which
+    Linux carries over from the parent across fork and exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def child(name, path, out):
+    dt = job(name, path, out)
+    rss = peak_rss()
+    print(json.dumps({"job": name, "s": dt, "rss": rss}))
+
+
+GROUPS = [
+    ("safe_open().get_tensor, every tensor", ["open_tlio", "open_lib"]),
+    ("load", ["load_tlio_copy", "load_tlio_cow", "load_lib"]),
+    ("load, then write every element", ["load_tlio_copy+sum", "load_tlio_cow+sum", "load_lib+sum"]),
+    ("save 1 GiB", ["save_tlio_fast", "save_tlio_durable", "save_lib"]),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--child", nargs=3)
+    ap.add_argument("--only", default=None, help="run only the groups whose title contains this")
+    args = ap.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    d = args.dir or tempfile.mkdtemp(prefix="tlio-bench-")
+    path = os.path.join(d, "bench_f32.safetensors")
+    out = os.path.join(d, "bench_out.safetensors")
+    if not os.path.exists(path):
+        import safetensors.numpy
+
+        safetensors.numpy.save_file(make_tensors(), path, metadata={"format": "pt"})
+    with open(path, "rb") as f:  # warm the page cache
+        while f.read(64 << 20):
+            pass
+    print(f"file: {os.path.getsize(path)} bytes, {TENSORS} F32 tensors; {args.runs} alternating runs; "
+          f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores", flush=True)
+    results = {}
+    groups = [g for g in GROUPS if args.only is None or args.only in g[0]]
+    for run in range(args.runs):
+        for _, jobs in groups:
+            # Each run starts the group at another job, so that no job always runs
+            # first (the first large write after a pause is often the slow one).
+            k = run % len(jobs)
+            for j in jobs[k:] + jobs[:k]:
+                r = subprocess.run([sys.executable, __file__, "--child", j, path, out],
+                                   check=True, capture_output=True, text=True)
+                rec = json.loads(r.stdout.strip().splitlines()[-1])
+                results.setdefault(j, []).append(rec)
+                os.sync()  # a save's dirty pages must not be written back during the next job
+    print(f"{'job':<40} {'median s':>10} {'ratio':>8} {'peak RSS MiB':>13}")
+    for title, jobs in groups:
+        print(f"-- {title}")
+        ref = statistics.median(r["s"] for r in results[jobs[-1]])
+        for j in jobs:
+            s = statistics.median(r["s"] for r in results[j])
+            rss = statistics.median(r["rss"] for r in results[j]) / (1 << 20)
+            print(f"{j:<40} {s:>10.4f} {s / ref:>8.3f} {rss:>13.0f}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,8 @@
+//! `tlio.checkpoint` (placeholder registration; the module's functions are being written).
+
+use pyo3::prelude::*;
+
+/// Fills the `checkpoint` submodule.
+pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+    Ok(())
+}

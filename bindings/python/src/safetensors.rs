@@ -1,0 +1,348 @@
+//! `tlio._tlio.safetensors`: the Rust half of `tlio.safetensors`. It reads headers and
+//! model layouts through tlio-core, decodes BF16/F8 and writes files through the core's
+//! canonical writer; the Python half (python/tlio/safetensors.py) maps numpy dtypes and
+//! builds the zero-copy views.
+//!
+//! Invariants: every format rule (dtype names, the reader and writer rules, rounding,
+//! the E4M3 range, model and index checks) is tlio-core's; the GIL is released around
+//! file I/O and conversion; a Rust panic becomes a `RuntimeError` (`errors::guard`).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use numpy::{
+    IntoPyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
+};
+use pyo3::exceptions::{PyFileNotFoundError, PyValueError};
+use pyo3::prelude::*;
+use tlio_core::model::Model;
+use tlio_core::safetensors::float::{decode_f32, first_f32_overflow};
+use tlio_core::safetensors::write::save_unsynced;
+use tlio_core::safetensors::{read_header, save, Dtype, Tensor, TensorData, TensorInfo};
+
+use crate::errors::{core_err, guard};
+
+/// One tensor of a header as Python sees it: name, dtype, shape, and its byte range
+/// `[start, end)` from the start of the file holding it.
+type TensorRow = (String, &'static str, Vec<u64>, u64, u64);
+
+/// A core error raised as its Python exception, with the file named in front when the
+/// core's message does not name it already.
+pub(crate) fn at_path<E>(path: &Path, err: E) -> PyErr
+where
+    E: tlio_core::Failure + Send + Sync + 'static,
+{
+    with_path(path, core_err(err))
+}
+
+/// `err` with `path` named in front of its message (unless it names it already), as
+/// the same exception type.
+pub(crate) fn with_path(path: &Path, err: PyErr) -> PyErr {
+    let shown = path.display().to_string();
+    Python::attach(|py| {
+        let message = err.value(py).to_string();
+        if message.contains(&shown) {
+            return err;
+        }
+        let args = (format!("{shown}: {message}"),);
+        match err.get_type(py).call1(args) {
+            Ok(obj) => PyErr::from_value(obj),
+            Err(e) => e,
+        }
+    })
+}
+
+/// A dtype from its exact safetensors name (`bf16` is unknown), or a `ValueError`.
+pub(crate) fn dtype_arg(name: &str, tensor: &str) -> PyResult<Dtype> {
+    Dtype::from_name(name).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "tensor {tensor:?}: unknown dtype {name:?} (dtype names are exact and upper-case, e.g. BF16)"
+        ))
+    })
+}
+
+/// Every dtype of safetensors 0.8 in writer-rank order: (name, bits, bytes per element
+/// or None for sub-byte dtypes, encodable from numbers, decodable to numbers).
+#[pyfunction]
+fn dtypes() -> Vec<(&'static str, u64, Option<usize>, bool, bool)> {
+    Dtype::ALL
+        .iter()
+        .map(|d| (d.name(), d.bits(), d.size(), d.encodable(), d.decodable()))
+        .collect()
+}
+
+/// The header of one file: tensors in file order (byte ranges from the start of the
+/// file), the metadata, and the file size. Reads the header and the size only.
+#[pyfunction]
+fn header(
+    py: Python<'_>,
+    path: PathBuf,
+) -> PyResult<(Vec<TensorRow>, BTreeMap<String, String>, u64)> {
+    guard(|| {
+        let h = py
+            .detach(|| read_header(&path))
+            .map_err(|e| at_path(&path, e))?;
+        let start = h.data_start();
+        let rows = h
+            .tensors()
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.dtype.name(),
+                    t.shape.clone(),
+                    start.saturating_add(t.data_offsets.0),
+                    start.saturating_add(t.data_offsets.1),
+                )
+            })
+            .collect();
+        Ok((rows, h.metadata, h.file_size))
+    })
+}
+
+/// A model's layout as `safe_open` needs it.
+type ModelLayout = (
+    Vec<(String, u64)>,
+    Vec<(TensorRow, usize)>,
+    BTreeMap<String, String>,
+);
+
+/// A sharded index or a model directory, checked by tlio-core as `tlio model` checks
+/// it: the shards (path, size), every tensor with its shard, and the metadata entries
+/// that every shard has with the same value. A shard that is missing or invalid is a
+/// `ValueError` naming it (the path given exists; the model is invalid).
+#[pyfunction]
+fn model(py: Python<'_>, path: PathBuf) -> PyResult<ModelLayout> {
+    guard(|| {
+        let exists = path.exists();
+        let m = py.detach(|| Model::open(&path)).map_err(|e| {
+            let err = at_path(&path, e);
+            if exists && Python::attach(|py| err.is_instance_of::<PyFileNotFoundError>(py)) {
+                Python::attach(|py| PyValueError::new_err(err.value(py).to_string()))
+            } else {
+                err
+            }
+        })?;
+        Ok(layout(&m))
+    })
+}
+
+/// The Python view of an opened model.
+fn layout(m: &Model) -> ModelLayout {
+    let shards = m
+        .shards
+        .iter()
+        .map(|s| (s.path.display().to_string(), s.header.file_size))
+        .collect();
+    let entries = m
+        .entries
+        .iter()
+        .filter_map(|e| {
+            let start = m.shards.get(e.shard)?.header.data_start();
+            let t = &e.info;
+            let row = (
+                t.name.clone(),
+                t.dtype.name(),
+                t.shape.clone(),
+                start.saturating_add(t.data_offsets.0),
+                start.saturating_add(t.data_offsets.1),
+            );
+            Some((row, e.shard))
+        })
+        .collect();
+    let mut common: BTreeMap<String, String> = BTreeMap::new();
+    if let Some((first, rest)) = m.shards.split_first() {
+        common = first.header.metadata.clone();
+        for s in rest {
+            common.retain(|k, v| s.header.metadata.get(k) == Some(v));
+        }
+    }
+    (shards, entries, common)
+}
+
+/// Decodes the stored bytes `data` of `dtype` to float32 values (exact: BF16 is the top
+/// half of a float32, F8 codes map through their tables). The GIL is released.
+#[pyfunction]
+fn decode<'py>(
+    py: Python<'py>,
+    dtype: &str,
+    tensor: &str,
+    data: PyReadonlyArray1<'py, u8>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    guard(|| {
+        let d = dtype_arg(dtype, tensor)?;
+        let bytes = data
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(format!("tensor {tensor:?}: {e}")))?;
+        let (ok, values) = py.detach(|| {
+            let mut out =
+                Vec::with_capacity(bytes.len().saturating_mul(4) / d.size().unwrap_or(1).max(1));
+            let ok = decode_f32(d, bytes, &mut out);
+            (ok, out)
+        });
+        if !ok {
+            return Err(PyValueError::new_err(format!(
+                "tensor {tensor:?}: {dtype} takes raw bytes only and has no decoder (load it with raw=True)"
+            )));
+        }
+        Ok(values.into_pyarray(py))
+    })
+}
+
+/// The data of one tensor to save, borrowed from a numpy array for the whole write.
+enum Held<'py> {
+    /// Stored bytes, written as they are.
+    Raw(PyReadonlyArray1<'py, u8>),
+    /// float32 values, encoded to the tensor's dtype.
+    F32(PyReadonlyArray1<'py, f32>),
+    /// float64 values, encoded to the tensor's dtype with one rounding.
+    F64(PyReadonlyArray1<'py, f64>),
+}
+
+/// One tensor as the Python half hands it over: name, dtype name, shape, a flat
+/// C-contiguous array, and how to read it (`raw`, `f32` or `f64`).
+type Item<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>, String);
+
+/// One tensor to save with its array borrowed: name, dtype, shape, data.
+type HeldTensor<'py> = (String, Dtype, Vec<u64>, Held<'py>);
+
+/// Borrows each item's array and checks its dtype name.
+fn hold<'py>(items: Vec<Item<'py>>) -> PyResult<Vec<HeldTensor<'py>>> {
+    items
+        .into_iter()
+        .map(|(name, dtype, shape, array, mode)| {
+            let d = dtype_arg(&dtype, &name)?;
+            let held = match mode.as_str() {
+                "raw" => Held::Raw(array.extract()?),
+                "f32" => Held::F32(array.extract()?),
+                "f64" => Held::F64(array.extract()?),
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "tensor {name:?}: unknown data mode {other:?}"
+                    )))
+                }
+            };
+            Ok((name, d, shape, held))
+        })
+        .collect()
+}
+
+/// The core tensor over a held array (no copy).
+fn tensor<'a>(name: &str, dtype: Dtype, shape: &[u64], held: &'a Held<'_>) -> PyResult<Tensor<'a>> {
+    let contiguous =
+        |e: numpy::AsSliceError| PyValueError::new_err(format!("tensor {name:?}: {e}"));
+    let data = match held {
+        Held::Raw(a) => TensorData::Raw(Cow::Borrowed(a.as_slice().map_err(contiguous)?)),
+        Held::F32(a) => TensorData::F32(a.as_slice().map_err(contiguous)?),
+        Held::F64(a) => {
+            let values = a.as_slice().map_err(contiguous)?;
+            if dtype == Dtype::F32 {
+                if let Some(i) = first_f32_overflow(values) {
+                    let v = values.get(i).copied().unwrap_or(f64::NAN);
+                    return Err(PyValueError::new_err(format!(
+                        "encode: tensor {name:?}: value {v} at index {i} is beyond the F32 range (it would become an infinity)"
+                    )));
+                }
+            }
+            TensorData::F64(values)
+        }
+    };
+    Ok(Tensor {
+        name: name.to_string(),
+        dtype,
+        shape: shape.to_vec(),
+        data,
+    })
+}
+
+/// Writes `items` and `meta` canonically and atomically to `path` through tlio-core;
+/// `durable` adds the fsyncs of the file and its directory. The GIL is released while
+/// encoding and writing.
+#[pyfunction]
+fn save_file(
+    py: Python<'_>,
+    path: PathBuf,
+    items: Vec<Item<'_>>,
+    meta: BTreeMap<String, String>,
+    durable: bool,
+) -> PyResult<()> {
+    guard(|| {
+        let held = hold(items).map_err(|e| with_path(&path, e))?;
+        let tensors = held
+            .iter()
+            .map(|(name, dtype, shape, h)| tensor(name, *dtype, shape, h))
+            .collect::<PyResult<Vec<_>>>()
+            .map_err(|e| with_path(&path, e))?;
+        py.detach(|| {
+            if durable {
+                save(&path, &tensors, &meta)
+            } else {
+                save_unsynced(&path, &tensors, &meta)
+            }
+        })
+        .map_err(|e| at_path(&path, e))
+    })
+}
+
+/// A float32 numpy array (any shape, any memory order) as a core F32 tensor named
+/// `name`: borrowed when C-contiguous, copied once otherwise. For the checkpoint module.
+#[allow(dead_code, reason = "shared with the other modules of the binding")]
+pub(crate) fn f32_tensor<'a>(
+    name: &str,
+    array: &'a PyReadonlyArrayDyn<'_, f32>,
+) -> PyResult<Tensor<'a>> {
+    let view = array.as_array();
+    let shape = view.shape().iter().map(|&n| n as u64).collect();
+    let data = match array.as_slice() {
+        Ok(values) => TensorData::F32(values),
+        Err(_) => TensorData::Raw(Cow::Owned(
+            view.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        )),
+    };
+    Ok(Tensor {
+        name: name.to_string(),
+        dtype: Dtype::F32,
+        shape,
+        data,
+    })
+}
+
+/// The stored bytes of a tensor decoded to a writable float32 numpy array of its shape
+/// (every decodable dtype, exactly as `load_safetensors` decodes floats; a raw-only
+/// dtype is a `ValueError` naming the tensor). For the checkpoint module.
+#[allow(dead_code, reason = "shared with the other modules of the binding")]
+pub(crate) fn f32_array<'py>(
+    py: Python<'py>,
+    info: &TensorInfo,
+    bytes: &[u8],
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let (ok, values) = py.detach(|| {
+        let mut out = Vec::new();
+        let ok = decode_f32(info.dtype, bytes, &mut out);
+        (ok, out)
+    });
+    if !ok {
+        return Err(PyValueError::new_err(format!(
+            "tensor {:?}: {} takes raw bytes only and cannot be decoded to float32",
+            info.name, info.dtype
+        )));
+    }
+    let shape = info
+        .shape
+        .iter()
+        .map(|&n| usize::try_from(n))
+        .collect::<Result<Vec<usize>, _>>()
+        .map_err(|_| PyValueError::new_err(format!("tensor {:?}: shape too large", info.name)))?;
+    values.into_pyarray(py).reshape(shape)
+}
+
+/// Fills the `safetensors` submodule.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(header, m)?)?;
+    m.add_function(wrap_pyfunction!(model, m)?)?;
+    m.add_function(wrap_pyfunction!(decode, m)?)?;
+    m.add_function(wrap_pyfunction!(save_file, m)?)?;
+    Ok(())
+}
