@@ -184,7 +184,9 @@ fn optimizer_meta(
         .map(|a| (a.name.as_str(), a.shape.as_slice()))
         .collect();
     if names.len() != arrays.len() {
-        return Err(invalid(&"two optimizer arrays have the same <parameter>.<key> name"));
+        return Err(invalid(
+            &"two optimizer arrays have the same <parameter>.<key> name",
+        ));
     }
     let params: BTreeMap<String, Vec<u64>> = model
         .iter()
@@ -206,7 +208,10 @@ fn optimizer_meta(
 /// state (hyper-parameters and step) with `opt_state` its arrays.
 #[pyfunction]
 #[pyo3(signature = (dir, model, opt_json, opt_state, state_json, rng, config, keep, overwrite))]
-#[allow(clippy::too_many_arguments, reason = "one private call of tlio.checkpoint")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one private call of tlio.checkpoint"
+)]
 fn save(
     py: Python<'_>,
     dir: PathBuf,
@@ -254,7 +259,9 @@ fn save(
                     write_file(out, mt, &model_meta)
                 })),
                 optimizer: opt_meta.map(|meta| {
-                    Payload::Writer(Box::new(move |out: &mut dyn Write| write_file(out, ot, &meta)))
+                    Payload::Writer(Box::new(move |out: &mut dyn Write| {
+                        write_file(out, ot, &meta)
+                    }))
                 }),
                 state,
                 config: config.map(Cow::Owned),

@@ -12,9 +12,7 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyTypeError, PyValueError
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tlio_core::pcg::Pcg32;
-use tlio_core::tokens::{
-    read_shard_header, Cursor, Shard, TokenStream, TokensError, HEADER_BYTES,
-};
+use tlio_core::tokens::{read_shard_header, Cursor, Shard, TokenStream, TokensError, HEADER_BYTES};
 
 use crate::errors::{core_err, guard, one_line};
 
@@ -81,9 +79,7 @@ fn vocab_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
 #[pyfunction]
 fn read_tokens_header<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
     guard(|| {
-        let header = py
-            .detach(|| read_shard_header(&path))
-            .map_err(tokens_err)?;
+        let header = py.detach(|| read_shard_header(&path)).map_err(tokens_err)?;
         let d = PyDict::new(py);
         d.set_item("magic", header.magic)?;
         d.set_item("version", header.version)?;
@@ -205,8 +201,10 @@ impl Stream {
     fn next_batch<'py>(
         &mut self,
         py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyArray<i64, numpy::Ix2>>, Bound<'py, PyArray<i64, numpy::Ix2>>)>
-    {
+    ) -> PyResult<(
+        Bound<'py, PyArray<i64, numpy::Ix2>>,
+        Bound<'py, PyArray<i64, numpy::Ix2>>,
+    )> {
         guard(|| {
             let inner = &mut self.inner;
             let batch = py.detach(|| inner.next_batch());
