@@ -28,15 +28,6 @@ pub struct Classified {
     pub kind: FailureKind,
 }
 
-/// An `anyhow` error whose exit code is 1 (invalid input).
-pub fn invalid(message: impl Into<String>) -> anyhow::Error {
-    Classified {
-        message: message.into(),
-        kind: FailureKind::Invalid,
-    }
-    .into()
-}
-
 /// An `anyhow` error whose exit code is 2 (usage or operational).
 pub fn operational(message: impl Into<String>) -> anyhow::Error {
     Classified {

@@ -4,7 +4,6 @@
 //! cursor), `decode` (the text of a shard's ids). Each command is one core call plus
 //! printing.
 
-use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -13,15 +12,14 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
 use super::Outcome;
-use crate::error::{invalid, operational};
+use crate::error::operational;
 use crate::output::Printer;
-use tlio_core::atomic;
 use tlio_core::pcg::{Pcg32, DEFAULT_SEQ};
 use tlio_core::text::escape;
 use tlio_core::tokens::{
-    self, CorpusFormat, Cursor, HeaderReport, InputFormat, Layout, PackInput, PackOptions, Shard,
-    ShardPlan, TextPackOptions, TextPackProgress, TokenStream, Tokenizer, TokensError, BYTES_VOCAB,
-    DEFAULT_SHARD_TOKENS,
+    self, CorpusFormat, Cursor, CursorSession, HeaderReport, InputFormat, Layout, PackInput,
+    PackOptions, Ranks, Shard, ShardPlan, TextPackOptions, TextPackProgress, TokenStream,
+    Tokenizer, TokensError, BYTES_VOCAB, DEFAULT_SHARD_TOKENS,
 };
 use tlio_core::{Failure, FailureKind};
 
@@ -200,6 +198,14 @@ pub struct WindowsArgs {
     /// Write the final cursor to FILE (atomically).
     #[arg(long, value_name = "FILE")]
     pub save_cursor: Option<PathBuf>,
+    /// This process's rank R: print windows R*B .. (R+1)*B of each global batch of B*W
+    /// windows (the cursor is the global one, the same on every rank).
+    #[arg(long, value_name = "R", default_value_t = 0)]
+    pub rank: usize,
+    /// The number of ranks W reading the stream together (data-parallel training).
+    #[arg(long, value_name = "W", default_value_t = 1,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub world_size: usize,
     /// The vocabulary size V: every shard must record V or, recording none (llm.c's),
     /// have every id below V.
     #[arg(long, value_name = "V")]
@@ -393,14 +399,7 @@ fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         return pack_text(args, &spec, printer);
     }
     let (format, vocab) = id_format(&args)?;
-    let plan = match args.shard_tokens {
-        Some(shard_tokens) => ShardPlan::Numbered {
-            out: args.output.clone(),
-            shard_tokens,
-        },
-        None => ShardPlan::Single(args.output.clone()),
-    };
-    let (inputs, total) = open_id_inputs(&input_paths(&args), &plan)?;
+    let (inputs, total) = open_id_inputs(&input_paths(&args))?;
     let bar = match total {
         Some(t) => printer.bytes_bar(t, "packing"),
         None => printer.bar(0, "packing", "{msg} {bytes} {bytes_per_sec}"),
@@ -468,13 +467,10 @@ fn id_format(args: &PackArgs) -> anyhow::Result<(InputFormat, u32)> {
     Ok((format, vocab))
 }
 
-/// Open every input before writing anything, so a missing file fails first, and
-/// refuse one that an output would replace. Returns the readers and their total size
-/// (None when standard input is among them).
-fn open_id_inputs(
-    paths: &[PathBuf],
-    plan: &ShardPlan,
-) -> anyhow::Result<(Vec<PackInput>, Option<u64>)> {
+/// Open every input before writing anything, so a missing file fails first (core's
+/// pack refuses an output that would replace one). Returns the readers and their total
+/// size (None when standard input is among them).
+fn open_id_inputs(paths: &[PathBuf]) -> anyhow::Result<(Vec<PackInput>, Option<u64>)> {
     let mut inputs = Vec::new();
     let mut total = Some(0u64);
     for path in paths {
@@ -483,33 +479,15 @@ fn open_id_inputs(
             inputs.push(PackInput {
                 name: "-".to_string(),
                 reader: Box::new(io::stdin()),
+                path: None,
             });
             continue;
         }
-        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let size = file
-            .metadata()
-            .with_context(|| format!("cannot read {}", path.display()))?
-            .len();
+        let (input, size) = PackInput::open(path)?;
         total = total.map(|t| t.saturating_add(size));
-        refuse_clobber(path, plan)?;
-        inputs.push(PackInput {
-            name: path.display().to_string(),
-            reader: Box::new(file),
-        });
+        inputs.push(input);
     }
     Ok((inputs, total))
-}
-
-/// An error when writing the shards of `plan` would replace the input `path`.
-fn refuse_clobber(path: &Path, plan: &ShardPlan) -> anyhow::Result<()> {
-    if clobbers_output(path, plan) {
-        return Err(operational(format!(
-            "refusing to write over the input {}",
-            path.display()
-        )));
-    }
-    Ok(())
 }
 
 fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
@@ -577,7 +555,7 @@ fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Ou
         (None, None) => ShardPlan::Single(args.output.clone()),
     };
     let paths = input_paths(&args);
-    check_text_inputs(&paths, format, &plan)?;
+    check_text_inputs(&paths, format)?;
     let threads = match args.threads {
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -636,13 +614,10 @@ fn corpus_format(args: &PackArgs) -> anyhow::Result<CorpusFormat> {
     Ok(format)
 }
 
-/// Every input must exist before anything is written, none may be an output, and
-/// standard input can be read once (and not as Parquet, which needs a file).
-fn check_text_inputs(
-    paths: &[PathBuf],
-    format: CorpusFormat,
-    plan: &ShardPlan,
-) -> anyhow::Result<()> {
+/// Every input must exist before anything is written (core's pack refuses one that an
+/// output would replace), and standard input can be read once (and not as Parquet,
+/// which needs a file).
+fn check_text_inputs(paths: &[PathBuf], format: CorpusFormat) -> anyhow::Result<()> {
     let stdin_count = paths.iter().filter(|p| p.as_os_str() == "-").count();
     if stdin_count > 1 || (stdin_count == 1 && format == CorpusFormat::Parquet) {
         return Err(operational(
@@ -651,20 +626,8 @@ fn check_text_inputs(
     }
     for path in paths.iter().filter(|p| p.as_os_str() != "-") {
         std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
-        refuse_clobber(path, plan)?;
     }
     Ok(())
-}
-
-/// True when writing the shards of `plan` would replace the input `input`.
-fn clobbers_output(input: &Path, plan: &ShardPlan) -> bool {
-    if let ShardPlan::Single(out) = plan {
-        return atomic::same_file(input, out);
-    }
-    (0..)
-        .map(|i| plan.shard(i).0)
-        .take_while(|p| p.exists())
-        .any(|p| atomic::same_file(input, &p))
 }
 
 /// What `tokens decode --json` prints.
@@ -727,39 +690,21 @@ struct WindowLine<'a> {
 
 fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let vocab = args.vocab_size.map(vocab_arg).transpose()?;
-    let shards = args
-        .shards
-        .iter()
-        .map(|p| Shard::open(p, vocab))
-        .collect::<Result<Vec<_>, _>>()?;
-    if let Some(path) = &args.save_cursor {
-        // Checked before any batch is printed: the cursor must never replace a shard
-        // (the cursor file read with --cursor may be rewritten: it was read whole).
-        let inputs: Vec<&Path> = args.shards.iter().map(PathBuf::as_path).collect();
-        atomic::refuse_inputs(path, &inputs)?;
-        atomic::check_target(path)?;
-    }
     let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
-    let mut stream = TokenStream::new(shards, args.seq_len, args.batch, rng, vocab)?;
-    if let Some(path) = &args.cursor {
-        let bytes = tlio_core::files::read_limited(path, tokens::MAX_CURSOR_BYTES)
-            .with_context(|| format!("cannot read cursor {}", path.display()))?;
-        let text = String::from_utf8(bytes)
-            .map_err(|_| invalid(format!("cursor {}: not UTF-8", path.display())))?;
-        let cursor = Cursor::from_json(&text).with_context(|| path.display().to_string())?;
-        stream
-            .restore(&cursor)
-            .with_context(|| path.display().to_string())?;
+    if args.rank >= args.world_size {
+        return Err(operational(format!(
+            "--rank {} must be below --world-size {}",
+            args.rank, args.world_size
+        )));
     }
-    // Create the cursor's file before any batch, so an unwritable destination fails
-    // before the work rather than after every batch is printed.
-    let mut cursor_file = match &args.save_cursor {
-        Some(path) => Some(
-            atomic::AtomicFile::create(path)
-                .with_context(|| format!("cannot save cursor {}", path.display()))?,
-        ),
-        None => None,
+    let ranks = Ranks {
+        rank: args.rank,
+        world_size: args.world_size,
     };
+    let stream = TokenStream::open(&args.shards, args.seq_len, args.batch, rng, vocab, ranks)?;
+    let mut session =
+        CursorSession::start(stream, args.cursor.as_deref(), args.save_cursor.as_deref())?;
+    let saving = session.saves_cursor();
     let mut out = BufWriter::new(printer.out());
     let mut line_buf = Vec::new();
     // Once the reader of stdout is gone, batches are no longer printed; the stream
@@ -767,6 +712,7 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     // position after every requested batch, whoever reads stdout.
     let mut stdout_open = true;
     for _ in 0..args.batches {
+        let stream = session.stream();
         let batch = stream.next_batch();
         if !stdout_open {
             continue;
@@ -786,21 +732,16 @@ fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         serde_json::to_writer(&mut line_buf, &line).map_err(io::Error::other)?;
         line_buf.push(b'\n');
         match out.write_all(&line_buf) {
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe && cursor_file.is_some() => {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe && saving => {
                 stdout_open = false;
             }
             other => other?,
         }
     }
     match out.flush() {
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe && cursor_file.is_some() => {}
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe && saving => {}
         other => other?,
     }
-    if let (Some(path), Some(mut file)) = (&args.save_cursor, cursor_file.take()) {
-        let text = format!("{}\n", stream.cursor().to_json());
-        let context = || format!("cannot save cursor {}", path.display());
-        file.write_all(text.as_bytes()).with_context(context)?;
-        file.commit().with_context(context)?;
-    }
+    session.finish()?;
     Ok(Outcome::Success)
 }

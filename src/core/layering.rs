@@ -14,7 +14,15 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     /// Areas every other area may use: they depend on nothing of tlio's but each other.
-    const LEAVES: &[&str] = &["digest", "failpoints", "failure", "pcg", "text"];
+    const LEAVES: &[&str] = &[
+        "cursor",
+        "digest",
+        "failpoints",
+        "failure",
+        "pcg",
+        "text",
+        "wire",
+    ];
 
     /// The picture as docs/architecture.md draws it: its table of areas, each with what
     /// it may use besides the leaves. The docs are the one source, so they cannot drift.

@@ -6,13 +6,15 @@
 //! optimizer file stores); `model` uses `safetensors` and `files`; every area that
 //! writes uses `atomic`, and `files` uses `atomic`. The leaves `failure` (what kind of
 //! failure an error is), `text` (escaping names for display), `digest` (sha256 and
-//! hex), `pcg` (the generator) and `failpoints` use nothing of tlio's but each other,
+//! hex), `pcg` (the generator), `wire` (16-hex words, objects-only JSON), `cursor`
+//! (the stream position's JSON) and `failpoints` use nothing of tlio's but each other,
 //! and every area may use them. Nothing here prints, exits, looks at a terminal or
 //! imports `cmd`, `error` or `output`: errors say their [`FailureKind`] and the
 //! command layer alone turns that into an exit code.
 
 pub mod atomic;
 pub mod checkpoint;
+pub mod cursor;
 pub mod digest;
 pub mod failpoints;
 pub mod failure;
@@ -25,5 +27,6 @@ pub mod safetensors;
 pub mod text;
 pub mod tokens;
 pub mod train;
+pub mod wire;
 
 pub use failure::{Failure, FailureKind};

@@ -1,7 +1,14 @@
 //! PCG32 (XSH-RR, 64-bit state, 32-bit output) exactly as O'Neill's `pcg_basic.c`.
 //!
 //! Invariant: `inc` is always odd; the state and increment are the generator's whole
-//! position, so saving and restoring them continues the sequence bit for bit.
+//! position, so saving and restoring them continues the sequence bit for bit. Their
+//! JSON form, [`RngState`]'s serde, is the one codec of `{"state": "<16 hex>", "inc":
+//! "<16 hex>"}` that cursors and checkpoints share.
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::wire::{Hex64, ObjectsOnly};
 
 /// The PCG32 generator of tokens.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +76,9 @@ impl Pcg32 {
     }
 }
 
-/// The generator's whole position, as checkpoints and data cursors store it.
+/// The generator's whole position, as checkpoints and data cursors store it. In JSON:
+/// `{"state": "<16 hex>", "inc": "<16 hex>"}`, lowercase, zero-padded, exactly those
+/// two keys, the increment odd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RngState {
     /// The 64-bit state.
@@ -90,6 +99,40 @@ impl RngState {
     /// A generator at this position; `None` when the increment is even.
     pub fn to_rng(self) -> Option<Pcg32> {
         Pcg32::from_parts(self.state, self.inc)
+    }
+}
+
+/// The wire form of [`RngState`].
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RngWire {
+    state: Hex64,
+    inc: Hex64,
+}
+
+impl Serialize for RngState {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        RngWire {
+            state: Hex64(self.state),
+            inc: Hex64(self.inc),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RngState {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let wire = RngWire::deserialize(ObjectsOnly(deserializer))?;
+        if wire.inc.0 & 1 == 0 {
+            return Err(D::Error::custom(format!(
+                "inc {:016x} is even; a PCG32 increment is always odd",
+                wire.inc.0
+            )));
+        }
+        Ok(RngState {
+            state: wire.state.0,
+            inc: wire.inc.0,
+        })
     }
 }
 
@@ -116,6 +159,27 @@ mod tests {
     fn even_increment_is_refused() {
         assert!(Pcg32::from_parts(1, 2).is_none());
         assert!(Pcg32::from_parts(1, 3).is_some());
+    }
+
+    #[test]
+    fn rng_state_json_is_strict() {
+        let ok = r#"{"state":"185706b82c2e03f8","inc":"000000000000006d"}"#;
+        let s: RngState = serde_json::from_str(ok).unwrap();
+        assert_eq!(s, RngState::of(&Pcg32::seed(42, 54)));
+        assert_eq!(serde_json::to_string(&s).unwrap(), ok);
+        for bad in [
+            r#"{"state":"185706b82c2e03f8","inc":"000000000000006c"}"#,
+            r#"{"state":"185706B82C2E03F8","inc":"000000000000006d"}"#,
+            r#"{"state":"85706b82c2e03f8","inc":"000000000000006d"}"#,
+            r#"{"state":"185706b82c2e03f8","inc":109}"#,
+            r#"{"state":"185706b82c2e03f8","inc":"000000000000006d","x":1}"#,
+            r#"{"state":"185706b82c2e03f8","state":"185706b82c2e03f8","inc":"000000000000006d"}"#,
+            r#"["185706b82c2e03f8","000000000000006d"]"#,
+            r#"{"state":"185706b82c2e03f8"}"#,
+            "null",
+        ] {
+            assert!(serde_json::from_str::<RngState>(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -13,20 +13,11 @@ pub use crate::digest::SHA256_HEX_LEN;
 pub const GIT_SHA1_HEX_LEN: usize = 40;
 /// Length of a sha256 git object id in hex.
 pub const GIT_SHA256_HEX_LEN: usize = 64;
-/// Digits of one PCG32 word in `rng_state`.
-pub const RNG_HEX_LEN: usize = 16;
-
-/// Where the token stream continues: the shard index and the offset of the next window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DataCursor {
-    /// Index of the shard the next window comes from.
-    pub shard: u64,
-    /// Token offset of the next window in that shard.
-    pub offset: u64,
-}
-
-/// The PCG32 generator's whole position (tokens.md), defined with the generator.
+/// Where the token stream continues (`data_cursor`: shard, offset of the next window,
+/// and the global batch of a stream with ranks), one type with the stream's cursor.
+pub use crate::cursor::{Cursor, DataCursor};
+/// The PCG32 generator's whole position (tokens.md), defined with the generator and
+/// read and written by its one codec.
 pub use crate::pcg::RngState;
 
 /// The training loop's position, as stored in `trainer_state.json`.
@@ -111,6 +102,18 @@ impl TrainerState {
         }
     }
 
+    /// The stream's cursor, when the state holds both its halves (`data_cursor` and
+    /// `rng_state`).
+    pub fn cursor(&self) -> Option<Cursor> {
+        Some(Cursor::from_parts(self.data_cursor?, self.rng_state?))
+    }
+
+    /// Store a stream's cursor as `data_cursor` and `rng_state`.
+    pub fn set_cursor(&mut self, cursor: Cursor) {
+        self.data_cursor = Some(cursor.data());
+        self.rng_state = Some(cursor.rng);
+    }
+
     /// Check every rule of the schema that the types do not already enforce.
     pub fn validate(&self) -> Result<(), StateError> {
         if let Some(rng) = self.rng_state {
@@ -169,10 +172,7 @@ impl TrainerState {
             step: self.step,
             tokens_seen: self.tokens_seen,
             data_cursor: self.data_cursor,
-            rng_state: self.rng_state.map(|r| WireRng {
-                state: format!("{:016x}", r.state),
-                inc: format!("{:016x}", r.inc),
-            }),
+            rng_state: self.rng_state,
             lr: self.lr,
             config_sha256: self.config_sha256.clone(),
             git_sha: self.git_sha.clone(),
@@ -232,13 +232,7 @@ impl TrainerState {
         )?
         .unwrap_or(0);
         let data_cursor = need(raw.data_cursor, "data_cursor", require_all)?.flatten();
-        let rng_state = match need(raw.rng_state, "rng_state", require_all)?.flatten() {
-            None => None,
-            Some(r) => Some(RngState {
-                state: parse_word(&r.state, "rng_state.state")?,
-                inc: parse_word(&r.inc, "rng_state.inc")?,
-            }),
-        };
+        let rng_state = need(raw.rng_state, "rng_state", require_all)?.flatten();
         let lr = need(raw.lr, "lr", require_all)?.flatten();
         let config_sha256 = need(raw.config_sha256, "config_sha256", require_all)?.flatten();
         let git_sha = need(raw.git_sha, "git_sha", require_all)?.flatten();
@@ -256,39 +250,15 @@ impl TrainerState {
     }
 }
 
-fn parse_word(s: &str, field: &'static str) -> Result<u64, StateError> {
-    if !is_lower_hex(s, RNG_HEX_LEN) {
-        return Err(StateError::BadHex {
-            field,
-            expected: "16",
-            got: s.to_string(),
-        });
-    }
-    u64::from_str_radix(s, 16).map_err(|_| StateError::BadHex {
-        field,
-        expected: "16",
-        got: s.to_string(),
-    })
-}
-
-/// True when `s` is exactly `len` digits of `0-9a-f`.
-
 #[derive(Serialize)]
 struct WireState {
     step: u64,
     tokens_seen: u64,
     data_cursor: Option<DataCursor>,
-    rng_state: Option<WireRng>,
+    rng_state: Option<RngState>,
     lr: Option<f64>,
     config_sha256: Option<String>,
     git_sha: Option<String>,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WireRng {
-    state: String,
-    inc: String,
 }
 
 /// Distinguishes a missing key (`None`) from an explicit `null` (`Some(None)`).
@@ -312,7 +282,7 @@ struct RawState {
     #[serde(default, deserialize_with = "present")]
     data_cursor: Option<Option<DataCursor>>,
     #[serde(default, deserialize_with = "present")]
-    rng_state: Option<Option<WireRng>>,
+    rng_state: Option<Option<RngState>>,
     #[serde(default, deserialize_with = "present")]
     lr: Option<Option<f64>>,
     #[serde(default, deserialize_with = "present")]
@@ -332,6 +302,7 @@ mod tests {
             data_cursor: Some(DataCursor {
                 shard: 0,
                 offset: 1234,
+                global_batch: None,
             }),
             rng_state: Some(RngState {
                 state: 0x185706b82c2e03f8,
@@ -440,7 +411,7 @@ mod tests {
             let s = TrainerState {
                 step,
                 tokens_seen: tokens,
-                data_cursor: has[0].then_some(DataCursor { shard, offset }),
+                data_cursor: has[0].then_some(DataCursor { shard, offset, global_batch: None }),
                 rng_state: has[1].then_some(RngState { state: st, inc: inc | 1 }),
                 lr: (has[2] && lr.is_finite()).then_some(lr),
                 config_sha256: has[3].then(|| format!("{:064x}", st)),

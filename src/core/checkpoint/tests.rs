@@ -135,6 +135,7 @@ fn test_checkpoint_roundtrip() {
             data_cursor: Some(DataCursor {
                 shard: 0,
                 offset: 6,
+                global_batch: None,
             }),
             rng_state: Some(RngState {
                 state: 0x185706b82c2e03f8,
@@ -167,7 +168,8 @@ fn test_checkpoint_roundtrip() {
         loaded.state.data_cursor,
         Some(DataCursor {
             shard: 0,
-            offset: 6
+            offset: 6,
+            global_batch: None,
         })
     );
     assert_eq!(loaded.state.rng_state.unwrap().state, 0x185706b82c2e03f8);

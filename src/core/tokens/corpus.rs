@@ -513,6 +513,12 @@ pub fn pack_text(
             )));
         }
     }
+    opts.plan.refuse_inputs(
+        inputs
+            .iter()
+            .map(PathBuf::as_path)
+            .filter(|p| p.as_os_str() != "-"),
+    )?;
     let mut sink = Sink::new(opts.plan.clone(), tokenizer.vocab_size(), opts.layout)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)

@@ -12,10 +12,13 @@ use crate::failure::{Failure, FailureKind};
 mod corpus;
 mod gpt2fast;
 mod pack;
+mod session;
 mod shard;
 mod stream;
 pub mod tokenizer;
 
+pub use crate::cursor::Cursor;
+pub use crate::pcg::RngState;
 pub use corpus::{
     pack_text, CorpusFormat, TextPackOptions, TextPackProgress, TextPackSummary,
     DEFAULT_SHARD_TOKENS,
@@ -23,12 +26,13 @@ pub use corpus::{
 pub use pack::{
     output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
 };
+pub use session::{read_cursor, CursorSession};
 pub use shard::{
     inspect_header, read_shard_header, HeaderReport, IdDtype, Layout, Shard, ShardHeader,
     ShardWriter, HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
 };
 pub use stream::{
-    check_batch_shape, Batch, Cursor, RngState, TokenStream, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES,
+    check_batch_shape, check_ranks, Batch, Ranks, TokenStream, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES,
 };
 pub use tokenizer::Tokenizer;
 
@@ -203,6 +207,54 @@ pub enum TokensError {
         /// T.
         seq_len: usize,
     },
+    /// rank is not below world_size.
+    #[error("rank {rank} must be below world_size {world_size}")]
+    BadRank {
+        /// The rank given.
+        rank: usize,
+        /// The world size given.
+        world_size: usize,
+    },
+    /// B × world_size windows do not fit a count.
+    #[error("batch {batch} × world_size {world_size} overflows")]
+    GlobalBatchOverflow {
+        /// B.
+        batch: usize,
+        /// The world size.
+        world_size: usize,
+    },
+    /// A caller-provided batch array of the wrong length.
+    #[error("{name} holds {len} values, a batch of {batch} × seq_len {seq_len} needs exactly their product")]
+    BatchBuffer {
+        /// `inputs` or `targets`.
+        name: &'static str,
+        /// Its length.
+        len: usize,
+        /// B.
+        batch: usize,
+        /// T.
+        seq_len: usize,
+    },
+    /// A cursor of another global batch than this stream's.
+    #[error("the cursor's global_batch is {cursor}, but this stream's batch {batch} × world_size {world_size} is {stream}: a run resumes only with the same global batch")]
+    GlobalBatchMismatch {
+        /// The cursor's global_batch.
+        cursor: u64,
+        /// This stream's B × world_size.
+        stream: u64,
+        /// B.
+        batch: usize,
+        /// The world size.
+        world_size: usize,
+    },
+    /// A cursor file that is not a cursor's JSON.
+    #[error("{}: {reason}", path.display())]
+    BadCursorFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (serde's message, which names the key or value).
+        reason: String,
+    },
     /// A cursor field is malformed or out of range.
     #[error("cursor field \"{field}\": {reason}")]
     BadCursor {
@@ -210,6 +262,12 @@ pub enum TokensError {
         field: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// An output shard of `pack` would replace one of its inputs.
+    #[error("refusing to write over the input {}", input.display())]
+    ReplacesInput {
+        /// The input.
+        input: PathBuf,
     },
     /// `pack` input is not in the declared format.
     #[error("{input}: {reason}")]
@@ -261,9 +319,13 @@ impl Failure for TokensError {
             // Bad arguments are usage errors, not bad data.
             TokensError::NoShards
             | TokensError::BadArg { .. }
+            | TokensError::BadRank { .. }
+            | TokensError::GlobalBatchOverflow { .. }
+            | TokensError::BatchBuffer { .. }
             | TokensError::BatchTooLarge { .. }
             | TokensError::BadVocab { .. }
-            | TokensError::BadOptions(_) => FailureKind::Operational,
+            | TokensError::BadOptions(_)
+            | TokensError::ReplacesInput { .. } => FailureKind::Operational,
             TokensError::Short { .. }
             | TokensError::BadMagic { .. }
             | TokensError::BadVersion { .. }
@@ -275,6 +337,8 @@ impl Failure for TokensError {
             | TokensError::VocabMismatch { .. }
             | TokensError::ShardTooShort { .. }
             | TokensError::BadCursor { .. }
+            | TokensError::BadCursorFile { .. }
+            | TokensError::GlobalBatchMismatch { .. }
             | TokensError::BadInput { .. }
             | TokensError::Empty
             | TokensError::BadDocument { .. }

@@ -40,6 +40,28 @@ pub struct PackInput {
     pub name: String,
     /// The bytes.
     pub reader: Box<dyn Read>,
+    /// The file the bytes come from, when there is one: `pack` refuses to write a shard
+    /// over it.
+    pub path: Option<PathBuf>,
+}
+
+impl PackInput {
+    /// The file at `path`, opened now (so a missing input fails before anything is
+    /// written), with its size for a progress total.
+    pub fn open(path: &Path) -> Result<(PackInput, u64), TokensError> {
+        let io_error = |error| TokensError::Io {
+            path: path.to_path_buf(),
+            error,
+        };
+        let file = std::fs::File::open(path).map_err(io_error)?;
+        let size = file.metadata().map_err(io_error)?.len();
+        let input = PackInput {
+            name: path.display().to_string(),
+            reader: Box::new(file),
+            path: Some(path.to_path_buf()),
+        };
+        Ok((input, size))
+    }
 }
 
 /// What to build.
@@ -103,6 +125,32 @@ pub enum ShardPlan {
 }
 
 impl ShardPlan {
+    /// True when writing the shards of this plan would replace the file `input` (the
+    /// same file by device and inode, so links count; of a numbered plan, every shard
+    /// name that exists now).
+    pub fn would_replace(&self, input: &Path) -> bool {
+        if let ShardPlan::Single(out) = self {
+            return atomic::same_file(input, out);
+        }
+        (0..)
+            .map(|i| self.shard(i).0)
+            .take_while(|p| p.exists())
+            .any(|p| atomic::same_file(input, &p))
+    }
+
+    /// Refuse the plan when one of its shards would replace one of `inputs`.
+    pub fn refuse_inputs<'a>(
+        &self,
+        inputs: impl IntoIterator<Item = &'a Path>,
+    ) -> Result<(), TokensError> {
+        match inputs.into_iter().find(|p| self.would_replace(p)) {
+            Some(input) => Err(TokensError::ReplacesInput {
+                input: input.to_path_buf(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The path of shard `index` and the most ids it may hold.
     pub fn shard(&self, index: usize) -> (PathBuf, u64) {
         match self {
@@ -455,7 +503,8 @@ fn pack_input(
 /// Pack `inputs`, in order, into shards at `out` (one file, or `OUT_000000.bin`, ...
 /// with `shard_tokens`). `progress` is called with the bytes read after each read.
 /// On error (an input that yields no id is one), nothing is left under any output
-/// name.
+/// name. An output that would replace an input file is refused before anything is
+/// read.
 pub fn pack(
     inputs: Vec<PackInput>,
     out: &Path,
@@ -469,6 +518,7 @@ pub fn pack(
         },
         None => ShardPlan::Single(out.to_path_buf()),
     };
+    plan.refuse_inputs(inputs.iter().filter_map(|i| i.path.as_deref()))?;
     let mut sink = Sink::new(plan, opts.vocab, opts.layout)?;
     let mut buf = vec![0u8; READ_CHUNK];
     let mut ids = Vec::with_capacity(READ_CHUNK);
@@ -499,6 +549,7 @@ mod tests {
 
     fn input(name: &str, bytes: &[u8]) -> PackInput {
         PackInput {
+            path: None,
             name: name.to_string(),
             reader: Box::new(io::Cursor::new(bytes.to_vec())),
         }
@@ -635,6 +686,7 @@ mod tests {
                 let inp = PackInput {
                     name: "in".into(),
                     reader: Box::new(Trickle(bytes.clone(), step, 0)),
+                    path: None,
                 };
                 let mut seen = 0;
                 let s = pack(vec![inp], &out, &opts(format, vocab, None), &mut |n| {
@@ -773,7 +825,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let out = dir.path().join("p");
             let text: String = ids.iter().map(|i| format!("{i}\n")).collect();
-            let inp = PackInput { name: "-".into(), reader: Box::new(Trickle(text.into_bytes(), step, 0)) };
+            let inp = PackInput { name: "-".into(), reader: Box::new(Trickle(text.into_bytes(), step, 0)), path: None };
             let s = pack(vec![inp], &out, &opts(InputFormat::Ids, 5000, shard), &mut |_| {});
             if ids.is_empty() {
                 proptest::prop_assert!(matches!(s, Err(TokensError::Empty)));

@@ -14,11 +14,11 @@ use super::bigram::{Bigram, Workspace, WEIGHT_NAME};
 use super::final_line::{optimizer_sha256, sha256_f32, FinalLine};
 use super::writers::{write_model, write_optimizer};
 use super::TrainError;
-use crate::checkpoint::{self, DataCursor, Loaded, Payload, SaveReport, SaveRequest, TrainerState};
+use crate::checkpoint::{self, Loaded, Payload, SaveReport, SaveRequest, TrainerState};
 use crate::digest::sha256_hex;
 use crate::optim::{Hyper, OptimConfig, Optimizer};
 use crate::safetensors::Dtype;
-use crate::tokens::{Cursor, RngState, TokenStream};
+use crate::tokens::{Cursor, TokenStream};
 
 /// A gradient-method training run in memory: model, optimizer, stream, position.
 #[derive(Debug)]
@@ -84,20 +84,13 @@ impl Trainer {
         let model = load_model(loaded, vocab)?;
         let opt = load_optimizer(loaded, optim, &model)?;
         let state = &loaded.state;
-        let (Some(dc), Some(rng)) = (state.data_cursor, state.rng_state) else {
+        let Some(cursor) = state.cursor() else {
             return Err(bad_checkpoint(
                 loaded,
                 "trainer_state.json has no data_cursor or rng_state".into(),
             ));
         };
-        stream.restore(&Cursor {
-            shard: dc.shard,
-            offset: dc.offset,
-            rng: RngState {
-                state: rng.state,
-                inc: rng.inc,
-            },
-        })?;
+        stream.restore(&cursor)?;
         Self::assemble(model, opt, stream, loaded.step, state.tokens_seen, config)
     }
 
@@ -139,22 +132,15 @@ impl Trainer {
 
     /// The trainer state of the current position.
     pub fn trainer_state(&self) -> TrainerState {
-        let c = self.stream.cursor();
-        TrainerState {
+        let mut state = TrainerState {
             step: self.step,
             tokens_seen: self.tokens_seen,
-            data_cursor: Some(DataCursor {
-                shard: c.shard,
-                offset: c.offset,
-            }),
-            rng_state: Some(checkpoint::RngState {
-                state: c.rng.state,
-                inc: c.rng.inc,
-            }),
             lr: Some(self.opt.config().lr()),
             config_sha256: Some(self.config_sha256.clone()),
-            git_sha: None,
-        }
+            ..TrainerState::new(self.step)
+        };
+        state.set_cursor(self.stream.cursor());
+        state
     }
 
     /// Save the current position as a checkpoint in `dir` (overwriting a leftover
