@@ -12,7 +12,10 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyTypeError, PyValueError
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tlio_core::pcg::Pcg32;
-use tlio_core::tokens::{read_shard_header, Cursor, Shard, TokenStream, TokensError, HEADER_BYTES};
+use tlio_core::tokens::{
+    check_batch_shape, check_ranks, read_shard_header, Cursor, Ranks, Shard, TokenStream,
+    TokensError, HEADER_BYTES,
+};
 
 use crate::errors::{core_err, guard, one_line};
 
@@ -155,7 +158,11 @@ pub struct Stream {
 #[pymethods]
 impl Stream {
     #[new]
-    #[pyo3(signature = (shards, seq_len, batch, rng, vocab_size=None))]
+    #[pyo3(signature = (shards, seq_len, batch, rng, vocab_size=None, rank=None, world_size=None))]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the Python constructor's arguments"
+    )]
     fn new(
         py: Python<'_>,
         shards: &Bound<'_, PyAny>,
@@ -163,6 +170,8 @@ impl Stream {
         batch: &Bound<'_, PyAny>,
         rng: &Bound<'_, PyAny>,
         vocab_size: Option<&Bound<'_, PyAny>>,
+        rank: Option<&Bound<'_, PyAny>>,
+        world_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
             if shards.is_instance_of::<PyString>() {
@@ -181,15 +190,17 @@ impl Stream {
             let (state, inc) = rng_arg(rng)?;
             let rng = pcg(state, inc)?;
             let vocab = vocab_arg(vocab_size)?;
+            let ranks = Ranks {
+                rank: rank.map_or(Ok(0), |r| size_arg(r, "rank"))?,
+                world_size: world_size.map_or(Ok(1), |w| size_arg(w, "world_size"))?,
+            };
             let inner = py
                 .detach(|| -> Result<TokenStream, TokensError> {
-                    // Shape first, so a bad T or B is reported before any shard is read.
-                    tlio_core::tokens::check_batch_shape(seq_len, batch)?;
-                    let shards = paths
-                        .iter()
-                        .map(|p| Shard::open(p, vocab))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    TokenStream::new(shards, seq_len, batch, rng, vocab)
+                    // Shape and ranks first, so a bad argument is reported before any
+                    // shard is read.
+                    check_batch_shape(seq_len, batch)?;
+                    check_ranks(batch, ranks)?;
+                    TokenStream::open(&paths, seq_len, batch, rng, vocab, ranks)
                 })
                 .map_err(tokens_err)?;
             Ok(Stream { inner })
@@ -223,7 +234,8 @@ impl Stream {
     /// Restore a cursor given as JSON text (checked strictly by core).
     fn restore_json(&mut self, text: &str) -> PyResult<()> {
         guard(|| {
-            let cursor = Cursor::from_json(text).map_err(tokens_err)?;
+            let cursor = Cursor::from_json(text)
+                .map_err(|e| PyValueError::new_err(format!("invalid cursor: {e}")))?;
             self.inner.restore(&cursor).map_err(tokens_err)
         })
     }
@@ -238,6 +250,24 @@ impl Stream {
     #[getter]
     fn batch(&self) -> usize {
         self.inner.batch()
+    }
+
+    /// This stream's rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.inner.ranks().rank
+    }
+
+    /// The number of ranks.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.inner.ranks().world_size
+    }
+
+    /// B × world_size, the windows of one global batch.
+    #[getter]
+    fn global_batch(&self) -> usize {
+        self.inner.global_batch()
     }
 
     /// The shards' paths, in stream order.

@@ -482,3 +482,29 @@ def test_held_lock_is_an_oserror(tmp_path):
     assert not isinstance(e.value, FileNotFoundError)
     assert steps(tmp_path) == ["step-000001"]
     save_checkpoint(tmp_path, m, None, 2, None, None)
+
+
+def test_ranked_cursor_roundtrips_through_a_checkpoint(tmp_path):
+    shard = write_shard(tmp_path / "a.bin", list(range(200)), vocab=256)
+    streams = [TokenStream([shard], 4, 3, RefPCG32(2), rank=r, world_size=2) for r in range(2)]
+    for s in streams:
+        s.next_batch()
+    c = streams[0].cursor()
+    data = {k: c[k] for k in ("shard", "offset", "global_batch")}
+    rng = {k: int(c["rng"][k], 16) for k in ("state", "inc")}
+    save_checkpoint(tmp_path / "ck", linear_model(), None, 1, rng, {"data_cursor": data})
+    ck = load_checkpoint(tmp_path / "ck")
+    assert ck.extra["data_cursor"] == data and ck.rng_state == rng
+    hexed = {k: f"{v:016x}" for k, v in ck.rng_state.items()}
+    # Elastic: three ranks of two continue the global batch of six.
+    three = [TokenStream([shard], 4, 2, RefPCG32(0), rank=r, world_size=3) for r in range(3)]
+    for s in three:
+        s.restore({**ck.extra["data_cursor"], "rng": hexed})
+    union = np.concatenate([s.next_batch()[0] for s in three])
+    assert np.array_equal(union, np.concatenate([s.next_batch()[0] for s in streams]))
+    # A global batch of zero is refused before anything is written.
+    before = tree(tmp_path / "ck")
+    with pytest.raises(ValueError):
+        save_checkpoint(tmp_path / "ck", linear_model(), None, 2, rng,
+                        {"data_cursor": {**data, "global_batch": 0}})
+    assert tree(tmp_path / "ck") == before

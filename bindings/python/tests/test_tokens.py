@@ -317,7 +317,7 @@ def test_restore_rejects_bad_cursor(tmp_path):
         ({**good, "offset": 11}, "offset"),
         ({**good, "offset": -1}, "offset"),
         ({**good, "rng": {**good["rng"], "inc": "000000000000006c"}}, "even"),
-        ({**good, "rng": {**good["rng"], "state": "ABC"}}, "rng.state"),
+        ({**good, "rng": {**good["rng"], "state": "ABC"}}, "hex"),
         ({**good, "extra": 1}, "extra"),
         ({k: v for k, v in good.items() if k != "rng"}, "rng"),
         ({**good, "offset": 1.5}, "offset"),
@@ -353,3 +353,124 @@ def test_windows_match_the_cli_and_its_cursor(tmp_path):
     t.restore(resumed[-1]["cursor"])
     assert t.cursor() == s.cursor()
 
+
+
+# Ranks (python.md "Ranks"): the union of the ranks' batches is the single-process stream
+# with the global batch; the cursor is global; elastic restore keeps the global batch.
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream_configs, st.integers(1, 4), st.integers(1, 6))
+def test_rank_union_is_the_single_process_stream(tmp_path_factory, config, world, batches):
+    lengths, T, B, seed = config
+    lengths = [max(n, T + 1) for n in lengths]
+    _, paths = _shards(tmp_path_factory.mktemp("ranks"), lengths)
+    single = TokenStream(paths, T, B * world, RefPCG32(seed))
+    ranks = [TokenStream(paths, T, B, RefPCG32(seed), rank=r, world_size=world) for r in range(world)]
+    for _ in range(batches):
+        gx, gy = single.next_batch()
+        parts = [s.next_batch() for s in ranks]
+        assert np.array_equal(np.concatenate([p[0] for p in parts]), gx)
+        assert np.array_equal(np.concatenate([p[1] for p in parts]), gy)
+        assert all(p[0].shape == (B, T) for p in parts)
+    cursors = [s.cursor() for s in ranks]
+    assert all(c == cursors[0] for c in cursors), "the cursor is global"
+    expected = single.cursor()
+    if world > 1:
+        expected["global_batch"] = B * world
+    assert cursors[0] == expected
+    assert all((s.rank, s.world_size, s.global_batch) == (r, world, B * world) for r, s in enumerate(ranks))
+
+
+def test_elastic_restore_keeps_the_global_batch(tmp_path):
+    _, paths = _shards(tmp_path, [300, 170], vocab=500)
+    single = TokenStream(paths, 4, 32, RefPCG32(8))
+    whole = [single.next_batch()[0] for _ in range(6)]
+    # 2 ranks of 16 for three global batches, then 4 ranks of 8 continue from the cursor.
+    two = [TokenStream(paths, 4, 16, RefPCG32(8), rank=r, world_size=2) for r in range(2)]
+    for i in range(3):
+        assert np.array_equal(np.concatenate([s.next_batch()[0] for s in two]), whole[i])
+    cursor = two[0].cursor()
+    assert cursor["global_batch"] == 32
+    four = [TokenStream(paths, 4, 8, RefPCG32(0), rank=r, world_size=4) for r in range(4)]
+    for s in four:
+        s.restore(cursor)
+    for i in range(3, 6):
+        assert np.array_equal(np.concatenate([s.next_batch()[0] for s in four]), whole[i])
+    # Another global batch is refused, naming both numbers; the stream is unchanged.
+    other = TokenStream(paths, 4, 8, RefPCG32(0), rank=0, world_size=2)
+    before = other.cursor()
+    with pytest.raises(ValueError, match=r"32.*16|16.*32"):
+        other.restore(cursor)
+    assert other.cursor() == before
+    # A cursor without the key (the CLI's, a single process's) restores into any stream.
+    plain = {k: v for k, v in cursor.items() if k != "global_batch"}
+    other.restore(plain)
+    assert {k: v for k, v in other.cursor().items() if k != "global_batch"} == plain
+    single2 = TokenStream(paths, 4, 32, RefPCG32(0))
+    single2.restore(plain)
+    assert np.array_equal(single2.next_batch()[0], whole[3])
+    # A single-process stream takes a global_batch equal to its batch.
+    single2.restore({**plain, "global_batch": 32})
+    with pytest.raises(ValueError, match="nonzero"):
+        single2.restore({**plain, "global_batch": 0})
+
+
+def test_ranks_come_from_torch_distributed_when_initialized(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    shard = write_shard(tmp_path / "a.bin", range(100))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    s = TokenStream([shard], 3, 2, RefPCG32(0), rank=None, world_size=None)
+    assert (s.rank, s.world_size) == (0, 1)
+    assert "torch" not in sys.modules, "tlio must never import torch"
+
+    class Dist:
+        initialized = False
+
+        def is_available(self):
+            return True
+
+        def is_initialized(self):
+            return self.initialized
+
+        def get_rank(self):
+            return 2
+
+        def get_world_size(self):
+            return 3
+
+    dist = Dist()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(distributed=dist))
+    s = TokenStream([shard], 3, 2, RefPCG32(0), rank=None, world_size=None)
+    assert (s.rank, s.world_size) == (0, 1), "an uninitialized group is one process"
+    dist.initialized = True
+    s = TokenStream([shard], 3, 2, RefPCG32(0), rank=None, world_size=None)
+    assert (s.rank, s.world_size, s.global_batch) == (2, 3, 6)
+    # Given values win; the defaults are 0 and 1 whatever torch says.
+    assert TokenStream([shard], 3, 2, RefPCG32(0), rank=1, world_size=None).rank == 1
+    assert TokenStream([shard], 3, 2, RefPCG32(0)).world_size == 1
+
+
+def test_stream_rejects_bad_ranks(tmp_path):
+    shard = write_shard(tmp_path / "a.bin", range(100))
+    for rank, world, word in [(2, 2, "rank"), (0, 0, "world_size"), (-1, 2, "rank"), (0, -3, "world_size")]:
+        with pytest.raises(ValueError, match=word):
+            TokenStream([shard], 3, 2, RefPCG32(0), rank=rank, world_size=world)
+
+
+def test_rank_windows_match_the_cli(tmp_path):
+    from _tokens_helpers import tlio
+
+    _, paths = _shards(tmp_path, [90, 61], vocab=300)
+    for world in (1, 3):
+        for rank in range(world):
+            out = tlio("tokens", "windows", *map(str, paths), "--seq-len", "5", "--batch", "2",
+                       "--seed", "4", "--batches", "4", "--rank", str(rank), "--world-size", str(world))
+            lines = [json.loads(l) for l in out.stdout.splitlines() if l.strip()]
+            s = TokenStream(paths, 5, 2, RefPCG32(4), rank=rank, world_size=world)
+            for line in lines:
+                x, y = s.next_batch()
+                assert x.tolist() == line["inputs"] and y.tolist() == line["targets"]
+                assert s.cursor() == line["cursor"]

@@ -153,7 +153,8 @@ def save_checkpoint(
     ``{"type": "sgd", "lr", "momentum", "dampening", "nesterov", "weight_decay",
     "state": {param: {"momentum_buffer": a}}}``. ``rng_state`` is ``None``, a ``PCG32`` or
     ``{"state": int, "inc": int}``. ``extra`` holds any of ``EXTRA_KEYS``
-    (``data_cursor`` is ``{"shard", "offset"}``). ``config`` becomes config.json and its
+    (``data_cursor`` is ``{"shard", "offset"}``, plus ``"global_batch"`` for a stream
+    with ranks; the generator goes in ``rng_state``). ``config`` becomes config.json and its
     sha256. ``keep`` keeps only the newest ``keep`` valid steps afterwards.
 
     Everything is checked before anything is written: a bad field is a ``ValueError``

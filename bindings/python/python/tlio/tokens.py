@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -52,6 +53,17 @@ def open_tokens(path: PathLike, vocab_size: Optional[int] = None) -> np.memmap:
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n,))
 
 
+def _process_group() -> Tuple[int, int]:
+    """(rank, world size) of torch.distributed's default process group when torch is
+    already imported and the group initialized, else (0, 1). torch is never imported
+    here: a program that does not use it pays nothing."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
 def _plain(value: Any) -> Any:
     """numpy scalars as the Python numbers JSON takes; anything else is refused."""
     if isinstance(value, np.integer):
@@ -82,6 +94,14 @@ class TokenStream:
     stream and the generator never affect each other afterwards. Each pass over a shard
     starts at a phase drawn from the generator; windows are ``seq_len`` apart, so every
     token after the phase is a target once per pass.
+
+    Ranks (data-parallel training): the global stream is the single-process stream with
+    batch ``batch * world_size``; rank ``r`` gets windows ``r*batch .. (r+1)*batch`` of
+    each global batch and skips the others' without reading them. The cursor is global
+    (the same on every rank) and carries ``"global_batch"`` when ``world_size > 1``; it
+    restores into any stream with the same global batch (elastic resumption). ``rank``
+    or ``world_size`` ``None`` takes it from torch.distributed when torch is imported and
+    its process group initialized, else 0 and 1.
     """
 
     def __init__(
@@ -100,13 +120,13 @@ class TokenStream:
                 f"shards must be a list of paths, not one string ({shards!r}); "
                 "pass [path] for a single shard"
             )
-        if (rank, world_size) != (0, 1):
-            raise ValueError("rank and world_size other than 0 and 1 are not supported yet")
+        if rank is None or world_size is None:
+            group_rank, group_size = _process_group()
+            rank = group_rank if rank is None else rank
+            world_size = group_size if world_size is None else world_size
         self._stream = _core.Stream(
-            [os.fspath(p) for p in shards], seq_len, batch, rng, vocab_size
+            [os.fspath(p) for p in shards], seq_len, batch, rng, vocab_size, rank, world_size
         )
-        self._rank = 0
-        self._world_size = 1
 
     def next_batch(self) -> Tuple[np.ndarray, np.ndarray]:
         """The next ``batch`` windows: fresh int64 (inputs, targets) of shape [batch, seq_len].
@@ -119,7 +139,8 @@ class TokenStream:
         """The whole position, in the CLI's JSON form.
 
         ``{"shard": s, "offset": o, "rng": {"state": "<16 hex>", "inc": "<16 hex>"}}``,
-        where ``o`` is the offset of the next window (never the one just read).
+        where ``o`` is the offset of the next window (never the one just read), plus
+        ``"global_batch": batch * world_size`` when ``world_size > 1``.
         """
         return json.loads(self._stream.cursor_json())
 
@@ -127,7 +148,8 @@ class TokenStream:
         """Continue from ``cursor`` (as ``cursor()`` returns it, or ``tlio tokens windows``
         saves it).
 
-        Checked strictly: exactly the keys shard, offset, rng; shard below the number of
+        Checked strictly: exactly the keys shard, offset, rng (and optionally
+        global_batch, which must equal ``batch * world_size``); shard below the number of
         shards; 0 <= offset <= the shard's length (an offset where no window fits starts
         a new pass at the next read); an odd increment. On error the stream is unchanged.
         """
@@ -161,12 +183,17 @@ class TokenStream:
     @property
     def rank(self) -> int:
         """This process's rank."""
-        return self._rank
+        return self._stream.rank
 
     @property
     def world_size(self) -> int:
         """The number of ranks sharing the global batch."""
-        return self._world_size
+        return self._stream.world_size
+
+    @property
+    def global_batch(self) -> int:
+        """``batch * world_size``, the windows of one global batch."""
+        return self._stream.global_batch
 
     @property
     def shards(self) -> List[str]:
