@@ -1,8 +1,444 @@
-//! `tlio.checkpoint` (placeholder registration; the module's functions are being written).
+//! `tlio._tlio.checkpoint`: saving, verifying and loading checkpoints through
+//! `tlio_core::checkpoint`, the code behind `tlio ckpt save`, `ckpt verify` and
+//! `ckpt latest`. The Python module `tlio.checkpoint` wraps these in its public names.
+//!
+//! Invariants: the protocol (fsyncs, renames, lock, failpoints, LATEST never moving
+//! backwards), the trainer-state schema and the optimizer layout are core's; this file
+//! converts numpy arrays and JSON text to core types and core errors to exceptions.
+//! Every check that can fail runs before the first write. The GIL is released while the
+//! files are written, hashed, verified and decoded.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use tlio_core::checkpoint::optimizer::{check_layout, FORMAT_KEY, FORMAT_VALUE};
+use tlio_core::checkpoint::{
+    self, parse_step_name, step_name, CheckpointError, Loaded, OptimizerFile, OptimizerState,
+    Payload, RngState, SaveRequest, TrainerState,
+};
+use tlio_core::safetensors::{self as st, Dtype, Tensor, TensorData};
+
+use crate::errors::{core_err, guard, one_line};
+use crate::tokens::count_arg;
+
+/// A checkpoint error as the Python exception python.md names, in the words of a Python
+/// call (the core's hints name the CLI's flags).
+fn ckpt_err(py: Python<'_>, err: CheckpointError) -> PyErr {
+    match &err {
+        CheckpointError::NotFound { .. } => PyFileNotFoundError::new_err(one_line(&err)),
+        CheckpointError::Locked { .. } => {
+            let errno = py
+                .import("errno")
+                .and_then(|m| m.getattr("EWOULDBLOCK"))
+                .and_then(|v| v.extract::<i32>());
+            match errno {
+                Ok(e) => PyOSError::new_err((e, one_line(&err))),
+                Err(_) => PyOSError::new_err(one_line(&err)),
+            }
+        }
+        CheckpointError::Exists { path } => PyValueError::new_err(format!(
+            "{} already exists as a complete checkpoint (pass overwrite=True to replace it)",
+            path.display()
+        )),
+        CheckpointError::NotNewer { step, latest, .. } => PyValueError::new_err(format!(
+            "step {step} is not newer than {}, which LATEST names and which verifies; \
+             a save must move LATEST forward{}",
+            step_name(*latest),
+            if step == latest {
+                " (pass overwrite=True to replace it)"
+            } else {
+                ""
+            }
+        )),
+        _ => core_err(err),
+    }
+}
+
+/// One float32 array given by the caller: a view of its buffer when C-contiguous, else
+/// one copy in C order.
+enum F32Data<'py> {
+    View(PyReadonlyArrayDyn<'py, f32>),
+    Owned(Vec<f32>),
+}
+
+/// A named float32 array, its shape and its data.
+struct Named<'py> {
+    name: String,
+    shape: Vec<u64>,
+    data: F32Data<'py>,
+}
+
+impl Named<'_> {
+    fn values(&self) -> PyResult<&[f32]> {
+        match &self.data {
+            F32Data::View(a) => a
+                .as_slice()
+                .map_err(|e| PyValueError::new_err(format!("{}: {e}", self.name))),
+            F32Data::Owned(v) => Ok(v),
+        }
+    }
+}
+
+/// `value` as a float32 array named `what` (float64 and every other dtype refused: a
+/// checkpoint's F32 is never reached by a silent conversion).
+fn f32_array<'py>(value: &Bound<'py, PyAny>, name: String, what: &str) -> PyResult<Named<'py>> {
+    let arr = value.cast::<PyArrayDyn<f32>>().map_err(|_| {
+        let dtype = value
+            .getattr("dtype")
+            .map(|d| d.to_string())
+            .unwrap_or_else(|_| value.get_type().to_string());
+        PyValueError::new_err(format!(
+            "{what} {name:?} is {dtype}, not float32: checkpoint files hold F32 arrays"
+        ))
+    })?;
+    let shape: Vec<u64> = arr.shape().iter().map(|&d| d as u64).collect();
+    let ro = arr.readonly();
+    let data = if ro.is_c_contiguous() {
+        F32Data::View(ro)
+    } else {
+        F32Data::Owned(ro.as_array().iter().copied().collect())
+    };
+    Ok(Named { name, shape, data })
+}
+
+/// The arrays of a `{name: array}` dict, in its order.
+fn model_arrays<'py>(model: &Bound<'py, PyDict>) -> PyResult<Vec<Named<'py>>> {
+    model
+        .iter()
+        .map(|(k, v)| {
+            let name: String = k
+                .extract()
+                .map_err(|_| PyTypeError::new_err("model names must be str"))?;
+            f32_array(&v, name, "model tensor")
+        })
+        .collect()
+}
+
+/// The optimizer's arrays, `{param: {key: array}}` named `<param>.<key>`.
+fn optimizer_arrays<'py>(state: &Bound<'py, PyDict>) -> PyResult<Vec<Named<'py>>> {
+    let mut out = Vec::new();
+    for (param, entry) in state.iter() {
+        let param: String = param
+            .extract()
+            .map_err(|_| PyTypeError::new_err("optimizer state keys must be parameter names"))?;
+        let entry = entry.cast::<PyDict>().map_err(|_| {
+            PyValueError::new_err(format!(
+                "optimizer state of {param:?} must be a dict of arrays"
+            ))
+        })?;
+        for (key, value) in entry.iter() {
+            let key: String = key
+                .extract()
+                .map_err(|_| PyTypeError::new_err("optimizer state keys must be str"))?;
+            out.push(f32_array(
+                &value,
+                format!("{param}.{key}"),
+                "optimizer array",
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+/// The tensors of `arrays` for the writer.
+fn tensors<'a>(arrays: &'a [Named<'_>]) -> PyResult<Vec<Tensor<'a>>> {
+    arrays
+        .iter()
+        .map(|a| {
+            Ok(Tensor {
+                name: a.name.clone(),
+                dtype: Dtype::F32,
+                shape: a.shape.clone(),
+                data: TensorData::F32(a.values()?),
+            })
+        })
+        .collect()
+}
+
+fn write_file(
+    out: &mut dyn Write,
+    tensors: &[Tensor<'_>],
+    meta: &BTreeMap<String, String>,
+) -> io::Result<()> {
+    st::write(out, tensors, meta)
+        .map(|_| ())
+        .map_err(io::Error::other)
+}
+
+/// The optimizer's state from its JSON, checked against the arrays and the model.
+fn optimizer_meta(
+    json: &str,
+    arrays: &[Named<'_>],
+    model: &[Named<'_>],
+) -> Result<BTreeMap<String, String>, CheckpointError> {
+    let invalid = |e: &dyn std::fmt::Display| CheckpointError::Optimizer(e.to_string());
+    let state = OptimizerState::from_json(json).map_err(|e| invalid(&e))?;
+    let names: BTreeMap<&str, &[u64]> = arrays
+        .iter()
+        .map(|a| (a.name.as_str(), a.shape.as_slice()))
+        .collect();
+    if names.len() != arrays.len() {
+        return Err(invalid(
+            &"two optimizer arrays have the same <parameter>.<key> name",
+        ));
+    }
+    let params: BTreeMap<String, Vec<u64>> = model
+        .iter()
+        .map(|a| (a.name.clone(), a.shape.clone()))
+        .collect();
+    check_layout(&state, &names, Some(&params)).map_err(|e| invalid(&e))?;
+    OptimizerFile {
+        state,
+        tensors: BTreeMap::new(),
+    }
+    .metadata()
+    .map_err(|e| invalid(&e))
+}
+
+/// Save one checkpoint step with core's protocol; returns the step directory.
+///
+/// `state_json` is the trainer state without `rng_state` (missing keys take their
+/// defaults), `rng` the generator's `(state, inc)`, `opt_json` the optimizer's JSON
+/// state (hyper-parameters and step) with `opt_state` its arrays.
+#[pyfunction]
+#[pyo3(signature = (dir, model, opt_json, opt_state, state_json, rng, config, keep, overwrite))]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one private call of tlio.checkpoint"
+)]
+fn save(
+    py: Python<'_>,
+    dir: PathBuf,
+    model: &Bound<'_, PyDict>,
+    opt_json: Option<String>,
+    opt_state: Option<&Bound<'_, PyDict>>,
+    state_json: &str,
+    rng: Option<(u64, u64)>,
+    config: Option<Vec<u8>>,
+    keep: Option<&Bound<'_, PyAny>>,
+    overwrite: bool,
+) -> PyResult<String> {
+    guard(|| {
+        let model = model_arrays(model)?;
+        let opt = match opt_state {
+            Some(s) => optimizer_arrays(s)?,
+            None => Vec::new(),
+        };
+        let keep = match keep.filter(|k| !k.is_none()) {
+            Some(k) => Some(
+                usize::try_from(count_arg(k, "keep")?)
+                    .map_err(|_| PyValueError::new_err("keep is too large"))?,
+            ),
+            None => None,
+        };
+        let model_tensors = tensors(&model)?;
+        let opt_tensors = tensors(&opt)?;
+        // The cheap checks, before anything is written (core checks them all again).
+        let prepared = (|| -> Result<_, CheckpointError> {
+            let mut state = TrainerState::from_json_with_defaults(state_json.as_bytes())?;
+            state.rng_state = rng.map(|(state, inc)| RngState { state, inc });
+            let opt_meta = opt_json
+                .as_deref()
+                .map(|j| optimizer_meta(j, &opt, &model))
+                .transpose()?;
+            Ok((state, opt_meta))
+        })();
+        let (state, opt_meta) = prepared.map_err(|e| ckpt_err(py, e))?;
+        let result = py.detach(|| -> Result<PathBuf, CheckpointError> {
+            let model_meta = BTreeMap::from([(FORMAT_KEY.to_string(), FORMAT_VALUE.to_string())]);
+            let (mt, ot) = (&model_tensors, &opt_tensors);
+            let req = SaveRequest {
+                step: state.step,
+                model: Payload::Writer(Box::new(move |out: &mut dyn Write| {
+                    write_file(out, mt, &model_meta)
+                })),
+                optimizer: opt_meta.map(|meta| {
+                    Payload::Writer(Box::new(move |out: &mut dyn Write| {
+                        write_file(out, ot, &meta)
+                    }))
+                }),
+                state,
+                config: config.map(Cow::Owned),
+                keep,
+                overwrite,
+                force: false,
+            };
+            checkpoint::save(&dir, req).map(|r| r.path)
+        });
+        let path = result.map_err(|e| ckpt_err(py, e))?;
+        Ok(path.display().to_string())
+    })
+}
+
+/// The problems of one step directory, each naming the file and the rule (empty when
+/// it verifies).
+#[pyfunction]
+fn verify_step_dir(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
+    guard(|| {
+        if let Err(e) = std::fs::symlink_metadata(&path) {
+            let message = format!("{}: {e}", path.display());
+            return Err(match e.kind() {
+                io::ErrorKind::NotFound => PyFileNotFoundError::new_err(message),
+                _ => PyOSError::new_err(message),
+            });
+        }
+        let problems = py.detach(|| checkpoint::verify(&path));
+        Ok(problems.iter().map(ToString::to_string).collect())
+    })
+}
+
+/// `step-` and the step in at least six digits.
+#[pyfunction(name = "step_name")]
+fn py_step_name(step: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(step_name(count_arg(step, "step")?))
+}
+
+/// A decoded array: name, shape, values.
+type Array = (String, Vec<u64>, Vec<f32>);
+/// A parameter's optimizer arrays, by key.
+type ParamArrays = (String, Vec<Array>);
+
+/// What `load` found, decoded (arrays as (name, shape, values) in file order).
+struct Decoded {
+    loaded: Loaded,
+    model: Vec<Array>,
+    /// The optimizer's JSON state and its arrays by parameter, then key.
+    opt: Option<(String, Vec<ParamArrays>)>,
+}
+
+fn decode(dir: &Path, step: Option<u64>) -> Result<Decoded, PyErrOrCkpt> {
+    let loaded = checkpoint::load(dir, step).map_err(PyErrOrCkpt::Ckpt)?;
+    let file = loaded.model().map_err(|e| PyErrOrCkpt::Py(core_err(e)))?;
+    let mut model = Vec::new();
+    for t in file.header().tensors() {
+        let values = file
+            .decode_f32(&t.name)
+            .map_err(|e| PyErrOrCkpt::Py(core_err(e)))?;
+        model.push((t.name.clone(), t.shape.clone(), values));
+    }
+    let opt = match loaded
+        .optimizer()
+        .map_err(|e| PyErrOrCkpt::Py(core_err(e)))?
+    {
+        None => None,
+        Some(mut f) => {
+            let json = f
+                .state
+                .to_json()
+                .map_err(|e| PyErrOrCkpt::Py(core_err(e)))?;
+            let keys = f.state.state_keys();
+            let mut by_param = Vec::new();
+            for (param, _, _) in &model {
+                let arrays: Vec<_> = keys
+                    .iter()
+                    .filter_map(|k| {
+                        f.tensors
+                            .remove(&format!("{param}.{k}"))
+                            .map(|(s, v)| ((*k).to_string(), s, v))
+                    })
+                    .collect();
+                if !arrays.is_empty() {
+                    by_param.push((param.clone(), arrays));
+                }
+            }
+            Some((json, by_param))
+        }
+    };
+    Ok(Decoded { loaded, model, opt })
+}
+
+/// A load failure: core's, or already an exception.
+enum PyErrOrCkpt {
+    Ckpt(CheckpointError),
+    Py(PyErr),
+}
+
+fn array<'py>(py: Python<'py>, shape: &[u64], values: Vec<f32>) -> PyResult<Bound<'py, PyAny>> {
+    let dims: Vec<usize> = shape
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()
+        .map_err(|_| PyValueError::new_err("a tensor dimension does not fit this machine"))?;
+    Ok(PyArray1::from_vec(py, values).reshape(dims)?.into_any())
+}
+
+/// Load the checkpoint `ckpt latest` picks (or `step`, falling back to older steps).
+/// Returns (path, step, model, opt, trainer_state_json, rng, config, skipped); `opt` is
+/// (json state, {param: {key: array}}) or None.
+#[pyfunction]
+#[pyo3(signature = (dir, step=None))]
+fn load<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    step: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    guard(|| {
+        let step = step
+            .filter(|s| !s.is_none())
+            .map(|s| count_arg(s, "step"))
+            .transpose()?;
+        let decoded = py.detach(|| decode(&dir, step)).map_err(|e| match e {
+            PyErrOrCkpt::Ckpt(e) => ckpt_err(py, e),
+            PyErrOrCkpt::Py(e) => e,
+        })?;
+        let Decoded { loaded, model, opt } = decoded;
+        let model_dict = PyDict::new(py);
+        for (name, shape, values) in model {
+            model_dict.set_item(name, array(py, &shape, values)?)?;
+        }
+        let opt = match opt {
+            None => py.None().into_bound(py),
+            Some((json, by_param)) => {
+                let state = PyDict::new(py);
+                for (param, arrays) in by_param {
+                    let entry = PyDict::new(py);
+                    for (key, shape, values) in arrays {
+                        entry.set_item(key, array(py, &shape, values)?)?;
+                    }
+                    state.set_item(param, entry)?;
+                }
+                (json, state).into_pyobject(py)?.into_any()
+            }
+        };
+        let state_json = String::from_utf8(loaded.state.to_json().map_err(core_err)?)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let rng = loaded.state.rng_state.map(|r| (r.state, r.inc));
+        let config = loaded.config.as_deref().map(|c| PyBytes::new(py, c));
+        // Only step directories: python.md's `skipped` names directories, and a bad
+        // LATEST is not one.
+        let skipped = PyList::empty(py);
+        for (name, why) in &loaded.skipped {
+            if parse_step_name(name).is_some() {
+                skipped.append((name, why))?;
+            }
+        }
+        let path = loaded.path.display().to_string();
+        Ok((
+            path,
+            loaded.step,
+            model_dict,
+            opt,
+            state_json,
+            rng,
+            config,
+            skipped,
+        )
+            .into_pyobject(py)?
+            .into_any())
+    })
+}
 
 /// Fills the `checkpoint` submodule.
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(save, m)?)?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_step_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(py_step_name, m)?)?;
     Ok(())
 }

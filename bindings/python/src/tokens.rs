@@ -1,8 +1,290 @@
-//! `tlio.tokens` (placeholder registration; the module's functions are being written).
+//! `tlio._tlio.tokens`: token shards and the resumable token stream of tokens.md, over
+//! `tlio_core::tokens`. The Python module `tlio.tokens` wraps these in its public names.
+//!
+//! Invariants: every shard rule (header, size, ids, vocabulary) and every stream rule
+//! (phases, windows, cursor checks) is core's; this file converts arguments, results
+//! and errors only. The GIL is released while shards are validated and batches read.
 
+use std::path::PathBuf;
+
+use numpy::{PyArray, PyArray1, PyArrayMethods};
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use tlio_core::pcg::Pcg32;
+use tlio_core::tokens::{
+    check_batch_shape, check_ranks, read_shard_header, Cursor, Ranks, Shard, TokenStream,
+    TokensError, HEADER_BYTES,
+};
+
+use crate::errors::{core_err, guard, one_line};
+
+/// A tokens error as the Python exception python.md names. `TokensError::Io` keeps its
+/// `io::Error` in the message rather than the cause chain, so it is mapped here.
+pub fn tokens_err(err: TokensError) -> PyErr {
+    if let TokensError::Io { error, .. } = &err {
+        let message = one_line(&err);
+        return match (error.kind(), error.raw_os_error()) {
+            (std::io::ErrorKind::NotFound, _) => PyFileNotFoundError::new_err(message),
+            (_, Some(errno)) => PyOSError::new_err((errno, message)),
+            (_, None) => PyOSError::new_err(message),
+        };
+    }
+    core_err(err)
+}
+
+/// A non-negative integer argument that fits `u64`; a negative or huge int is a
+/// `ValueError` naming it, anything but an int a `TypeError`.
+pub fn count_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int, not a bool"
+        )));
+    }
+    match value.extract::<u64>() {
+        Ok(v) => Ok(v),
+        Err(_) if value.is_instance_of::<pyo3::types::PyInt>() => Err(PyValueError::new_err(
+            format!("{name} must be a non-negative integer below 2**64, got {value}"),
+        )),
+        Err(_) => match value.call_method0("__index__") {
+            Ok(i) => count_arg(&i, name),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "{name} must be an int, got {}",
+                value.get_type().name()?
+            ))),
+        },
+    }
+}
+
+/// `count_arg` as a `usize`.
+fn size_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    let v = count_arg(value, name)?;
+    usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} {v} is too large")))
+}
+
+/// An optional vocabulary size; core checks its range (1 .. 2**31 - 1).
+fn vocab_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
+    let Some(v) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let n = count_arg(v, "vocab_size")?;
+    match u32::try_from(n) {
+        Ok(0) | Err(_) => Err(PyValueError::new_err(format!(
+            "vocab_size must be between 1 and {}, got {n}",
+            tlio_core::tokens::MAX_COUNT
+        ))),
+        Ok(v) => Ok(Some(v)),
+    }
+}
+
+/// `{"magic", "version", "n", "vocab_size"}` of a shard, reading its header only (0 for
+/// a vocabulary the file does not record).
+#[pyfunction]
+fn read_tokens_header<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    guard(|| {
+        let header = py.detach(|| read_shard_header(&path)).map_err(tokens_err)?;
+        let d = PyDict::new(py);
+        d.set_item("magic", header.magic)?;
+        d.set_item("version", header.version)?;
+        d.set_item("n", header.count)?;
+        d.set_item("vocab_size", header.vocab.unwrap_or(0))?;
+        Ok(d)
+    })
+}
+
+/// Validate a whole shard (header, size, every id against the vocabulary) and return
+/// what `open_tokens` maps: `(itemsize, n, offset of the first id)`.
+#[pyfunction]
+#[pyo3(signature = (path, vocab_size=None))]
+fn validate_shard(
+    py: Python<'_>,
+    path: PathBuf,
+    vocab_size: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(usize, usize, usize)> {
+    guard(|| {
+        let vocab = vocab_arg(vocab_size)?;
+        let shard = py
+            .detach(|| Shard::open(&path, vocab))
+            .map_err(tokens_err)?;
+        Ok((shard.header().dtype.itemsize(), shard.len(), HEADER_BYTES))
+    })
+}
+
+/// The generator the stream starts from: a `PCG32` (anything with `.state()` giving
+/// `{"state": int, "inc": int}`) or that dict itself; its state is copied.
+pub fn rng_arg(rng: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+    let d = if rng.is_instance_of::<PyDict>() {
+        rng.clone()
+    } else if rng.hasattr("state")? {
+        rng.call_method0("state")?
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "rng must be a tlio.pcg.PCG32 or {{\"state\": int, \"inc\": int}}, got {}",
+            rng.get_type().name()?
+        )));
+    };
+    let d = d.cast::<PyDict>().map_err(|_| {
+        PyTypeError::new_err("rng.state() must return {\"state\": int, \"inc\": int}")
+    })?;
+    if d.len() != 2 {
+        return Err(PyValueError::new_err(
+            "rng state must have exactly the keys \"state\" and \"inc\"",
+        ));
+    }
+    let word = |key: &str| -> PyResult<u64> {
+        let v = d.get_item(key)?.ok_or_else(|| {
+            PyValueError::new_err(format!("rng state has no {key:?} (keys: state, inc)"))
+        })?;
+        count_arg(&v, &format!("rng {key}"))
+    };
+    Ok((word("state")?, word("inc")?))
+}
+
+/// The PCG32 of `(state, inc)`; an even increment is a `ValueError`.
+fn pcg(state: u64, inc: u64) -> PyResult<Pcg32> {
+    Pcg32::from_parts(state, inc).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "rng inc {inc:016x} is even; a PCG32 increment is always odd"
+        ))
+    })
+}
+
+/// tokens.md's stream over validated shards (`tlio.tokens.TokenStream` wraps it).
+#[pyclass(module = "tlio._tlio.tokens", name = "Stream")]
+pub struct Stream {
+    inner: TokenStream,
+}
+
+#[pymethods]
+impl Stream {
+    #[new]
+    #[pyo3(signature = (shards, seq_len, batch, rng, vocab_size=None, rank=None, world_size=None))]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the Python constructor's arguments"
+    )]
+    fn new(
+        py: Python<'_>,
+        shards: &Bound<'_, PyAny>,
+        seq_len: &Bound<'_, PyAny>,
+        batch: &Bound<'_, PyAny>,
+        rng: &Bound<'_, PyAny>,
+        vocab_size: Option<&Bound<'_, PyAny>>,
+        rank: Option<&Bound<'_, PyAny>>,
+        world_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        guard(|| {
+            if shards.is_instance_of::<PyString>() {
+                return Err(PyValueError::new_err(format!(
+                    "shards must be a list of paths, not one string ({shards}); \
+                     pass [path] for a single shard"
+                )));
+            }
+            let paths: Vec<PathBuf> = shards
+                .try_iter()
+                .map_err(|_| PyTypeError::new_err("shards must be a sequence of paths"))?
+                .map(|p| p.and_then(|p| p.extract::<PathBuf>()))
+                .collect::<PyResult<_>>()?;
+            let seq_len = size_arg(seq_len, "seq_len")?;
+            let batch = size_arg(batch, "batch")?;
+            let (state, inc) = rng_arg(rng)?;
+            let rng = pcg(state, inc)?;
+            let vocab = vocab_arg(vocab_size)?;
+            let ranks = Ranks {
+                rank: rank.map_or(Ok(0), |r| size_arg(r, "rank"))?,
+                world_size: world_size.map_or(Ok(1), |w| size_arg(w, "world_size"))?,
+            };
+            let inner = py
+                .detach(|| -> Result<TokenStream, TokensError> {
+                    // Shape and ranks first, so a bad argument is reported before any
+                    // shard is read.
+                    check_batch_shape(seq_len, batch)?;
+                    check_ranks(batch, ranks)?;
+                    TokenStream::open(&paths, seq_len, batch, rng, vocab, ranks)
+                })
+                .map_err(tokens_err)?;
+            Ok(Stream { inner })
+        })
+    }
+
+    /// The next batch: fresh int64 arrays (inputs, targets) of shape [batch, seq_len].
+    #[allow(clippy::type_complexity, reason = "the pair pyo3 returns as a tuple")]
+    fn next_batch<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        Bound<'py, PyArray<i64, numpy::Ix2>>,
+        Bound<'py, PyArray<i64, numpy::Ix2>>,
+    )> {
+        guard(|| {
+            let inner = &mut self.inner;
+            let batch = py.detach(|| inner.next_batch());
+            let shape = [batch.batch, batch.seq_len];
+            let inputs = PyArray1::from_vec(py, batch.inputs).reshape(shape)?;
+            let targets = PyArray1::from_vec(py, batch.targets).reshape(shape)?;
+            Ok((inputs, targets))
+        })
+    }
+
+    /// The cursor as the CLI's compact JSON.
+    fn cursor_json(&self) -> String {
+        self.inner.cursor().to_json()
+    }
+
+    /// Restore a cursor given as JSON text (checked strictly by core).
+    fn restore_json(&mut self, text: &str) -> PyResult<()> {
+        guard(|| {
+            let cursor = Cursor::from_json(text)
+                .map_err(|e| PyValueError::new_err(format!("invalid cursor: {e}")))?;
+            self.inner.restore(&cursor).map_err(tokens_err)
+        })
+    }
+
+    /// T.
+    #[getter]
+    fn seq_len(&self) -> usize {
+        self.inner.seq_len()
+    }
+
+    /// B.
+    #[getter]
+    fn batch(&self) -> usize {
+        self.inner.batch()
+    }
+
+    /// This stream's rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.inner.ranks().rank
+    }
+
+    /// The number of ranks.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.inner.ranks().world_size
+    }
+
+    /// B × world_size, the windows of one global batch.
+    #[getter]
+    fn global_batch(&self) -> usize {
+        self.inner.global_batch()
+    }
+
+    /// The shards' paths, in stream order.
+    #[getter]
+    fn shards(&self) -> Vec<PathBuf> {
+        self.inner
+            .shards()
+            .iter()
+            .map(|s| s.path().to_path_buf())
+            .collect()
+    }
+}
 
 /// Fills the `tokens` submodule.
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(read_tokens_header, m)?)?;
+    m.add_function(wrap_pyfunction!(validate_shard, m)?)?;
+    m.add_class::<Stream>()?;
     Ok(())
 }

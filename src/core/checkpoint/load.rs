@@ -87,14 +87,12 @@ fn candidates(listing: &Listing) -> (Vec<u64>, Vec<u64>) {
     (tried, newer)
 }
 
-/// Load the checkpoint `load` rules pick from `dir`, or exactly `step` when given.
+/// Load the checkpoint `load` rules pick from `dir`; with `step`, that step when it
+/// verifies, else the newest older one that does (a caller resuming "at step N or
+/// before" never gets a later step). `skipped` lists what was refused on the way.
 pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {
     if let Some(n) = step {
-        let path = dir.join(step_name(n));
-        return loaded(path.clone(), n, inspect(&path)).map_err(|why| CheckpointError::NotFound {
-            dir: dir.to_path_buf(),
-            reasons: vec![(step_name(n), why)],
-        });
+        return load_at_most(dir, n);
     }
     let listing = list(dir)?;
     let (tried, newer) = candidates(&listing);
@@ -122,6 +120,30 @@ pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {
             step_name(n),
             "newer than LATEST (never declared complete)".to_string(),
         ));
+    }
+    Err(CheckpointError::NotFound {
+        dir: dir.to_path_buf(),
+        reasons,
+    })
+}
+
+/// `load(dir, Some(n))`: step `n`, or the newest older step that verifies. `LATEST`
+/// plays no part: the caller named the step.
+fn load_at_most(dir: &Path, n: u64) -> Result<Loaded, CheckpointError> {
+    let listing = list(dir)?;
+    let mut reasons = Vec::new();
+    if !listing.steps.contains(&n) {
+        reasons.push((step_name(n), "does not exist".to_string()));
+    }
+    for &k in listing.steps.iter().rev().filter(|&&k| k <= n) {
+        let path = dir.join(step_name(k));
+        match loaded(path.clone(), k, inspect(&path)) {
+            Ok(mut l) => {
+                l.skipped = reasons;
+                return Ok(l);
+            }
+            Err(why) => reasons.push((step_name(k), why)),
+        }
     }
     Err(CheckpointError::NotFound {
         dir: dir.to_path_buf(),

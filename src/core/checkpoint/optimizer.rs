@@ -147,7 +147,7 @@ fn split_name<'n>(name: &'n str, keys: &[&'static str]) -> Option<(&'n str, &'st
 /// Check that `names_shapes` (tensor name to shape) is exactly the arrays `state`
 /// needs for `params` (parameter name to shape); with `params` absent, that every
 /// parameter it implies has all its arrays with one shape.
-fn check_layout(
+pub fn check_layout(
     state: &OptimizerState,
     names_shapes: &BTreeMap<&str, &[u64]>,
     params: Option<&BTreeMap<String, Vec<u64>>>,

@@ -1115,3 +1115,36 @@ fn gc_dry_run_takes_no_lock_and_save_waits_for_one() {
     .unwrap_err();
     assert!(matches!(err, CheckpointError::Locked { .. }));
 }
+
+#[test]
+fn load_at_a_step_falls_back_to_the_newest_older_one_that_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    for n in [3, 5, 7, 9] {
+        save(dir.path(), request(n)).unwrap();
+    }
+    // Exactly the step asked for, even below LATEST.
+    let l = load(dir.path(), Some(5)).unwrap();
+    assert_eq!((l.step, l.skipped.len()), (5, 0));
+    // A corrupt step falls back to the newest older one, saying why.
+    flip(&dir.path().join("step-000007/model.safetensors"), 100);
+    let l = load(dir.path(), Some(7)).unwrap();
+    assert_eq!(l.step, 5);
+    assert_eq!(l.skipped.len(), 1);
+    assert_eq!(l.skipped[0].0, "step-000007");
+    assert!(
+        l.skipped[0].1.contains("sha256 mismatch"),
+        "{:?}",
+        l.skipped
+    );
+    // A step that does not exist: the newest older, never a newer one.
+    let l = load(dir.path(), Some(8)).unwrap();
+    assert_eq!(l.step, 5);
+    assert_eq!(
+        l.skipped[0],
+        ("step-000008".to_string(), "does not exist".to_string())
+    );
+    assert!(matches!(
+        load(dir.path(), Some(2)),
+        Err(CheckpointError::NotFound { .. })
+    ));
+}

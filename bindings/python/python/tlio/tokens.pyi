@@ -1,0 +1,67 @@
+"""Type stubs of tlio.tokens: llm.c-style token shards and the resumable token stream."""
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+PathLike = Union[str, os.PathLike[str]]
+
+class _Generator(Protocol):
+    """A PCG32 as tlio.pcg.PCG32: its ``state()`` is copied by the stream."""
+
+    def state(self) -> Dict[str, int]: ...
+
+Cursor = Dict[str, Any]
+"""``{"shard": int, "offset": int, "rng": {"state": "<16 hex>", "inc": "<16 hex>"}}``,
+plus ``"global_batch": int`` when the stream has ranks."""
+
+Batch = Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+__all__: List[str]
+
+def read_tokens_header(path: PathLike) -> Dict[str, int]:
+    """``{"magic", "version", "n", "vocab_size"}``, checked against the file size."""
+
+def open_tokens(path: PathLike, vocab_size: Optional[int] = None) -> np.memmap:
+    """The validated ids as a read-only array over the file's map (uint16 or uint32)."""
+
+class TokenStream:
+    """tokens.md's stream: windows of seq_len + 1 ids, batch windows per batch."""
+
+    def __init__(
+        self,
+        shards: Sequence[PathLike],
+        seq_len: int,
+        batch: int,
+        rng: Union[_Generator, Dict[str, int]],
+        vocab_size: Optional[int] = None,
+        *,
+        rank: Optional[int] = 0,
+        world_size: Optional[int] = 1,
+    ) -> None: ...
+    def next_batch(self) -> Batch:
+        """Fresh int64 (inputs, targets) of shape [batch, seq_len]."""
+    def cursor(self) -> Cursor:
+        """The whole position, in the CLI's JSON form."""
+    def restore(self, cursor: Cursor) -> None:
+        """Continue from a cursor (checked strictly; unchanged on error)."""
+    def state_dict(self) -> Cursor:
+        """``cursor()``, for torch's Stateful protocol."""
+    def load_state_dict(self, state_dict: Cursor) -> None:
+        """``restore(state_dict)``, for torch's Stateful protocol."""
+    def __iter__(self) -> Iterator[Batch]: ...
+    def __next__(self) -> Batch: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def global_batch(self) -> int: ...
+    @property
+    def shards(self) -> List[str]: ...
