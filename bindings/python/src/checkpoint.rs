@@ -268,6 +268,9 @@ fn save(
                 keep,
                 overwrite,
                 force: false,
+                // The CLI's wait: a save queued behind another save or a gc waits as
+                // `tlio ckpt save` does, then fails with OSError.
+                lock_wait: checkpoint::SAVE_LOCK_WAIT,
             };
             checkpoint::save(&dir, req).map(|r| r.path)
         });
