@@ -319,13 +319,15 @@ impl TokenStream {
         at
     }
 
-    /// Read the next window into `window` (T + 1 ids).
-    fn next_window(&mut self, window: &mut [i64]) {
+    /// Read the next window (T + 1 ids) straight into one row of inputs (its first T
+    /// ids) and one row of targets (its last T): no intermediate buffer, each id
+    /// widened once per row it lands in.
+    fn next_window(&mut self, inputs: &mut [i64], targets: &mut [i64]) {
         let (shard, offset) = self.advance();
-        let read = self
-            .shards
-            .get(shard)
-            .and_then(|s| s.copy_to_i64(offset, window));
+        let read = self.shards.get(shard).and_then(|s| {
+            s.copy_to_i64(offset, inputs)?;
+            s.copy_to_i64(offset.checked_add(1)?, targets)
+        });
         // Every shard holds at least T + 1 ids and a pass starts at a phase below
         // n - T, so the window is always in range (the struct invariant). Were it ever
         // broken, a silently stale window would train on wrong data: stop instead.
@@ -385,16 +387,8 @@ impl TokenStream {
     fn fill_batch(&mut self, inputs: &mut [i64], targets: &mut [i64]) {
         let t = self.seq_len;
         self.skip(self.ranks.rank.saturating_mul(self.batch));
-        let mut window = vec![0i64; t.saturating_add(1)];
         for (x, y) in inputs.chunks_exact_mut(t).zip(targets.chunks_exact_mut(t)) {
-            self.next_window(&mut window);
-            // `window` holds exactly T + 1 ids: inputs are the first T, targets the last T.
-            for (dst, src) in x.iter_mut().zip(&window) {
-                *dst = *src;
-            }
-            for (dst, src) in y.iter_mut().zip(window.iter().skip(1)) {
-                *dst = *src;
-            }
+            self.next_window(x, y);
         }
         let after = self
             .ranks
