@@ -4,7 +4,6 @@
 //! cursor), `decode` (the text of a shard's ids). Each command is one core call plus
 //! printing.
 
-use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -486,7 +485,8 @@ fn open_id_inputs(
             });
             continue;
         }
-        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let file = tlio_core::files::open_regular(path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
         let size = file
             .metadata()
             .with_context(|| format!("cannot read {}", path.display()))?

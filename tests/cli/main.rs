@@ -25,6 +25,7 @@ mod errors;
 mod generate;
 mod grammar;
 mod hardening;
+mod inputs;
 mod models;
 mod output;
 mod readme;

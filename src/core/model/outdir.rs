@@ -99,7 +99,7 @@ impl OutDir {
 
     /// Copy `from` (following symlinks) as file `name` and fsync it.
     pub fn copy_file(&self, name: &str, from: &Path) -> Result<(), ModelError> {
-        let mut src = File::open(from).map_err(|source| ModelError::Io {
+        let mut src = crate::files::open_regular(from).map_err(|source| ModelError::Io {
             path: from.to_path_buf(),
             source,
         })?;
