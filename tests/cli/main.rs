@@ -29,6 +29,7 @@ mod inputs;
 mod models;
 mod output;
 mod readme;
+mod round2;
 mod shapes;
 mod snapshots;
 mod st;

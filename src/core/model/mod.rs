@@ -49,6 +49,13 @@ pub enum ModelError {
         /// The cause.
         source: io::Error,
     },
+    /// A directory holds both an index and `model.safetensors`: which one is the model
+    /// is the user's choice (transformers would load `model.safetensors` first).
+    #[error("{} is ambiguous: it holds both {INDEX_NAME} and {SINGLE_NAME}; name the one to use ({} or {})", .path.display(), .path.join(INDEX_NAME).display(), .path.join(SINGLE_NAME).display())]
+    Ambiguous {
+        /// The directory.
+        path: PathBuf,
+    },
     /// A directory holds neither an index nor `model.safetensors`.
     #[error("{} is not a model directory: it holds neither {INDEX_NAME} nor {SINGLE_NAME}", .path.display())]
     NotAModel {
@@ -166,6 +173,7 @@ impl Failure for ModelError {
             ModelError::Shard { source, .. } => source.kind(),
             ModelError::Atomic(source) => source.kind(),
             ModelError::NotAModel { .. }
+            | ModelError::Ambiguous { .. }
             | ModelError::Invalid { .. }
             | ModelError::NonFinite { .. }
             | ModelError::ScaleOverflow { .. }
@@ -449,7 +457,11 @@ impl Located {
         let (kind, index_path, single, dir) = if is_dir {
             let index = path.join(INDEX_NAME);
             let single = path.join(SINGLE_NAME);
-            if index.exists() {
+            if index.exists() && single.exists() {
+                return Err(ModelError::Ambiguous {
+                    path: path.to_path_buf(),
+                });
+            } else if index.exists() {
                 (Kind::Directory, Some(index), None, Some(path.to_path_buf()))
             } else if single.exists() {
                 (

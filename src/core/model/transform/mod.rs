@@ -105,6 +105,15 @@ pub fn run(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Report, ModelError> {
     check_op(model, op)?;
+    let pairs = model
+        .logical
+        .iter()
+        .any(|l| matches!(l.storage, super::Storage::Int4 { .. }));
+    if pairs && !matches!(op, Op::Dequantize { .. }) {
+        // Convert and quantize copy existing int4 pairs unchanged: their scales are
+        // checked first, as every command does (dequantize checks each as it reads).
+        super::view::ModelView::map(model.clone())?;
+    }
     let total: u64 = model.shards.iter().map(|s| s.header.data_len()).sum();
     let size_in = model
         .shards
