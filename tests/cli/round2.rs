@@ -213,3 +213,43 @@ fn zero_group_and_zero_jobs_are_refused_when_parsing_naming_the_flag() {
         );
     }
 }
+
+#[test]
+fn a_write_failure_names_the_output_the_user_gave_not_a_temporary_path() {
+    use std::os::unix::process::CommandExt;
+    let d = tmp();
+    let m = sharded(d.path(), "m");
+    for op in [&["convert", "--dtype", "f64"][..], &["quantize", "--int4"]] {
+        let out_dir = d.path().join(format!("out-{}", op[0]));
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("tlio"));
+        cmd.args(["-q", "st", op[0]])
+            .arg(&m)
+            .arg("-o")
+            .arg(&out_dir)
+            .args(&op[1..])
+            .env_remove("FAILPOINTS");
+        // A full disk, as the process sees it: no file may grow past 2 KiB (EFBIG;
+        // SIGXFSZ ignored so the write fails instead of killing the process).
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let lim = libc::rlimit {
+                    rlim_cur: 2048,
+                    rlim_max: 2048,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        assert_one_error_line(&out, 2, op[0]);
+        let err = stderr(&out);
+        assert!(!err.contains("tlio-tmp"), "{err}");
+        let named = format!("cannot write {}/model-0000", out_dir.display());
+        assert!(err.contains(&named), "{err}");
+        assert!(!out_dir.exists());
+    }
+}

@@ -13,7 +13,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use super::{parent, ModelError};
-use crate::atomic::{sync_dir, TempDir};
+use crate::atomic::{sync_dir, AtomicError, TempDir};
 
 /// A directory being written.
 pub struct OutDir {
@@ -55,7 +55,14 @@ impl OutDir {
         // Named and registered by core::atomic, so that an interrupted conversion
         // (SIGINT, SIGTERM) removes the partial directory like any temporary file and the
         // next write sweeps the one a kill -9 left.
-        let tmp = TempDir::create(target, &parent)?;
+        let tmp = TempDir::create(target, &parent).map_err(|e| match e {
+            // A read-only or full parent: the error names the output the user gave.
+            AtomicError::Create { source, .. } => ModelError::Write {
+                path: target.to_path_buf(),
+                source,
+            },
+            other => other.into(),
+        })?;
         Ok(OutDir {
             target: target.to_path_buf(),
             parent,
