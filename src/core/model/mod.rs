@@ -49,13 +49,9 @@ pub enum ModelError {
         /// The cause.
         source: io::Error,
     },
-    /// A directory holds both an index and `model.safetensors`: which one is the model
-    /// is the user's choice (transformers would load `model.safetensors` first).
-    #[error("{} is ambiguous: it holds both {INDEX_NAME} and {SINGLE_NAME}; name the one to use ({} or {})", .path.display(), .path.join(INDEX_NAME).display(), .path.join(SINGLE_NAME).display())]
-    Ambiguous {
-        /// The directory.
-        path: PathBuf,
-    },
+    /// A directory holds both an index and `model.safetensors` (the user must pick one).
+    #[error("{} is ambiguous: it holds both {INDEX_NAME} and {SINGLE_NAME}; name the one to use ({} or {})", .0.display(), .0.join(INDEX_NAME).display(), .0.join(SINGLE_NAME).display())]
+    Ambiguous(PathBuf),
     /// A directory holds neither an index nor `model.safetensors`.
     #[error("{} is not a model directory: it holds neither {INDEX_NAME} nor {SINGLE_NAME}", .path.display())]
     NotAModel {
@@ -173,7 +169,7 @@ impl Failure for ModelError {
             ModelError::Shard { source, .. } => source.kind(),
             ModelError::Atomic(source) => source.kind(),
             ModelError::NotAModel { .. }
-            | ModelError::Ambiguous { .. }
+            | ModelError::Ambiguous(_)
             | ModelError::Invalid { .. }
             | ModelError::NonFinite { .. }
             | ModelError::ScaleOverflow { .. }
@@ -458,9 +454,7 @@ impl Located {
             let index = path.join(INDEX_NAME);
             let single = path.join(SINGLE_NAME);
             if index.exists() && single.exists() {
-                return Err(ModelError::Ambiguous {
-                    path: path.to_path_buf(),
-                });
+                return Err(ModelError::Ambiguous(path.to_path_buf()));
             } else if index.exists() {
                 (Kind::Directory, Some(index), None, Some(path.to_path_buf()))
             } else if single.exists() {
