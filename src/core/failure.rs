@@ -27,3 +27,17 @@ pub trait Failure: Error {
     /// Whether this error means bad input or a failed operation.
     fn kind(&self) -> FailureKind;
 }
+
+/// `err` and its sources on one line, outermost first, joined with ": ": the text for
+/// places that keep an error as a string (a verification finding, a problem list), so
+/// the cause an error returns from `source()` instead of printing is never lost.
+pub fn full_text(err: &(dyn Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}

@@ -10,22 +10,78 @@ use std::path::Path;
 
 /// Open `path` for reading (following symlinks) without blocking in `open`, and refuse
 /// anything but a regular file with an `InvalidInput` error naming what it is.
+///
+/// This is the opening rule of every input file tlio reads (safetensors files and
+/// shards, indexes, configs, token shards, cursors, checkpoint inputs): the check is
+/// `fstat` on the open descriptor, so no path can be swapped for a FIFO between a check
+/// and the open.
 pub fn open_regular(path: &Path) -> io::Result<File> {
+    open_checked(path, Follow::Yes)?.map_err(not_regular)
+}
+
+/// Whether [`open_checked`] follows a symlink at the final component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Follow {
+    /// Follow it (an input named on the command line, a shard in the Hugging Face cache).
+    Yes,
+    /// Refuse it (`ELOOP`): an entry inside a checkpoint directory.
+    No,
+}
+
+/// The opening rule itself: open read-only with `O_NONBLOCK` (a FIFO's `open` would
+/// otherwise wait for a writer forever), `fstat` the descriptor, and return `Err(kind)`
+/// inside for anything but a regular file. `O_NONBLOCK` is cleared again on a regular
+/// file, so later reads keep their ordinary semantics whatever the file system.
+pub fn open_checked(path: &Path, follow: Follow) -> io::Result<Result<File, &'static str>> {
     let mut opts = OpenOptions::new();
     opts.read(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
-        opts.custom_flags(libc::O_NONBLOCK);
+        let no_follow = if follow == Follow::No {
+            libc::O_NOFOLLOW
+        } else {
+            0
+        };
+        opts.custom_flags(libc::O_NONBLOCK | no_follow);
     }
     let file = opts.open(path)?;
-    match crate::atomic::irregular_kind(&file.metadata()?.file_type()) {
-        None => Ok(file),
-        Some(kind) => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("not a regular file but a {kind}"),
-        )),
+    if let Some(kind) = crate::atomic::irregular_kind(&file.metadata()?.file_type()) {
+        return Ok(Err(kind));
     }
+    clear_nonblock(&file)?;
+    Ok(Ok(file))
+}
+
+#[cfg(unix)]
+#[allow(unsafe_code, reason = "fcntl(F_SETFL) has no safe wrapper in std")]
+fn clear_nonblock(file: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: `fd` is an open descriptor owned by `file` for the whole call; F_GETFL and
+    // F_SETFL read and set its status flags and touch no memory.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn clear_nonblock(_file: &File) -> io::Result<()> {
+    Ok(())
+}
+
+/// The error for an input that is not a regular file.
+fn not_regular(kind: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("not a regular file but a {kind}"),
+    )
 }
 
 /// Read all of the regular file `path`, refusing one larger than `limit` bytes (an

@@ -207,7 +207,7 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub saturate: bool,
     /// Shards converted at once (default: the number of CPUs, at most 4).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = jobs_parser())]
     pub jobs: Option<usize>,
 }
 
@@ -244,7 +244,8 @@ pub struct QuantizeArgs {
     #[arg(long, required = true)]
     pub int4: bool,
     /// Group size G: an even number that divides each selected weight's columns.
-    #[arg(long, value_name = "G", default_value_t = DEFAULT_GROUP)]
+    #[arg(long, value_name = "G", default_value_t = DEFAULT_GROUP,
+          value_parser = clap::value_parser!(u64).range(MIN_GROUP..))]
     pub group: u64,
     /// Quantize only 2-D float tensors whose name matches this regular expression
     /// (default: names ending in `_proj.weight`).
@@ -254,7 +255,7 @@ pub struct QuantizeArgs {
     #[arg(long, value_name = "REGEX")]
     pub exclude: Option<String>,
     /// Shards processed at once (default: the number of CPUs, at most 4).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = jobs_parser())]
     pub jobs: Option<usize>,
 }
 
@@ -279,12 +280,19 @@ pub struct DequantizeArgs {
     #[arg(long, value_enum, ignore_case = true, default_value = "F32")]
     pub dtype: FloatDtype,
     /// Shards processed at once (default: the number of CPUs, at most 4).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = jobs_parser())]
     pub jobs: Option<usize>,
 }
 
 /// The default selection of `st quantize`: the linear projections.
 const DEFAULT_QUANTIZE: &str = "_proj\\.weight$";
+/// `--jobs` is at least one worker, checked when parsing.
+fn jobs_parser() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+/// The smallest `--group` (an even number), checked when parsing; divisibility and
+/// evenness are checked against each weight by the core.
+const MIN_GROUP: u64 = 2;
 /// Default shard workers when `--jobs` is not given (the CPUs, capped).
 const DEFAULT_JOBS_CAP: usize = 4;
 

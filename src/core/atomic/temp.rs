@@ -3,9 +3,10 @@
 //! removal of those that dead tlio processes left behind.
 //!
 //! Invariants: a temporary name is `.NAME.tlio-tmp-PID-XXXXXX`, created with `O_EXCL`
-//! and registered before it is returned; once [`abandon_all`] ran, no new temporary
-//! file or directory is created; only regular files whose owner process is gone are
-//! removed as stale, never another live process's.
+//! (or `mkdir`, for a directory) and registered before it is returned; once
+//! [`abandon_all`] ran, no new temporary file or directory is created; only regular
+//! files and directories whose owner process is gone are removed as stale, never
+//! another live process's.
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
@@ -118,6 +119,51 @@ pub struct TempDir {
 }
 
 impl TempDir {
+    /// Create and register a temporary directory for `dest` in `dir`, named as
+    /// temporary files are (`.NAME.tlio-tmp-PID-XXXXXX`, mode 0700), after removing
+    /// what dead tlio processes left in `dir`: a killed writer's directory is swept by
+    /// the next write like its files.
+    pub fn create(dest: &Path, dir: &Path) -> Result<TempDir, AtomicError> {
+        let mut reg = registry();
+        if reg.dying {
+            return Err(AtomicError::Interrupted {
+                path: dest.to_path_buf(),
+            });
+        }
+        remove_stale(&mut reg, dir);
+        let mut last = None;
+        for attempt in 0..TEMP_ATTEMPTS {
+            let path = dir.join(temp_name(dest, salt(attempt)));
+            let mut builder = fs::DirBuilder::new();
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::DirBuilderExt;
+                builder.mode(0o700);
+            }
+            match builder.create(&path) {
+                Ok(()) => {
+                    let id = reg.add(path.clone(), true);
+                    return Ok(TempDir {
+                        id,
+                        path,
+                        live: true,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(source) => {
+                    return Err(AtomicError::Create {
+                        dir: dir.to_path_buf(),
+                        source,
+                    })
+                }
+            }
+        }
+        Err(AtomicError::Create {
+            dir: dir.to_path_buf(),
+            source: last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)),
+        })
+    }
+
     /// Wrap a directory this process just created (it must not be shared).
     pub fn adopt(path: PathBuf) -> Result<TempDir, AtomicError> {
         let mut reg = registry();
@@ -223,8 +269,10 @@ fn process_alive(pid: u32) -> bool {
     }
 }
 
-/// Remove the temporary files that earlier, dead tlio processes left in `dir` (once
-/// per directory and process: a pack writing thousands of shards scans once).
+/// Remove the temporary files and directories that earlier, dead tlio processes left in
+/// `dir` (once per directory and process: a pack writing thousands of shards scans
+/// once). A directory is removed with its contents; `remove_dir_all` never follows a
+/// symlink inside it.
 fn remove_stale(reg: &mut Registry, dir: &Path) {
     if !reg.scanned.insert(dir.to_path_buf()) {
         return;
@@ -238,9 +286,16 @@ fn remove_stale(reg: &mut Registry, dir: &Path) {
         let Some(pid) = temp_owner(&name) else {
             continue;
         };
-        let regular = entry.file_type().is_ok_and(|t| t.is_file());
-        if regular && pid != me && !process_alive(pid) {
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if pid == me || process_alive(pid) {
+            continue;
+        }
+        if kind.is_file() {
             let _ = fs::remove_file(entry.path());
+        } else if kind.is_dir() {
+            let _ = fs::remove_dir_all(entry.path());
         }
     }
 }

@@ -91,7 +91,7 @@ pub(crate) fn open_lock_file(path: &Path) -> io::Result<File> {
 /// Open a regular file for reading without following a symlink and without blocking;
 /// `Err(kind)` inside when the entry is something else (a FIFO, a directory...).
 pub fn open_regular(path: &Path) -> io::Result<Result<File, &'static str>> {
-    check_regular(no_follow(OpenOptions::new().read(true)).open(path)?)
+    crate::files::open_checked(path, crate::files::Follow::No)
 }
 
 /// Open a regular file for reading without following a symlink and without blocking;

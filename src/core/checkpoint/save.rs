@@ -162,7 +162,7 @@ impl Write for Hashing<'_> {
 fn copy_from(path: &Path, out: &mut dyn Write) -> io::Result<()> {
     // An input outside the checkpoint directory may well be a symlink; following it is
     // what the caller asked for.
-    let mut src = fs::File::open(path)?;
+    let mut src = crate::files::open_regular(path)?;
     let mut buf = vec![0u8; COPY_BUFFER_BYTES];
     loop {
         let n = match src.read(&mut buf) {

@@ -154,7 +154,7 @@ pub fn verify(step_dir: &Path) -> Vec<Problem> {
 pub fn safetensors_problem(path: &Path) -> Option<String> {
     crate::safetensors::read_header(path)
         .err()
-        .map(|e| e.to_string())
+        .map(|e| crate::failure::full_text(&e))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -49,6 +49,9 @@ pub enum ModelError {
         /// The cause.
         source: io::Error,
     },
+    /// A directory holds both an index and `model.safetensors` (the user must pick one).
+    #[error("{} is ambiguous: it holds both {INDEX_NAME} and {SINGLE_NAME}; name the one to use ({} or {})", .0.display(), .0.join(INDEX_NAME).display(), .0.join(SINGLE_NAME).display())]
+    Ambiguous(PathBuf),
     /// A directory holds neither an index nor `model.safetensors`.
     #[error("{} is not a model directory: it holds neither {INDEX_NAME} nor {SINGLE_NAME}", .path.display())]
     NotAModel {
@@ -175,6 +178,7 @@ impl Failure for ModelError {
             ModelError::Shard { source, .. } | ModelError::Safetensors(source) => source.kind(),
             ModelError::Atomic(source) => source.kind(),
             ModelError::NotAModel { .. }
+            | ModelError::Ambiguous(_)
             | ModelError::Invalid { .. }
             | ModelError::NonFinite { .. }
             | ModelError::ScaleOverflow { .. }
@@ -453,7 +457,9 @@ impl Located {
         let (kind, index_path, single, dir) = if is_dir {
             let index = path.join(INDEX_NAME);
             let single = path.join(SINGLE_NAME);
-            if index.exists() {
+            if index.exists() && single.exists() {
+                return Err(ModelError::Ambiguous(path.to_path_buf()));
+            } else if index.exists() {
                 (Kind::Directory, Some(index), None, Some(path.to_path_buf()))
             } else if single.exists() {
                 (

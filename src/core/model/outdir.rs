@@ -1,5 +1,5 @@
 //! A model directory written atomically as a whole: every file goes into a temporary
-//! sibling directory (`.tlio-<name>-XXXX`), each file is fsynced, then the directory is
+//! sibling directory (`.NAME.tlio-tmp-PID-XXXXXX`, named as temporary files are), each file is fsynced, then the directory is
 //! fsynced, renamed to its final name in one step, and the parent fsynced.
 //!
 //! Invariants: the final name never shows a partial model (it is absent, an empty
@@ -7,12 +7,13 @@
 //! written and a concurrent one makes the rename fail rather than merge; on any error
 //! or drop before `commit` the temporary directory is removed.
 
+use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use super::{parent, ModelError};
-use crate::atomic::{sync_dir, TempDir};
+use crate::atomic::{sync_dir, AtomicError, TempDir};
 
 /// A directory being written.
 pub struct OutDir {
@@ -46,25 +47,22 @@ impl OutDir {
                 }
             }
         }
-        let base = target
-            .file_name()
-            .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
         // Missing parents are created, as for every other output (docs/cli.md).
         fs::create_dir_all(&parent).map_err(|source| ModelError::Write {
             path: parent.clone(),
             source,
         })?;
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!(".tlio-{base}-"))
-            .suffix(".tmp")
-            .tempdir_in(&parent)
-            .map_err(|source| ModelError::Write {
-                path: parent.clone(),
+        // Named and registered by core::atomic, so that an interrupted conversion
+        // (SIGINT, SIGTERM) removes the partial directory like any temporary file and the
+        // next write sweeps the one a kill -9 left.
+        let tmp = TempDir::create(target, &parent).map_err(|e| match e {
+            // A read-only or full parent: the error names the output the user gave.
+            AtomicError::Create { source, .. } => ModelError::Write {
+                path: target.to_path_buf(),
                 source,
-            })?;
-        // Registered with core::atomic so that an interrupted conversion (SIGINT,
-        // SIGTERM) removes the partial directory like any other temporary file.
-        let tmp = TempDir::adopt(tmp.keep())?;
+            },
+            other => other.into(),
+        })?;
         Ok(OutDir {
             target: target.to_path_buf(),
             parent,
@@ -82,8 +80,8 @@ impl OutDir {
         &self.target
     }
 
-    fn err(&self, name: &str) -> impl Fn(io::Error) -> ModelError + '_ {
-        let path = self.target.join(name);
+    fn err(&self, name: &(impl AsRef<OsStr> + ?Sized)) -> impl Fn(io::Error) -> ModelError + '_ {
+        let path = self.target.join(name.as_ref());
         move |source| ModelError::Write {
             path: path.clone(),
             source,
@@ -98,14 +96,35 @@ impl OutDir {
     }
 
     /// Copy `from` (following symlinks) as file `name` and fsync it.
-    pub fn copy_file(&self, name: &str, from: &Path) -> Result<(), ModelError> {
-        let mut src = File::open(from).map_err(|source| ModelError::Io {
+    pub fn copy_file(
+        &self,
+        name: &(impl AsRef<OsStr> + ?Sized),
+        from: &Path,
+    ) -> Result<(), ModelError> {
+        let name = name.as_ref();
+        let mut src = crate::files::open_regular(from).map_err(|source| ModelError::Io {
             path: from.to_path_buf(),
             source,
         })?;
         let mut f = File::create(self.path().join(name)).map_err(self.err(name))?;
         io::copy(&mut src, &mut f).map_err(self.err(name))?;
         f.sync_all().map_err(self.err(name))
+    }
+
+    /// Copy the symlink `from` as a symlink `name` to the absolute path it resolves
+    /// to: the file it points to is neither read nor copied (a link out of the model
+    /// directory is never followed), and the new link names the same file from the
+    /// output's place (the Hugging Face cache's relative `../../blobs/...` would not).
+    pub fn copy_link(&self, name: &OsStr, from: &Path) -> Result<(), ModelError> {
+        let resolved = fs::canonicalize(from).map_err(|source| ModelError::Io {
+            path: from.to_path_buf(),
+            source,
+        })?;
+        #[cfg(unix)]
+        let made = std::os::unix::fs::symlink(&resolved, self.path().join(name));
+        #[cfg(not(unix))]
+        let made = fs::copy(&resolved, self.path().join(name)).map(|_| ());
+        made.map_err(self.err(name))
     }
 
     /// Fsync the directory, rename it to the target in one step, fsync the parent.

@@ -343,7 +343,7 @@ fn a_failing_shard_leaves_nothing() {
     let leftovers: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".tlio-"))
+        .filter(|n| n.starts_with(".tlio-") || n.contains(".tlio-tmp-"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let sat = Op::Convert {

@@ -32,8 +32,22 @@ impl ModelView {
         ModelView::map(Model::open(path)?)
     }
 
-    /// Map the files of an opened model.
+    /// Map the files of an opened model, refusing an int4 scale the reader rule forbids
+    /// (not finite, or negative): every command that reads tensor data checks the
+    /// scales first (docs/models.md).
     pub fn map(model: Model) -> Result<ModelView, ModelError> {
+        let view = ModelView::map_unchecked(model)?;
+        if let Some((_, message)) = view.bad_scales().into_iter().next() {
+            return Err(ModelError::Invalid {
+                first: message,
+                more: 0,
+            });
+        }
+        Ok(view)
+    }
+
+    /// Map the files without the scale check (`verify` reports a bad scale as a finding).
+    fn map_unchecked(model: Model) -> Result<ModelView, ModelError> {
         let mut maps = Vec::with_capacity(model.shards.len());
         for s in &model.shards {
             let m = MappedData::open(&s.path, &s.header).map_err(|source| {
@@ -264,35 +278,45 @@ pub fn verify_model(
             problems.push(f);
         }
     }
-    let pairs: Vec<(String, usize)> = model
+    let has_pairs = model
         .logical
         .iter()
-        .filter_map(|l| match l.storage {
-            Storage::Int4 { scales, .. } => Some((l.name.clone(), scales)),
-            Storage::Plain(_) => None,
-        })
-        .collect();
-    if !pairs.is_empty() {
-        let view = ModelView::map(model)?;
-        for (name, scales) in pairs {
-            let Some(bytes) = view.entry_bytes(scales) else {
+        .any(|l| matches!(l.storage, Storage::Int4 { .. }));
+    if has_pairs {
+        let view = ModelView::map_unchecked(model)?;
+        for (name, message) in view.bad_scales() {
+            problems.push(finding("int4-scales", Some(&name), message));
+        }
+    }
+    Ok(problems)
+}
+
+impl ModelView {
+    /// For each int4 pair with a scale that is not finite or is negative (-0 is 0),
+    /// its logical name and a message naming the first such scale.
+    fn bad_scales(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for l in &self.model.logical {
+            let Storage::Int4 { scales, .. } = l.storage else {
+                continue;
+            };
+            let Some(bytes) = self.entry_bytes(scales) else {
                 continue;
             };
             let bad = scales_of(bytes)
                 .enumerate()
                 .find(|&(_, b)| (b & 0x7C00) == 0x7C00 || (b & 0x8000 != 0 && b & 0x7FFF != 0));
             if let Some((at, bits)) = bad {
-                problems.push(finding(
-                    "int4-scales",
-                    Some(&name),
+                out.push((
+                    l.name.clone(),
                     format!(
                         "int4 (scales): tensor {}: scale {at} is {} (bits {bits:#06x}); scales must be finite and >= 0",
-                        quote(&format!("{name}.scales")),
+                        quote(&format!("{}.scales", l.name)),
                         crate::safetensors::float::f16_to_f32(bits)
                     ),
                 ));
             }
         }
+        out
     }
-    Ok(problems)
 }

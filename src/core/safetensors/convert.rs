@@ -78,7 +78,7 @@ pub fn convert_saturating(
         path: input.to_path_buf(),
         source,
     };
-    let mut src = File::open(input).map_err(io)?;
+    let mut src = crate::files::open_regular(input).map_err(io)?;
     let size = src.metadata().map_err(io)?.len();
     let header = read_header_from(&mut src, size).map_err(|e| match e {
         ReadFailure::Io(source) => io(source),

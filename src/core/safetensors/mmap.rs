@@ -75,7 +75,7 @@ impl MappedData {
     /// Map `path`, whose header `header` was read from it; fails with
     /// [`SafetensorsError::Changed`] when its size is no longer the header's file size.
     pub fn open(path: &Path, header: &Header) -> Result<Self, SafetensorsError> {
-        let file = File::open(path).map_err(|source| SafetensorsError::Io {
+        let file = crate::files::open_regular(path).map_err(|source| SafetensorsError::Io {
             path: path.to_path_buf(),
             source,
         })?;
@@ -101,7 +101,7 @@ impl MappedFile {
             path: path.to_path_buf(),
             source,
         };
-        let mut file = File::open(path).map_err(io)?;
+        let mut file = crate::files::open_regular(path).map_err(io)?;
         let size = file.metadata().map_err(io)?.len();
         let header = read_header_from(&mut file, size).map_err(|e| match e {
             ReadFailure::Io(source) => io(source),

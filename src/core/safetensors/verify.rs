@@ -4,7 +4,6 @@
 //! Invariant: an invalid file yields findings, never an error; only operational
 //! failures (missing file, unreadable) are errors.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -67,7 +66,7 @@ pub fn verify_with_progress(
         };
         // The header length was validated against the file size and the limit.
         let mut raw = vec![0u8; header.data_start() as usize];
-        File::open(path)
+        crate::files::open_regular(path)
             .and_then(|mut f| f.read_exact(&mut raw))
             .map_err(io)?;
         if let Some(f) = canonical_mismatch(&header, &raw)? {

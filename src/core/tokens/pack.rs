@@ -53,7 +53,7 @@ impl PackInput {
             path: path.to_path_buf(),
             error,
         };
-        let file = std::fs::File::open(path).map_err(io_error)?;
+        let file = crate::files::open_regular(path).map_err(io_error)?;
         let size = file.metadata().map_err(io_error)?.len();
         let input = PackInput {
             name: path.display().to_string(),

@@ -277,7 +277,7 @@ fn open_and_parse(path: &Path) -> Result<(File, u64, ShardHeader), TokensError> 
 }
 
 fn read_report(path: &Path) -> Result<(File, HeaderReport), TokensError> {
-    let mut file = File::open(path).map_err(io_err(path))?;
+    let mut file = crate::files::open_regular(path).map_err(io_err(path))?;
     let size = file.metadata().map_err(io_err(path))?.len();
     let mut buf = [0u8; HEADER_BYTES];
     let got = read_header_bytes(&mut file, path, &mut buf)?;

@@ -14,7 +14,6 @@
 //! Invariant: the hashes depend only on tensor values (never on a file's header), so
 //! a model or optimizer saved, loaded and saved again hashes the same.
 
-use std::fs::File;
 use std::path::Path;
 
 use serde::Serialize;
@@ -84,7 +83,7 @@ pub fn sha256_file(path: &Path) -> Result<String, TrainError> {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::open(path).map_err(io_err)?;
+    let mut file = crate::files::open_regular(path).map_err(io_err)?;
     let (_, digest) = sha256_stream(&mut file, None, &mut |_| {}).map_err(io_err)?;
     Ok(hex(&digest))
 }

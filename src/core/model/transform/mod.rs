@@ -20,14 +20,14 @@ mod read;
 mod rewrite;
 mod write;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::int4::parse_quant;
 use super::outdir::OutDir;
 use super::{Kind, Model, ModelError};
-use crate::atomic::same_file;
+use crate::atomic::{same_file, AtomicError};
 use crate::safetensors::convert::is_convert_target;
 use crate::safetensors::{Dtype, SafetensorsError};
 use rewrite::{copy_other_files, tally, write_config, write_index};
@@ -105,6 +105,15 @@ pub fn run(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Report, ModelError> {
     check_op(model, op)?;
+    let pairs = model
+        .logical
+        .iter()
+        .any(|l| matches!(l.storage, super::Storage::Int4 { .. }));
+    if pairs && !matches!(op, Op::Dequantize { .. }) {
+        // Convert and quantize copy existing int4 pairs unchanged: their scales are
+        // checked first, as every command does (dequantize checks each as it reads).
+        super::view::ModelView::map(model.clone())?;
+    }
     let total: u64 = model.shards.iter().map(|s| s.header.data_len()).sum();
     let size_in = model
         .shards
@@ -254,6 +263,7 @@ fn parallel_shards(
         match slot {
             Some(Ok(r)) => results.push(r),
             Some(Err(e)) => {
+                let e = at_target(e, out.path(), out.target());
                 first_err.get_or_insert(with_shard(e, &shard.name, model));
             }
             None => {}
@@ -265,6 +275,52 @@ fn parallel_shards(
         None => Err(ModelError::Usage {
             detail: "a shard worker stopped without a result".to_string(),
         }),
+    }
+}
+
+/// `e` with every path inside the temporary directory `tmp` shown under `target`, the
+/// directory the user named: a full disk is reported as `cannot write OUT/model-…`,
+/// never under a temporary name (docs/cli.md).
+fn at_target(e: ModelError, tmp: &Path, target: &Path) -> ModelError {
+    let shown = |path: PathBuf| match path.strip_prefix(tmp) {
+        Ok(rest) => target.join(rest),
+        Err(_) => path,
+    };
+    let atomic = |a: AtomicError| match a {
+        AtomicError::Create { dir, source } => AtomicError::Create {
+            dir: shown(dir),
+            source,
+        },
+        AtomicError::Write { path, source } => AtomicError::Write {
+            path: shown(path),
+            source,
+        },
+        other => other,
+    };
+    let tensors = |e: SafetensorsError| match e {
+        SafetensorsError::Io { path, source } => SafetensorsError::Io {
+            path: shown(path),
+            source,
+        },
+        SafetensorsError::Atomic(a) => SafetensorsError::Atomic(atomic(a)),
+        other => other,
+    };
+    match e {
+        ModelError::Write { path, source } => ModelError::Write {
+            path: shown(path),
+            source,
+        },
+        ModelError::Io { path, source } => ModelError::Io {
+            path: shown(path),
+            source,
+        },
+        ModelError::Atomic(a) => ModelError::Atomic(atomic(a)),
+        ModelError::Shard { shard, source } => ModelError::Shard {
+            shard,
+            source: tensors(source),
+        },
+        ModelError::Safetensors(source) => ModelError::Safetensors(tensors(source)),
+        other => other,
     }
 }
 

@@ -46,7 +46,7 @@ impl<'a> Files<'a> {
                 detail: format!("no shard {}", e.shard),
             })?;
         if slot.is_none() {
-            *slot = Some(File::open(&shard.path).map_err(io)?);
+            *slot = Some(crate::files::open_regular(&shard.path).map_err(io)?);
         }
         let start = shard
             .header

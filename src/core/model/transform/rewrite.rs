@@ -6,12 +6,16 @@
 //! keys, a final newline), so an unchanged model round-trips byte for byte.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 
 use serde_json::Value;
 
 use super::super::outdir::OutDir;
 use super::super::{torch_name, Kind, Model, ModelError, CONFIG_NAME, INDEX_NAME};
 use super::{Op, Report, ShardResult};
+
+/// What marks a tlio temporary name (`.NAME.tlio-tmp-PID-XXXXXX`): never copied.
+const TEMP_MARK: &str = ".tlio-tmp-";
 
 /// What the rewritten index records over all shards.
 pub(super) struct Totals {
@@ -100,9 +104,14 @@ pub(super) fn copy_other_files(model: &Model, out: &OutDir) -> Result<Vec<String
         return Ok(copied);
     };
     if model.kind == Kind::Directory {
-        for name in other_files(model)? {
-            out.copy_file(&name, &dir.join(&name))?;
-            copied.push(name);
+        for (name, link) in other_files(model)? {
+            let from = dir.join(&name);
+            if link {
+                out.copy_link(&name, &from)?;
+            } else {
+                out.copy_file(&name, &from)?;
+            }
+            copied.push(name.to_string_lossy().into_owned());
         }
     }
     Ok(copied)
@@ -119,8 +128,10 @@ fn pretty(v: &Value) -> Result<Vec<u8>, ModelError> {
 }
 
 /// The regular files of a model directory that are not the model's own (index,
-/// shards, config): tokenizer, generation config and the like, in name order.
-fn other_files(model: &Model) -> Result<Vec<String>, ModelError> {
+/// shards, config): tokenizer, generation config and the like, in name order, each
+/// with whether it is a symlink (to a regular file), which is copied as a link rather
+/// than followed. A name need not be UTF-8: it is copied as it is, never dropped.
+fn other_files(model: &Model) -> Result<Vec<(OsString, bool)>, ModelError> {
     let Some(dir) = &model.dir else {
         return Ok(Vec::new());
     };
@@ -133,13 +144,13 @@ fn other_files(model: &Model) -> Result<Vec<String>, ModelError> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let entry = entry.map_err(io)?;
-        let Ok(name) = entry.file_name().into_string() else {
-            continue;
-        };
-        // Symlinked files (the Hugging Face cache) are copied as files.
+        let name = entry.file_name();
+        let link = entry.file_type().map_err(io)?.is_symlink();
         let is_file = std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file());
-        if is_file && !own.contains(&name.as_str()) && !name.starts_with(".tlio-") {
-            names.push(name);
+        let text = name.to_string_lossy();
+        let ours = own.contains(&text.as_ref()) || text.starts_with(".tlio-");
+        if is_file && !ours && !text.contains(TEMP_MARK) {
+            names.push((name, link));
         }
     }
     names.sort();

@@ -176,7 +176,7 @@ pub fn read_header(path: &Path) -> Result<Header, SafetensorsError> {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::open(path).map_err(io)?;
+    let mut file = crate::files::open_regular(path).map_err(io)?;
     let size = file.metadata().map_err(io)?.len();
     read_header_from(&mut file, size).map_err(|e| match e {
         ReadFailure::Io(source) => io(source),
