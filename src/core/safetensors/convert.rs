@@ -14,8 +14,8 @@ use super::dtype::Dtype;
 use super::float::{
     decode_f32, decode_f64, encode_f32, encode_f64, EncodeError, EncodeFailure, E4M3_MAX,
 };
-use super::kernels::{convert_slice, fast_pair};
 use super::header::{read_header_from, Header, ReadFailure, TensorInfo};
+use super::kernels::{convert_slice, fast_pair};
 use super::write::{canonical_header, TensorSpec};
 use super::SafetensorsError;
 use crate::atomic::{same_file, AtomicFile};
@@ -255,7 +255,10 @@ fn sync_range(file: &File, from: u64) {
     };
     // SAFETY: sync_file_range only reads the descriptor, which `file` keeps open for
     // the call; its result is ignored on purpose (a hint: the commit fsyncs anyway).
-    #[allow(unsafe_code, reason = "sync_file_range has no safe wrapper; see SAFETY")]
+    #[allow(
+        unsafe_code,
+        reason = "sync_file_range has no safe wrapper; see SAFETY"
+    )]
     unsafe {
         libc::sync_file_range(file.as_raw_fd(), offset, 0, libc::SYNC_FILE_RANGE_WRITE);
     }

@@ -49,7 +49,9 @@ pub fn convert_slice(
     }
     // The error path only: find the first value the OR-reduction saw.
     let index = (0..src.len() / fs).find(|&i| {
-        let bits = src.get(i * fs..(i + 1) * fs).map_or(0, |b| decode_bits(from, b));
+        let bits = src
+            .get(i * fs..(i + 1) * fs)
+            .map_or(0, |b| decode_bits(from, b));
         e4m3_out_of_range(bits & 0x7FFF_FFFF) != 0
     })?;
     let bits = src
@@ -267,7 +269,12 @@ mod tests {
                     assert_eq!(got, Ok(()), "{from} -> {to}");
                     // Compare element by element for a useful message.
                     for (i, (w, g)) in want.chunks(ts).zip(dst.chunks(ts)).enumerate() {
-                        assert_eq!(w, g, "{from} -> {to} element {i}: {:?}", &src[i * fs..][..fs]);
+                        assert_eq!(
+                            w,
+                            g,
+                            "{from} -> {to} element {i}: {:?}",
+                            &src[i * fs..][..fs]
+                        );
                     }
                 }
                 Err(e) => {
@@ -338,10 +345,31 @@ mod tests {
         }
         // Ties and boundaries: every value near each target's rounding points.
         let special: Vec<u32> = [
-            0u32, 0x8000_0000, 0x7F80_0000, 0xFF80_0000, 0x7F80_0001, 0xFFC0_0000, 0x0000_0001,
-            0x0080_0000, 0x3880_0000, 0x387F_FFFF, 0x3C80_0000, 0x3C7F_FFFF, 0x477F_EFFF,
-            0x477F_F000, 0x477F_F001, 0x4780_0000, 0x7F7F_FFFF, 0x43E0_0000, 0x43DF_FFFF,
-            0x3380_0000, 0x3300_0000, 0x3300_0001, 0x3B00_0000, 0x3B00_0001, 0x3780_0000,
+            0u32,
+            0x8000_0000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7F80_0001,
+            0xFFC0_0000,
+            0x0000_0001,
+            0x0080_0000,
+            0x3880_0000,
+            0x387F_FFFF,
+            0x3C80_0000,
+            0x3C7F_FFFF,
+            0x477F_EFFF,
+            0x477F_F000,
+            0x477F_F001,
+            0x4780_0000,
+            0x7F7F_FFFF,
+            0x43E0_0000,
+            0x43DF_FFFF,
+            0x3380_0000,
+            0x3300_0000,
+            0x3300_0001,
+            0x3B00_0000,
+            0x3B00_0001,
+            0x3780_0000,
         ]
         .iter()
         .flat_map(|&w| [w.wrapping_sub(1), w, w.wrapping_add(1)])
