@@ -36,7 +36,7 @@ pub fn convert_slice(
     dst: &mut [u8],
 ) -> Option<Result<(), EncodeError>> {
     let (fs, ts) = (from.size()?, to.size()?);
-    if !fast_pair(from, to) || src.len() / fs != dst.len() / ts || dst.len() % ts != 0 {
+    if !fast_pair(from, to) || src.len() / fs != dst.len() / ts || !dst.len().is_multiple_of(ts) {
         return None;
     }
     let bad = match from {
