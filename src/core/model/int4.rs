@@ -66,19 +66,31 @@ pub enum QuantFailure {
 /// The F16 scale of one group: F16(amax / 7), the division in f32, rounded to nearest,
 /// ties to even.
 pub fn group_scale(group: &[f32]) -> Result<u16, QuantFailure> {
-    let mut amax = 0.0f32;
-    for (col, &w) in group.iter().enumerate() {
-        if !w.is_finite() {
-            return Err(QuantFailure::NonFinite { col, value: w });
-        }
-        amax = amax.max(w.abs());
+    // The largest magnitude as bits: for finite and infinite magnitudes their order
+    // is the order of the values, and any NaN or infinity lands at or above F32_INF, so
+    // one branch-free (vectorized) reduction finds both amax and whether it is valid.
+    let amax_bits = group
+        .iter()
+        .fold(0u32, |m, w| m.max(w.to_bits() & 0x7FFF_FFFF));
+    if amax_bits >= F32_INF {
+        // The error path only: the first non-finite weight.
+        let (col, &value) = group
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !w.is_finite())
+            .unwrap_or((0, &f32::NAN));
+        return Err(QuantFailure::NonFinite { col, value });
     }
+    let amax = f32::from_bits(amax_bits);
     let s = f32_to_f16(amax / QMAX);
     if s & 0x7FFF >= F16_INF {
         return Err(QuantFailure::ScaleOverflow { amax });
     }
     Ok(s)
 }
+
+/// f32's infinity bit pattern (magnitude).
+const F32_INF: u32 = 0x7F80_0000;
 
 /// The 4-bit value of weight `w` under the F16 scale `s` (as f32): 0 when s is 0, else
 /// clamp(round_half_even(w / s), -8, 7), all in f32.
@@ -139,20 +151,21 @@ pub fn quantize_row(
     Ok(())
 }
 
-/// The packed nibbles of one group of finite weights under the scale `s`.
+/// The packed nibbles of one group of finite weights under the scale `s`: written
+/// into a slice of whole pairs, no branch per weight, so the divisions vectorize.
 fn pack_group(chunk: &[f32], s: f32, packed: &mut Vec<u8>) {
+    let start = packed.len();
+    packed.resize(start + chunk.len().div_ceil(2), 0);
     if s == 0.0 {
-        packed.extend(std::iter::repeat_n(0u8, chunk.len().div_ceil(2)));
         return;
     }
-    let mut pairs = chunk.chunks_exact(2);
-    for pair in &mut pairs {
-        if let [lo, hi] = *pair {
-            packed.push(pack(round_clamp(lo / s), round_clamp(hi / s)));
-        }
+    let (pairs, rest) = chunk.as_chunks::<2>();
+    let out = packed.get_mut(start..).unwrap_or_default();
+    for (o, &[lo, hi]) in out.iter_mut().zip(pairs) {
+        *o = pack(round_clamp(lo / s), round_clamp(hi / s));
     }
-    if let [lo] = *pairs.remainder() {
-        packed.push(pack(round_clamp(lo / s), 0));
+    if let (Some(o), [lo]) = (out.get_mut(pairs.len()), rest) {
+        *o = pack(round_clamp(lo / s), 0);
     }
 }
 
@@ -203,10 +216,15 @@ pub fn dequantize_row(packed: &[u8], scales: &[u16], group: usize, out: &mut Vec
     let per_group = (group / 2).max(1);
     for (bytes, &s_bits) in packed.chunks(per_group).zip(scales) {
         let s = f16_to_f32(s_bits);
-        for &b in bytes {
+        let start = out.len();
+        out.resize(start + bytes.len() * 2, 0.0);
+        let (pairs, _) = out
+            .get_mut(start..)
+            .unwrap_or_default()
+            .as_chunks_mut::<2>();
+        for (o, &b) in pairs.iter_mut().zip(bytes) {
             let (lo, hi) = unpack(b);
-            out.push(f32::from(lo) * s);
-            out.push(f32::from(hi) * s);
+            *o = [f32::from(lo) * s, f32::from(hi) * s];
         }
     }
 }
@@ -444,7 +462,81 @@ mod tests {
         assert_eq!(quantize_value(w, f16_to_f32(s)), 7);
     }
 
+    /// Today's scalar scale rule, the reference of the branch-free one.
+    fn group_scale_scalar(group: &[f32]) -> Result<u16, QuantFailure> {
+        let mut amax = 0.0f32;
+        for (col, &w) in group.iter().enumerate() {
+            if !w.is_finite() {
+                return Err(QuantFailure::NonFinite { col, value: w });
+            }
+            amax = amax.max(w.abs());
+        }
+        let s = f32_to_f16(amax / QMAX);
+        if s & 0x7FFF >= F16_INF {
+            return Err(QuantFailure::ScaleOverflow { amax });
+        }
+        Ok(s)
+    }
+
+    fn same_failure(a: &Result<u16, QuantFailure>, b: &Result<u16, QuantFailure>) -> bool {
+        match (a, b) {
+            (
+                Err(QuantFailure::NonFinite { col: c1, value: v1 }),
+                Err(QuantFailure::NonFinite { col: c2, value: v2 }),
+            ) => c1 == c2 && v1.to_bits() == v2.to_bits(),
+            _ => a == b,
+        }
+    }
+
     proptest! {
+        #[test]
+        fn the_branch_free_scale_is_the_scalar_one(
+            bits in proptest::collection::vec(any::<u32>(), 1..40usize),
+            small in any::<bool>(),
+        ) {
+            // Arbitrary bit patterns (NaN, infinities, huge) and, half the time,
+            // magnitudes that give ordinary scales.
+            let group: Vec<f32> = bits
+                .iter()
+                .map(|&b| f32::from_bits(if small { b & 0xC7FF_FFFF } else { b }))
+                .collect();
+            let (a, b) = (group_scale(&group), group_scale_scalar(&group));
+            prop_assert!(same_failure(&a, &b), "{:?} {:?}", a, b);
+        }
+
+        #[test]
+        fn packing_is_the_scalar_rule(
+            row in proptest::collection::vec(-1e4f32..1e4, 1..64usize),
+            s_bits in 0u16..0x7C00,
+        ) {
+            let s = f16_to_f32(s_bits);
+            let mut packed = vec![0xAA];
+            pack_group(&row, s, &mut packed);
+            let q: Vec<i8> = row.iter().map(|&w| quantize_value(w, s)).collect();
+            let want: Vec<u8> = std::iter::once(0xAA)
+                .chain(q.chunks(2).map(|p| pack(p[0], p.get(1).copied().unwrap_or(0))))
+                .collect();
+            prop_assert_eq!(packed, want);
+        }
+
+        #[test]
+        fn dequantizing_is_q_times_s(
+            packed in proptest::collection::vec(any::<u8>(), 1..64usize),
+            s_bits in 0u16..0x7C00,
+        ) {
+            let mut out = vec![1.5];
+            dequantize_row(&packed, &[s_bits], packed.len() * 2, &mut out);
+            let s = f16_to_f32(s_bits);
+            let want: Vec<f32> = std::iter::once(1.5)
+                .chain(packed.iter().flat_map(|&b| {
+                    let (lo, hi) = unpack(b);
+                    [f32::from(lo) * s, f32::from(hi) * s]
+                }))
+                .collect();
+            prop_assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        }
+
         #[test]
         fn nibbles_round_trip(lo in -8i8..=7, hi in -8i8..=7) {
             prop_assert_eq!(unpack(pack(lo, hi)), (lo, hi));

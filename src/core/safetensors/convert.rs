@@ -11,8 +11,11 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use super::dtype::Dtype;
-use super::float::{decode_f32, decode_f64, encode_f32, encode_f64, EncodeFailure, E4M3_MAX};
+use super::float::{
+    decode_f32, decode_f64, encode_f32, encode_f64, EncodeError, EncodeFailure, E4M3_MAX,
+};
 use super::header::{read_header_from, Header, ReadFailure, TensorInfo};
+use super::kernels::{convert_slice, fast_pair};
 use super::write::{canonical_header, TensorSpec};
 use super::SafetensorsError;
 use crate::atomic::{same_file, AtomicFile};
@@ -80,6 +83,7 @@ pub fn convert_saturating(
     };
     let mut src = crate::files::open_regular(input).map_err(io)?;
     let size = src.metadata().map_err(io)?.len();
+    advise_sequential(&src);
     let header = read_header_from(&mut src, size).map_err(|e| match e {
         ReadFailure::Io(source) => io(source),
         ReadFailure::Invalid(e) => e,
@@ -105,9 +109,12 @@ pub fn convert_saturating(
         input,
         saturate,
         raw: vec![0u8; CONVERT_CHUNK],
-        codec: Codec::default(),
+        next: vec![0u8; CONVERT_CHUNK],
+        encoded: Vec::new(),
         done: 0,
         total: header.data_len(),
+        written: 0,
+        synced: 0,
     };
     for &(t, to) in layout.in_file_order(&plan)? {
         if to == t.dtype {
@@ -150,12 +157,18 @@ struct Stream<'a> {
     input: &'a Path,
     saturate: bool,
     raw: Vec<u8>,
-    codec: Codec,
+    /// The chunk read ahead while the previous one is converted and written.
+    next: Vec<u8>,
+    encoded: Vec<u8>,
     done: u64,
     total: u64,
+    /// Output bytes handed to the kernel so far, and how many of them writeback was
+    /// started for.
+    written: u64,
+    synced: u64,
 }
 
-/// The buffers of re-encoding one chunk.
+/// The buffers of re-encoding one piece through the scalar codecs.
 #[derive(Default)]
 struct Codec {
     encoded: Vec<u8>,
@@ -165,7 +178,8 @@ struct Codec {
 
 impl Stream<'_> {
     /// Copy or re-encode tensor `t` (whose data starts at file offset `start`) as `to`,
-    /// a chunk at a time.
+    /// a chunk at a time; the next chunk is read while the current one is converted
+    /// and written.
     fn tensor(
         &mut self,
         t: &TensorInfo,
@@ -178,77 +192,232 @@ impl Stream<'_> {
             path: input.to_path_buf(),
             source,
         };
-        let w = SafetensorsError::Write;
         self.src.seek(SeekFrom::Start(start)).map_err(io)?;
+        let mut lengths = chunk_lengths(t.byte_len(), self.raw.len());
+        let mut current = lengths.next();
+        if let Some(n) = current {
+            read_into(self.src, &mut self.raw, n).map_err(io)?;
+        }
         let mut index = 0u64;
-        for n in chunk_lengths(t.byte_len(), self.raw.len()) {
-            // chunk_lengths never yields more than the buffer holds.
-            let Some(chunk) = self.raw.get_mut(..n) else {
-                return Err(io(std::io::Error::other(
-                    "a chunk is larger than the conversion buffer",
-                )));
-            };
-            self.src.read_exact(chunk).map_err(io)?;
-            if to == t.dtype {
-                self.out.write_all(chunk).map_err(w)?;
+        while let Some(n) = current {
+            let following = lengths.next();
+            let (src, next) = (&mut *self.src, &mut self.next);
+            let read_ahead = || following.map_or(Ok(()), |m| read_into(src, next, m));
+            let (read, work) = rayon::join(read_ahead, || {
+                self_work(
+                    self.out,
+                    &mut self.encoded,
+                    (&self.raw, n),
+                    (t, to, index, self.saturate),
+                )
+            });
+            index += work?;
+            read.map_err(io)?;
+            std::mem::swap(&mut self.raw, &mut self.next);
+            self.written += if to == t.dtype {
+                n as u64
             } else {
-                index += self.codec.encode(chunk, t, to, index, self.saturate)?;
-                self.out.write_all(&self.codec.encoded).map_err(w)?;
-            }
+                self.encoded.len() as u64
+            };
+            self.start_writeback()?;
             self.done += n as u64;
             progress(self.done, self.total);
+            current = following;
         }
+        Ok(())
+    }
+
+    /// Start writeback of what was written since the last call once it is large, so
+    /// the final fsync finds little left to do. A hint only: durability still comes
+    /// from the fsync of the commit.
+    fn start_writeback(&mut self) -> Result<(), SafetensorsError> {
+        if self.written - self.synced < WRITEBACK_STEP {
+            return Ok(());
+        }
+        let w = self.out.writer();
+        w.flush().map_err(SafetensorsError::Write)?;
+        sync_range(w.get_ref(), self.synced);
+        self.synced = self.written;
         Ok(())
     }
 }
 
+/// Output bytes between two writeback starts.
+const WRITEBACK_STEP: u64 = 8 << 20;
+
+/// Start writeback of the file's pages from `from` (data offset; the header's few
+/// bytes before it are included by the next call or the fsync) to its end.
+#[cfg(target_os = "linux")]
+fn sync_range(file: &File, from: u64) {
+    use std::os::fd::AsRawFd;
+    let Ok(offset) = libc::off64_t::try_from(from) else {
+        return;
+    };
+    // SAFETY: sync_file_range only reads the descriptor, which `file` keeps open for
+    // the call; its result is ignored on purpose (a hint: the commit fsyncs anyway).
+    #[allow(
+        unsafe_code,
+        reason = "sync_file_range has no safe wrapper; see SAFETY"
+    )]
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn sync_range(_file: &File, _from: u64) {}
+
+/// Tell the kernel the input is read once, front to back (a larger read-ahead).
+#[cfg(target_os = "linux")]
+fn advise_sequential(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise only reads the descriptor, open for the call; the advice
+    // changes caching, never the bytes read, so its result is ignored.
+    #[allow(unsafe_code, reason = "posix_fadvise has no safe wrapper; see SAFETY")]
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_sequential(_file: &File) {}
+
+/// Read exactly `n` bytes into the front of `buf` (resized when it is shorter).
+fn read_into(src: &mut File, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+    let chunk = buf
+        .get_mut(..n)
+        .ok_or_else(|| std::io::Error::other("a chunk is larger than the conversion buffer"))?;
+    src.read_exact(chunk)
+}
+
+/// Copy or convert the first `n` bytes of `raw` and write them; returns the number of
+/// values converted (0 for a copy).
+fn self_work(
+    out: &mut AtomicFile,
+    encoded: &mut Vec<u8>,
+    (raw, n): (&[u8], usize),
+    (t, to, index, saturate): (&TensorInfo, Dtype, u64, bool),
+) -> Result<u64, SafetensorsError> {
+    let chunk = raw.get(..n).unwrap_or_default();
+    if to == t.dtype {
+        out.write_all(chunk).map_err(SafetensorsError::Write)?;
+        return Ok(0);
+    }
+    let count = encode_parallel(chunk, encoded, t, to, index, saturate)?;
+    out.write_all(encoded).map_err(SafetensorsError::Write)?;
+    Ok(count)
+}
+
+/// Source bytes of one parallel piece (a multiple of every element size): small
+/// enough that a 4 MiB chunk feeds every core, large enough to amortize a task.
+const PIECE: usize = 256 << 10;
+
+/// Re-encode the raw `chunk` of `t` to `to` into `encoded`, in fixed pieces converted
+/// in parallel, each into its own place of the output (so the bytes never depend on
+/// the thread count); the first error is the one of the lowest index. Returns the
+/// number of values, the chunk's first being value `index` of the tensor.
+fn encode_parallel(
+    chunk: &[u8],
+    encoded: &mut Vec<u8>,
+    t: &TensorInfo,
+    to: Dtype,
+    index: u64,
+    saturate: bool,
+) -> Result<u64, SafetensorsError> {
+    use rayon::prelude::*;
+    let (Some(fs), Some(ts)) = (t.dtype.size(), to.size()) else {
+        return Err(SafetensorsError::RawOnly {
+            tensor: t.name.clone(),
+            dtype: to,
+        });
+    };
+    let count = chunk.len() / fs;
+    encoded.clear();
+    encoded.resize(count * ts, 0);
+    let fast = !saturate && fast_pair(t.dtype, to);
+    let results: Vec<Result<(), EncodeError>> = chunk
+        .par_chunks(PIECE)
+        .zip(encoded.par_chunks_mut(PIECE / fs * ts))
+        .enumerate()
+        .map_init(Codec::default, |codec, (k, (src, dst))| {
+            let fast = if fast {
+                convert_slice(t.dtype, to, src, dst)
+            } else {
+                None
+            };
+            let r = match fast {
+                Some(r) => r,
+                None => codec.encode(src, dst, t.dtype, to, saturate),
+            };
+            r.map_err(|e| EncodeError {
+                index: e.index + k * (PIECE / fs),
+                ..e
+            })
+        })
+        .collect();
+    if let Some(e) = results.into_iter().find_map(Result::err) {
+        return Err(encode_error(t, to, index, e));
+    }
+    Ok(count as u64)
+}
+
+/// The error of a value of `t` (the chunk's first being value `index`) that `to`
+/// cannot hold.
+fn encode_error(t: &TensorInfo, to: Dtype, index: u64, e: EncodeError) -> SafetensorsError {
+    let tensor = t.name.clone();
+    let at = index + e.index as u64;
+    match e.failure {
+        EncodeFailure::OutOfRange => SafetensorsError::OutOfRange {
+            tensor,
+            index: at,
+            value: e.value,
+            dtype: to,
+        },
+        EncodeFailure::NotExact => SafetensorsError::NotExact {
+            tensor,
+            index: at,
+            value: e.value,
+            dtype: to,
+        },
+        EncodeFailure::RawOnly => SafetensorsError::RawOnly { tensor, dtype: to },
+    }
+}
+
 impl Codec {
-    /// Re-encode the raw `chunk` of `t` to `to` into `encoded`; returns the number of
-    /// values, the chunk's first being value `index` of the tensor.
+    /// Re-encode the raw piece `src` of dtype `from` to `to` into `dst` through the
+    /// scalar codecs (F64 sources from f64, every other dtype from exact f32).
     fn encode(
         &mut self,
-        chunk: &[u8],
-        t: &TensorInfo,
+        src: &[u8],
+        dst: &mut [u8],
+        from: Dtype,
         to: Dtype,
-        index: u64,
         saturate: bool,
-    ) -> Result<u64, SafetensorsError> {
+    ) -> Result<(), EncodeError> {
         self.encoded.clear();
-        let result = if t.dtype == Dtype::F64 {
+        if from == Dtype::F64 {
             self.v64.clear();
-            decode_f64(t.dtype, chunk, &mut self.v64);
+            decode_f64(from, src, &mut self.v64);
             if saturate {
                 saturate_f64(&mut self.v64);
             }
-            encode_f64(to, &self.v64, &mut self.encoded).map(|()| self.v64.len())
+            encode_f64(to, &self.v64, &mut self.encoded)?;
         } else {
             self.v32.clear();
-            decode_f32(t.dtype, chunk, &mut self.v32);
+            decode_f32(from, src, &mut self.v32);
             if saturate {
                 saturate_f32(&mut self.v32);
             }
-            encode_f32(to, &self.v32, &mut self.encoded).map(|()| self.v32.len())
-        };
-        let count = result.map_err(|e| {
-            let tensor = t.name.clone();
-            let at = index + e.index as u64;
-            match e.failure {
-                EncodeFailure::OutOfRange => SafetensorsError::OutOfRange {
-                    tensor,
-                    index: at,
-                    value: e.value,
-                    dtype: to,
-                },
-                EncodeFailure::NotExact => SafetensorsError::NotExact {
-                    tensor,
-                    index: at,
-                    value: e.value,
-                    dtype: to,
-                },
-                EncodeFailure::RawOnly => SafetensorsError::RawOnly { tensor, dtype: to },
-            }
-        })?;
-        Ok(count as u64)
+            encode_f32(to, &self.v32, &mut self.encoded)?;
+        }
+        // Whole elements in, whole elements out: the lengths agree.
+        if let Some(d) = dst.get_mut(..self.encoded.len()) {
+            d.copy_from_slice(&self.encoded);
+        }
+        Ok(())
     }
 }
 

@@ -20,6 +20,7 @@ pub mod diff;
 pub mod dtype;
 pub mod float;
 pub mod header;
+pub mod kernels;
 pub mod mmap;
 pub mod stats;
 pub mod verify;

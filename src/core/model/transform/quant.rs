@@ -29,24 +29,23 @@ pub(super) fn quantize_entry(
     let size = q.size;
     let numel = info.numel();
     let step = (CHUNK_ELEMS / g).max(1) * g;
-    let (mut raw, mut vals) = (Vec::new(), Vec::new());
+    let mut raw = Vec::new();
     let (mut scales, mut packed, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
     let mut at = 0u64;
     while at < numel {
         let n = (numel - at).min(step as u64) as usize;
         raw.resize(n * size, 0);
         files.read(q.entry, at * size as u64, &mut raw)?;
-        vals.clear();
-        decode_f32(info.dtype, &raw, &mut vals);
         scales.clear();
         packed.clear();
-        // The scales pass needs no values: only the qweight pass packs them.
-        let done = if is_scales {
-            row_scales(&vals, g, &mut scales)
-        } else {
-            quantize_row(&vals, g, &mut scales, &mut packed)
-        };
-        done.map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
+        quantize_pieces(
+            &raw,
+            (info.dtype, size, g),
+            is_scales,
+            &mut scales,
+            &mut packed,
+        )
+        .map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
         if is_scales {
             bytes.clear();
             for s in &scales {
@@ -59,6 +58,48 @@ pub(super) fn quantize_entry(
         at += n as u64;
         // Each source tensor is read twice (scales, then values): count half.
         (sink.tick)((n * size / 2) as u64);
+    }
+    Ok(())
+}
+
+/// Weights of one parallel piece of [`quantize_pieces`] (rounded down to whole groups).
+const PIECE_ELEMS: usize = 64 << 10;
+
+/// The scales (and, unless `scales_only`, the packed values) of the raw weights `raw`
+/// of `dtype` (`size` bytes each), whole groups of `g`: fixed pieces decoded and
+/// quantized in parallel, appended in order, so the bytes never depend on the thread
+/// count; the error is the one of the lowest column.
+fn quantize_pieces(
+    raw: &[u8],
+    (dtype, size, g): (Dtype, usize, usize),
+    scales_only: bool,
+    scales: &mut Vec<u16>,
+    packed: &mut Vec<u8>,
+) -> Result<(), (usize, QuantFailure)> {
+    use rayon::prelude::*;
+    let piece = (PIECE_ELEMS / g).max(1) * g;
+    type Piece = Result<(Vec<u16>, Vec<u8>), (usize, QuantFailure)>;
+    let parts: Vec<Piece> = raw
+        .par_chunks(piece * size.max(1))
+        .enumerate()
+        .map(|(k, bytes)| {
+            let mut vals = Vec::with_capacity(piece);
+            decode_f32(dtype, bytes, &mut vals);
+            let (mut s, mut p) = (Vec::new(), Vec::new());
+            // The scales pass needs no values: only the qweight pass packs them.
+            let done = if scales_only {
+                row_scales(&vals, g, &mut s)
+            } else {
+                quantize_row(&vals, g, &mut s, &mut p)
+            };
+            done.map_err(|(col, f)| (col + k * piece, f))
+                .map(|()| (s, p))
+        })
+        .collect();
+    for part in parts {
+        let (s, p) = part?;
+        scales.extend_from_slice(&s);
+        packed.extend_from_slice(&p);
     }
     Ok(())
 }
