@@ -300,6 +300,12 @@ fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     Ok(Outcome::from_ok(ok))
 }
 
+/// The widest status `ckpt verify` keeps in its table, in characters.
+const MAX_STATUS_CELL: usize = 40;
+
+/// The status cell of a step whose reason is printed below the table.
+const LONG_STATUS: &str = "failed: reason below";
+
 fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<()> {
     let steps: Vec<StepJson> = survey
         .rows
@@ -340,15 +346,25 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     }
     let mut table = printer.table();
     table.set_header(["step", "status", "size", "LATEST", "load"]);
+    let mut long_reasons = Vec::new();
     for (s, row) in steps.iter().zip(&survey.rows) {
         let tone = if s.problems.is_empty() {
             Tone::Good
         } else {
             Tone::Bad
         };
+        let verdict = escape(&row.verdict());
+        // One long reason (a sha256 mismatch names two digests) would widen the status
+        // column of every row: it goes below the table instead.
+        let status = if verdict.chars().count() > MAX_STATUS_CELL {
+            long_reasons.push(format!("{}: {verdict}", s.name));
+            LONG_STATUS.to_string()
+        } else {
+            verdict
+        };
         table.add_row(vec![
             Cell::new(&s.name),
-            printer.cell(escape(&row.verdict()), tone),
+            printer.cell(status, tone),
             Cell::new(crate::output::human_bytes(s.size)),
             Cell::new(if s.latest { "LATEST" } else { "" }),
             Cell::new(if s.load { "load" } else { "" }),
@@ -356,6 +372,9 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     }
     let mut out = printer.out();
     writeln!(out, "{}", crate::output::table_text(&table))?;
+    for reason in &long_reasons {
+        writeln!(out, "{reason}")?;
+    }
     if let Some(p) = &latest_problem {
         writeln!(out, "{}", escape(p))?;
     }

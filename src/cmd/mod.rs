@@ -64,6 +64,37 @@ Examples:
   tlio tokens pack corpus.txt -o corpus.bin
   tlio train bigram corpus.bin -o run --max-steps 200";
 
+// Every group's `--help` ends with examples, as every leaf command's does.
+const CKPT_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt verify run/ckpt
+  tlio ckpt latest run/ckpt
+  tlio ckpt gc run/ckpt --keep 2 --dry-run";
+
+const GENERATE_EXAMPLES: &str = "\
+Examples:
+  tlio generate man -o man
+  tlio generate completions bash";
+
+const ST_EXAMPLES: &str = "\
+Examples:
+  tlio st inspect model.safetensors
+  tlio st verify model_dir
+  tlio st convert model.safetensors -o model-f16.safetensors --dtype f16
+  tlio st diff a.safetensors b.safetensors";
+
+const TOKENS_EXAMPLES: &str = "\
+Examples:
+  tlio tokens pack corpus.txt -o corpus.bin
+  tlio tokens header corpus.bin
+  tlio tokens windows corpus.bin --seq-len 8 --batch 2 --batches 1
+  tlio tokens decode corpus.bin --tokenizer bytes --count 40";
+
+const TRAIN_EXAMPLES: &str = "\
+Examples:
+  tlio train bigram corpus.bin -o run --max-steps 200
+  tlio train bigram corpus.bin -o run --max-steps 200 --resume";
+
 /// The `--color` choice.
 pub use crate::output::ColorChoice;
 
@@ -71,23 +102,24 @@ pub use crate::output::ColorChoice;
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Atomic, verified training checkpoints: save, verify, latest, gc.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = CKPT_EXAMPLES)]
     Ckpt(ckpt::CkptCommand),
     /// Run the whole mission end to end on built-in data: pack, train, crash, resume,
     /// and prove the resumed run bitwise equal to an uninterrupted one.
     #[command(after_help = demo::EXAMPLES)]
     Demo(demo::DemoArgs),
-    /// Write man pages and shell completions.
-    #[command(subcommand)]
+    /// Write man pages and shell completions: man, completions.
+    #[command(subcommand, after_help = GENERATE_EXAMPLES)]
     Generate(generate::GenerateCommand),
-    /// Inspect, verify, convert and diff safetensors files.
-    #[command(subcommand)]
+    /// Safetensors files and model directories: inspect, verify, convert, diff, quantize,
+    /// dequantize.
+    #[command(subcommand, after_help = ST_EXAMPLES)]
     St(st::StCommand),
-    /// Token shards: header, pack, windows.
-    #[command(subcommand)]
+    /// Token shards: header, pack, windows, decode.
+    #[command(subcommand, after_help = TOKENS_EXAMPLES)]
     Tokens(tokens::TokensCommand),
-    /// Train a model on token shards with atomic checkpoints and exact resume.
-    #[command(subcommand)]
+    /// Train a model on token shards with atomic checkpoints and exact resume: bigram.
+    #[command(subcommand, after_help = TRAIN_EXAMPLES)]
     Train(train::TrainCommand),
 }
 

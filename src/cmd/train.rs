@@ -29,10 +29,12 @@ pub const SGD_LR: f64 = 0.1;
 pub enum TrainCommand {
     /// Train the bigram model on token shards with atomic checkpoints; a run killed at
     /// any instant and resumed with --resume ends bitwise equal to an uninterrupted one.
-    // clap would show the shards as optional: they are required in one of two spellings.
+    // The usage writes the shards as clap's Arguments section does (`[SHARD]...`: the
+    // hidden old `--data` spelling can stand in for them); the argument's help says
+    // that at least one is required.
     #[command(
         after_help = BIGRAM_EXAMPLES,
-        override_usage = "tlio train bigram [OPTIONS] <SHARD>... -o <DIR>"
+        override_usage = "tlio train bigram [OPTIONS] [SHARD]... -o <DIR>"
     )]
     Bigram(BigramArgs),
 }
@@ -65,7 +67,7 @@ pub enum MethodArg {
 /// `tlio train bigram`.
 #[derive(Debug, Args)]
 pub struct BigramArgs {
-    /// The token shards, read in the order given.
+    /// The token shards (at least one), read in the order given.
     #[arg(value_name = "SHARD", required_unless_present = "data_flag")]
     pub data: Vec<PathBuf>,
     /// The shards as `--data SHARD` (repeated): the spelling before positional
@@ -230,14 +232,14 @@ fn with_flags(err: TrainError) -> anyhow::Error {
     let message = match err {
         TrainError::BadField {
             field: Field::Data, ..
-        } => "at least one --data shard is required".to_string(),
+        } => "at least one SHARD is required".to_string(),
         TrainError::BadField { field, rule } => format!("{} {rule}", flag(field)),
         TrainError::NoVocab => {
             "no shard records its vocabulary size (header word 3 is 0): pass --vocab-size"
                 .to_string()
         }
         TrainError::ExistingCheckpoints { dir } => format!(
-            "{} already holds checkpoints: pass --resume to continue that run, or choose another --out",
+            "{} already holds checkpoints: pass --resume to continue that run, or choose another -o/--output",
             dir.display()
         ),
         TrainError::ConfigMismatch {

@@ -5,7 +5,7 @@
 
 use std::fs;
 
-use super::{fixture, leaf_commands, tlio, tmp};
+use super::{command_paths, fixture, tlio, tmp};
 
 fn stdout(args: &[&str]) -> String {
     let out = tlio().args(args).output().unwrap();
@@ -15,7 +15,8 @@ fn stdout(args: &[&str]) -> String {
 
 #[test]
 fn every_help_ends_with_two_to_four_real_examples() {
-    for mut path in leaf_commands().into_iter().chain([vec![]]) {
+    // Groups too (`tlio st --help`), not only the leaf commands.
+    for mut path in command_paths() {
         path.push("--help".into());
         let args: Vec<&str> = path.iter().map(String::as_str).collect();
         let help = stdout(&args);
@@ -36,6 +37,40 @@ fn every_help_ends_with_two_to_four_real_examples() {
             assert!(
                 line.contains(&command),
                 "{args:?}: runs {command}: {line:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_group_summary_names_all_its_subcommands() {
+    let all = command_paths();
+    let top = stdout(&["--help"]);
+    for group in all.iter().filter(|p| p.len() == 1) {
+        let name = &group[0];
+        let summary = top
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("tlio --help lists {name}:\n{top}"));
+        // A summary may wrap: its continuation lines are indented past the names.
+        let start = top.find(summary).unwrap_or(0);
+        let rest: String = top[start..]
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .enumerate()
+            .take_while(|(i, l)| *i == 0 || l.starts_with("     "))
+            .map(|(_, l)| l)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let subs: Vec<&String> = all
+            .iter()
+            .filter(|p| p.len() == 2 && p[0] == *name)
+            .map(|p| &p[1])
+            .collect();
+        for sub in subs {
+            assert!(
+                rest.contains(sub.as_str()),
+                "tlio --help's summary of {name} names {sub}: {rest:?}"
             );
         }
     }
@@ -66,7 +101,10 @@ fn the_same_placeholders_everywhere() {
     assert!(usage(&["ckpt", "save", "--help"]).ends_with("<DIR>"));
     assert!(usage(&["tokens", "header", "--help"]).ends_with("<SHARD>..."));
     assert!(usage(&["tokens", "windows", "--help"]).ends_with("<SHARD>..."));
-    assert!(usage(&["train", "bigram", "--help"]).contains("<SHARD>... -o <DIR>"));
+    assert!(usage(&["train", "bigram", "--help"]).contains("[SHARD]... -o <DIR>"));
+    // The usage line and the Arguments section write the shards the same way.
+    let help = stdout(&["train", "bigram", "--help"]);
+    assert!(help.contains("\n  [SHARD]..."), "{help}");
     assert!(usage(&["st", "inspect", "--help"]).ends_with("<MODEL>..."));
     assert!(usage(&["st", "verify", "--help"]).ends_with("<MODEL>..."));
     assert!(usage(&["st", "diff", "--help"]).ends_with("<MODEL> <MODEL>"));

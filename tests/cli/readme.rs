@@ -287,3 +287,79 @@ fn ci_runs_exactly_the_readme_test_command() {
         "{command} runs `cargo test --release --locked`"
     );
 }
+
+/// The README's block of install lines (completions and man pages), found by its first
+/// line.
+fn install_block(readme: &str) -> Vec<String> {
+    readme
+        .split("```")
+        .find(|block| block.trim_start().starts_with("mkdir -p ~/.local"))
+        .expect("the README's install block starts with `mkdir -p ~/.local`")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn readme_install_lines_work_on_a_fresh_home() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    // The binary is installed with the committed lock file, never a fresh resolution.
+    assert!(
+        readme.contains("`cargo install --path . --locked`"),
+        "the README installs with --locked"
+    );
+    let lines = install_block(&readme);
+    assert!(lines.len() >= 5, "{lines:?}");
+    let home = super::tmp();
+    let bin = assert_cmd::cargo::cargo_bin("tlio");
+    let bin_dir = bin.parent().unwrap().to_path_buf();
+    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
+    // Every line as written, in one shell (the `export` carries over), stopping at the
+    // first that fails; then what `man` is given, and the page it finds (where `man`
+    // is installed).
+    let script = format!(
+        "set -e\n{}\nprintf '%s\\n' \"$MANPATH\"\n\
+         if command -v man >/dev/null 2>&1; then man -w tlio-st-inspect; fi",
+        lines.join("\n")
+    );
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(home.path())
+        .env("HOME", home.path())
+        .env("PATH", &path)
+        .env_remove("MANPATH")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let h = home.path();
+    for file in [
+        ".local/share/bash-completion/completions/tlio",
+        ".zfunc/_tlio",
+        ".config/fish/completions/tlio.fish",
+        ".local/share/man/man1/tlio-st-inspect.1",
+        ".local/share/man/man1/tlio.1",
+    ] {
+        let len = fs::metadata(h.join(file)).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 0, "~/{file} was not written: {out:?}");
+    }
+    // MANPATH names the directory holding man1/, and keeps the system's pages (a
+    // trailing or doubled `:`).
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let mut printed = stdout.lines();
+    let manpath = printed.next().unwrap_or_default();
+    let want = format!("{}:", h.join(".local/share/man").display());
+    assert!(manpath.starts_with(&want), "MANPATH={manpath:?}");
+    if let Some(page) = printed.next() {
+        assert!(
+            page.ends_with("/.local/share/man/man1/tlio-st-inspect.1"),
+            "man -w tlio-st-inspect: {page:?}"
+        );
+    }
+}

@@ -771,3 +771,50 @@ fn verify_reports_every_file_read_before_the_error() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.starts_with("tlio: error: ") && err.contains("missing.safetensors"));
 }
+
+#[test]
+fn diff_tells_an_infinite_difference_from_equal_values() {
+    let dir = tmp();
+    let src = fixture("safetensors/golden/dtype_F32.safetensors");
+    let f16 = dir.path().join("f16.safetensors");
+    let out = tlio()
+        .args(["st", "convert"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&f16)
+        .args(["--dtype", "f16"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = tlio()
+        .args(["--json", "st", "diff"])
+        .arg(&src)
+        .arg(&f16)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let changed = doc["changed"].as_array().unwrap();
+    let diff_of = |name: &str| {
+        changed
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["values"]["max_abs_diff"].clone())
+            .unwrap()
+    };
+    // Values beyond F16's range became inf: an infinite difference, not "equal".
+    assert_eq!(diff_of("values"), "inf");
+    assert_eq!(diff_of("matrix"), serde_json::Value::Null);
+    let out = tlio()
+        .args(["st", "diff"])
+        .arg(&src)
+        .arg(&f16)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("max abs diff inf"), "{text}");
+    assert!(
+        text.contains("4 changed (dtype or shape), 0 differ (same dtype and shape, other values)"),
+        "{text}"
+    );
+}

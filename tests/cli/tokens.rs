@@ -1358,3 +1358,45 @@ fn header_and_windows_take_vocab_size_and_refuse_mixed_vocabularies() {
     let err = fails(windows_cmd(4, 1).arg(&a).arg(&b), 1);
     assert!(err.contains("different vocabularies"), "{err}");
 }
+
+#[test]
+fn decode_reads_a_byte_level_shard_back_and_a_wrong_tokenizer_says_what_to_do() {
+    let dir = tmp();
+    let shard = dir.path().join("essay.bin");
+    let text = "An essay, caf\u{e9} and all.\n";
+    let out = pack()
+        .arg("-")
+        .arg("-o")
+        .arg(&shard)
+        .write_stdin(text)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let got = stdout_of(
+        tlio()
+            .args(["tokens", "decode"])
+            .arg(&shard)
+            .args(["--tokenizer", "bytes"]),
+    );
+    assert_eq!(got, text);
+    let json = stdout_of(
+        tlio()
+            .args(["--json", "tokens", "decode"])
+            .arg(&shard)
+            .args(["--tokenizer", "bytes", "--start", "3", "--count", "5"]),
+    );
+    assert!(
+        json.contains(r#""tokenizer":"bytes","start":3,"ids":[101,115,115,97,121],"text":"essay""#),
+        "{json}"
+    );
+    // A BPE tokenizer on a byte-level shard: the error says which one to pass.
+    let err = fails(
+        tlio()
+            .args(["tokens", "decode"])
+            .arg(&shard)
+            .args(["--tokenizer", "gpt2"]),
+        1,
+    );
+    assert!(err.contains("vocabulary size mismatch"), "{err}");
+    assert!(err.contains("use --tokenizer bytes"), "{err}");
+}

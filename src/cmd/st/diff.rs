@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::super::Outcome;
 use super::{shape_text, DiffArgs};
-use crate::output::Printer;
+use crate::output::{significant, Printer};
 use tlio_core::model::view::{diff_views, ModelView};
 use tlio_core::safetensors::diff::{Changed, DiffReport, Different, MetaChange, ValueDiff};
 use tlio_core::text::escape;
@@ -25,7 +25,7 @@ fn value_text(v: &Option<ValueDiff>) -> String {
         Some(v) => {
             let mut s = format!("{} of {} values differ", v.differing, v.count);
             if let Some(m) = v.max_abs_diff {
-                s.push_str(&format!(", max abs diff {m:e}"));
+                s.push_str(&format!(", max abs diff {}", significant(m)));
             }
             if v.nan_mismatch > 0 {
                 s.push_str(&format!(", {} NaN mismatches", v.nan_mismatch));
@@ -137,7 +137,7 @@ fn print_diff(report: &DiffReport<'_>, out: &mut impl Write) -> io::Result<()> {
     } else {
         writeln!(
             out,
-            "different: {} only in A, {} only in B, {} changed, {} differ, {} equal, {} metadata",
+            "different: {} only in A, {} only in B, {} changed (dtype or shape), {} differ (same dtype and shape, other values), {} equal, {} metadata",
             report.only_in_a.len(),
             report.only_in_b.len(),
             report.changed.len(),

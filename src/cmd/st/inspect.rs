@@ -202,7 +202,7 @@ fn summary_lines(a: &Summary) -> Vec<String> {
             opt(a.tied_embeddings.map(|t| if t { "yes" } else { "no" }))
         ),
         format!(
-            "parameters {}, {} in {} shard{}, dtypes: {}, quantization: {}, config dtype: {}",
+            "model parameters {} (an int4 pair counts as the weight it encodes), tensor data {} in {} shard{}, dtypes: {}, quantization: {}, config dtype: {}",
             human_count(a.params),
             human_bytes(a.bytes),
             a.shards,
@@ -287,7 +287,7 @@ fn headline(file: &Inspected, total: &Totals, file_size: u64) -> String {
         ),
     };
     format!(
-        "{}: {} tensors, {} parameters, {} ({header})",
+        "{}: {} stored tensors, {} stored values, {} on disk ({header})",
         escape(&file.path),
         total.tensors,
         human_count(total.params),

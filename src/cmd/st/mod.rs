@@ -90,6 +90,12 @@ pub enum StCommand {
     /// Compare two models tensor by tensor, whatever their sharding: tensors only in
     /// one, dtype and shape changes, value differences, metadata; exit 0 when
     /// identical, 1 when they differ.
+    ///
+    /// A tensor "changed" when its dtype or shape is not the same in A and B (its values
+    /// are still compared when the element counts agree); it "differs" when dtype and
+    /// shape are the same and the values are not. In --json, `max_abs_diff` is a number,
+    /// the string "inf" for an infinite difference, or null when no compared pair of
+    /// numbers differs.
     #[command(after_help = DIFF_EXAMPLES)]
     Diff(DiffArgs),
     /// Quantize the selected 2-D float weights to int4-gG-sym pairs (`<name>.qweight`
@@ -154,7 +160,8 @@ pub struct InspectArgs {
     /// Models: safetensors files, sharded `*.index.json` indexes or model directories.
     #[arg(required = true, value_name = "MODEL")]
     pub files: Vec<PathBuf>,
-    /// Also read the data: min, max, mean, std, NaN and inf counts per tensor.
+    /// Also read the data: per tensor min, max, mean and std of the finite values (NaN
+    /// and inf are left out of all four) and how many NaN and inf values it holds.
     #[arg(long)]
     pub stats: bool,
 }

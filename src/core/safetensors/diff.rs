@@ -42,9 +42,20 @@ pub struct ValueDiff {
     pub differing: u64,
     /// Largest |a - b| over elements where both are numbers (infinite when one side is
     /// infinite); None when no such pair differs.
+    #[serde(serialize_with = "number_or_inf")]
     pub max_abs_diff: Option<f64>,
     /// Elements where exactly one side is NaN.
     pub nan_mismatch: u64,
+}
+
+/// JSON has no infinity (serde writes it as null, which here means "no pair differs"):
+/// an infinite difference is written as the string `"inf"` instead.
+fn number_or_inf<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(x) if x.is_infinite() => s.serialize_str("inf"),
+        Some(x) => s.serialize_some(x),
+        None => s.serialize_none(),
+    }
 }
 
 /// A tensor with the same dtype and shape in both files whose bytes differ.
