@@ -75,14 +75,14 @@ def _item(name: str, t: torch.Tensor) -> Tuple[tuple, torch.Tensor]:
     return (name, st, list(c.shape), flat, "raw"), c
 
 
-def _tensor(name: str, arr: np.ndarray, st: str) -> torch.Tensor:
+def _tensor(name: str, arr: np.ndarray, st: str, shape: Tuple[int, ...]) -> torch.Tensor:
     """A loaded raw array (``load_safetensors(raw=True)``) as a torch tensor of its
     stored dtype, in memory of its own."""
     try:
         dtype, raw = _FROM_ST[st]
     except KeyError:
         raise ValueError(f"tensor {name!r} is {st}, which tlio.torch cannot load") from None
-    t = torch.from_numpy(np.ascontiguousarray(arr).view(raw))
+    t = torch.from_numpy(np.ascontiguousarray(arr).view(raw).reshape(shape))
     if dtype == torch.bfloat16:
         t = t.view(torch.int16).view(torch.bfloat16)
     elif raw is np.uint8 and dtype != torch.uint8:
@@ -225,7 +225,7 @@ def _read(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
     """Every tensor of a checkpoint file as torch tensors of their stored dtypes."""
     header, _ = read_header(path)
     arrays, meta = load_safetensors(path, raw=True)
-    return {k: _tensor(k, a, header[k][0]) for k, a in arrays.items()}, meta
+    return {k: _tensor(k, a, *header[k]) for k, a in arrays.items()}, meta
 
 
 def _retie(model: torch.nn.Module, tied: Mapping[str, str]) -> None:
