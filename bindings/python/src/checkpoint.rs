@@ -294,10 +294,7 @@ fn held_tensors<'a>(held: &'a [HeldTensor<'_>]) -> PyResult<Vec<Tensor<'a>>> {
 /// core checks against the model's names). The rest as in `save`.
 #[pyfunction]
 #[pyo3(signature = (dir, model, model_meta, opt, opt_state_json, state_json, rng, config, keep, overwrite))]
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one private call of tlio.torch"
-)]
+#[allow(clippy::too_many_arguments, reason = "one private call of tlio.torch")]
 fn save_tensors(
     py: Python<'_>,
     dir: PathBuf,

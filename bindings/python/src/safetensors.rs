@@ -229,7 +229,12 @@ pub(crate) fn hold<'py>(items: Vec<Item<'py>>) -> PyResult<Vec<HeldTensor<'py>>>
 }
 
 /// The core tensor over a held array (no copy).
-pub(crate) fn tensor<'a>(name: &str, dtype: Dtype, shape: &[u64], held: &'a Held<'_>) -> PyResult<Tensor<'a>> {
+pub(crate) fn tensor<'a>(
+    name: &str,
+    dtype: Dtype,
+    shape: &[u64],
+    held: &'a Held<'_>,
+) -> PyResult<Tensor<'a>> {
     let contiguous =
         |e: numpy::AsSliceError| PyValueError::new_err(format!("tensor {name:?}: {e}"));
     let data = match held {

@@ -299,8 +299,7 @@ pub fn check_torch_header(
     let state_ok = value.get("state").is_some_and(serde_json::Value::is_object);
     let Some(groups) = groups.filter(|_| state_ok) else {
         return Err(OptimizerError::State(
-            "a torch optimizer state needs `param_groups` (a list) and `state` (an object)"
-                .into(),
+            "a torch optimizer state needs `param_groups` (a list) and `state` (an object)".into(),
         ));
     };
     let known = |p: &str| params.is_none_or(|ps| ps.contains_key(p));

@@ -1156,7 +1156,10 @@ fn torch_optimizer_files_keep_their_dtypes() {
     let dir = tempfile::tempdir().unwrap();
     let torch_opt = |param: &str, group_param: &str| {
         let step = 3.0f32.to_le_bytes();
-        let avg: Vec<u8> = [0x3f80u16, 0xc000].iter().flat_map(|b| b.to_le_bytes()).collect();
+        let avg: Vec<u8> = [0x3f80u16, 0xc000]
+            .iter()
+            .flat_map(|b| b.to_le_bytes())
+            .collect();
         let ts = vec![
             Tensor {
                 name: format!("{param}.step"),
