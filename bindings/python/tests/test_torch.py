@@ -248,3 +248,21 @@ def test_cli_verifies_and_picks_a_torch_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="overwrite=True"):
         tt.save(tmp_path, 2, m, opt)
     tt.save(tmp_path, 2, m, opt, overwrite=True, config={"model": "odd"})
+
+
+def test_load_checkpoint_reads_a_torch_checkpoint_as_numpy(tmp_path):
+    from tlio.checkpoint import load_checkpoint
+
+    m, opt = odd_setup(0)
+    odd_step(m, opt, 0)
+    tt.save(tmp_path, 1, m, opt)
+    ck = load_checkpoint(tmp_path)
+    assert ck.step == 1 and ck.opt["type"] == "torch.AdamW"
+    sd = m.state_dict()
+    assert ck.model["fp16.weight"].dtype == np.float16
+    assert np.array_equal(ck.model["fp16.weight"], sd["fp16.weight"].numpy())
+    assert np.array_equal(ck.model["brain.weight"], sd["brain.weight"].float().numpy())
+    assert np.array_equal(ck.model["bn.num_batches_tracked"], sd["bn.num_batches_tracked"].numpy())
+    assert "head.weight" not in ck.model
+    assert np.array_equal(ck.opt["state"]["emb.weight"]["exp_avg"], opt.state[m.emb.weight]["exp_avg"].numpy())
+    assert [g["params"] for g in ck.opt["param_groups"]][0] == ["emb.weight"]
