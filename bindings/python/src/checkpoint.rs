@@ -17,7 +17,7 @@ use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedA
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use tlio_core::checkpoint::optimizer::{check_layout, FORMAT_KEY, FORMAT_VALUE};
+use tlio_core::checkpoint::optimizer::{check_layout, FORMAT_KEY, FORMAT_VALUE, STATE_KEY};
 use tlio_core::checkpoint::{
     self, parse_step_name, step_name, CheckpointError, Loaded, OptimizerFile, OptimizerState,
     Payload, RngState, SaveRequest, TrainerState,
@@ -25,6 +25,7 @@ use tlio_core::checkpoint::{
 use tlio_core::safetensors::{self as st, Dtype, Tensor, TensorData};
 
 use crate::errors::{core_err, guard, one_line};
+use crate::safetensors::{hold, HeldTensor, Item};
 use crate::tokens::count_arg;
 
 /// A checkpoint error as the Python exception python.md names, in the words of a Python
@@ -279,6 +280,131 @@ fn save(
     })
 }
 
+/// Held tensors as core tensors (views of the caller's arrays, no copy).
+fn held_tensors<'a>(held: &'a [HeldTensor<'_>]) -> PyResult<Vec<Tensor<'a>>> {
+    held.iter()
+        .map(|(name, dtype, shape, h)| crate::safetensors::tensor(name, *dtype, shape, h))
+        .collect()
+}
+
+/// Save one checkpoint step whose tensors keep their own dtypes (`tlio.torch`): the
+/// model's and the optimizer's tensors as `(name, dtype, shape, flat array, mode)`
+/// items (those of `tlio.safetensors`), `model_meta` the model file's metadata beside
+/// `format`, `opt_state_json` the optimizer's JSON state (python.md's torch form, which
+/// core checks against the model's names). The rest as in `save`.
+#[pyfunction]
+#[pyo3(signature = (dir, model, model_meta, opt, opt_state_json, state_json, rng, config, keep, overwrite))]
+#[allow(clippy::too_many_arguments, reason = "one private call of tlio.torch")]
+fn save_tensors(
+    py: Python<'_>,
+    dir: PathBuf,
+    model: Vec<Item<'_>>,
+    model_meta: BTreeMap<String, String>,
+    opt: Option<Vec<Item<'_>>>,
+    opt_state_json: Option<String>,
+    state_json: &str,
+    rng: Option<(u64, u64)>,
+    config: Option<Vec<u8>>,
+    keep: Option<&Bound<'_, PyAny>>,
+    overwrite: bool,
+) -> PyResult<String> {
+    guard(|| {
+        let model_held = hold(model)?;
+        let opt_held = opt.map(hold).transpose()?;
+        let keep = match keep.filter(|k| !k.is_none()) {
+            Some(k) => Some(
+                usize::try_from(count_arg(k, "keep")?)
+                    .map_err(|_| PyValueError::new_err("keep is too large"))?,
+            ),
+            None => None,
+        };
+        let model_tensors = held_tensors(&model_held)?;
+        let opt_tensors = opt_held.as_deref().map(held_tensors).transpose()?;
+        let mut model_meta = model_meta;
+        model_meta.insert(FORMAT_KEY.to_string(), FORMAT_VALUE.to_string());
+        let opt_meta = match (&opt_tensors, opt_state_json) {
+            (Some(_), Some(json)) => Some(BTreeMap::from([
+                (FORMAT_KEY.to_string(), FORMAT_VALUE.to_string()),
+                (STATE_KEY.to_string(), json),
+            ])),
+            (None, None) => None,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "optimizer tensors and their JSON state come together",
+                ))
+            }
+        };
+        let mut state = TrainerState::from_json_with_defaults(state_json.as_bytes())
+            .map_err(|e| ckpt_err(py, e.into()))?;
+        state.rng_state = rng.map(|(state, inc)| RngState { state, inc });
+        let result = py.detach(|| -> Result<PathBuf, CheckpointError> {
+            let (mt, ot) = (&model_tensors, &opt_tensors);
+            let req = SaveRequest {
+                step: state.step,
+                model: Payload::Writer(Box::new(move |out: &mut dyn Write| {
+                    write_file(out, mt, &model_meta)
+                })),
+                optimizer: opt_meta.map(|meta| {
+                    Payload::Writer(Box::new(move |out: &mut dyn Write| {
+                        write_file(out, ot.as_deref().unwrap_or_default(), &meta)
+                    }))
+                }),
+                state,
+                config: config.map(Cow::Owned),
+                keep,
+                overwrite,
+                force: false,
+                lock_wait: checkpoint::SAVE_LOCK_WAIT,
+            };
+            checkpoint::save(&dir, req).map(|r| r.path)
+        });
+        let path = result.map_err(|e| ckpt_err(py, e))?;
+        Ok(path.display().to_string())
+    })
+}
+
+/// The step directories `load` rejected, as python.md's `skipped` (a bad LATEST is not
+/// a directory).
+fn skipped_dirs<'py>(py: Python<'py>, loaded: &Loaded) -> PyResult<Bound<'py, PyList>> {
+    let skipped = PyList::empty(py);
+    for (name, why) in &loaded.skipped {
+        if parse_step_name(name).is_some() {
+            skipped.append((name, why))?;
+        }
+    }
+    Ok(skipped)
+}
+
+/// Choose and verify a checkpoint as `load` does, without decoding its tensors (for
+/// `tlio.torch`, which reads them in their own dtypes). Returns (path, step,
+/// trainer_state_json, rng, config, skipped).
+#[pyfunction]
+#[pyo3(signature = (dir, step=None))]
+fn load_step<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    step: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    guard(|| {
+        let step = step
+            .filter(|s| !s.is_none())
+            .map(|s| count_arg(s, "step"))
+            .transpose()?;
+        let loaded = py
+            .detach(|| checkpoint::load(&dir, step))
+            .map_err(|e| ckpt_err(py, e))?;
+        let state_json = String::from_utf8(loaded.state.to_json().map_err(core_err)?)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let rng = loaded.state.rng_state.map(|r| (r.state, r.inc));
+        let config = loaded.config.as_deref().map(|c| PyBytes::new(py, c));
+        let skipped = skipped_dirs(py, &loaded)?;
+        let path = loaded.path.display().to_string();
+        Ok((path, loaded.step, state_json, rng, config, skipped)
+            .into_pyobject(py)?
+            .into_any())
+    })
+}
+
 /// The problems of one step directory, each naming the file and the rule (empty when
 /// it verifies).
 #[pyfunction]
@@ -413,14 +539,7 @@ fn load<'py>(
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let rng = loaded.state.rng_state.map(|r| (r.state, r.inc));
         let config = loaded.config.as_deref().map(|c| PyBytes::new(py, c));
-        // Only step directories: python.md's `skipped` names directories, and a bad
-        // LATEST is not one.
-        let skipped = PyList::empty(py);
-        for (name, why) in &loaded.skipped {
-            if parse_step_name(name).is_some() {
-                skipped.append((name, why))?;
-            }
-        }
+        let skipped = skipped_dirs(py, &loaded)?;
         let path = loaded.path.display().to_string();
         Ok((
             path,
@@ -441,6 +560,8 @@ fn load<'py>(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(save_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(load_step, m)?)?;
     m.add_function(wrap_pyfunction!(verify_step_dir, m)?)?;
     m.add_function(wrap_pyfunction!(py_step_name, m)?)?;
     Ok(())

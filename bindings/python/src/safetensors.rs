@@ -191,7 +191,7 @@ fn decode<'py>(
 }
 
 /// The data of one tensor to save, borrowed from a numpy array for the whole write.
-enum Held<'py> {
+pub(crate) enum Held<'py> {
     /// Stored bytes, written as they are.
     Raw(PyReadonlyArray1<'py, u8>),
     /// float32 values, encoded to the tensor's dtype.
@@ -202,13 +202,13 @@ enum Held<'py> {
 
 /// One tensor as the Python half hands it over: name, dtype name, shape, a flat
 /// C-contiguous array, and how to read it (`raw`, `f32` or `f64`).
-type Item<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>, String);
+pub(crate) type Item<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>, String);
 
 /// One tensor to save with its array borrowed: name, dtype, shape, data.
-type HeldTensor<'py> = (String, Dtype, Vec<u64>, Held<'py>);
+pub(crate) type HeldTensor<'py> = (String, Dtype, Vec<u64>, Held<'py>);
 
 /// Borrows each item's array and checks its dtype name.
-fn hold<'py>(items: Vec<Item<'py>>) -> PyResult<Vec<HeldTensor<'py>>> {
+pub(crate) fn hold<'py>(items: Vec<Item<'py>>) -> PyResult<Vec<HeldTensor<'py>>> {
     items
         .into_iter()
         .map(|(name, dtype, shape, array, mode)| {
@@ -229,7 +229,12 @@ fn hold<'py>(items: Vec<Item<'py>>) -> PyResult<Vec<HeldTensor<'py>>> {
 }
 
 /// The core tensor over a held array (no copy).
-fn tensor<'a>(name: &str, dtype: Dtype, shape: &[u64], held: &'a Held<'_>) -> PyResult<Tensor<'a>> {
+pub(crate) fn tensor<'a>(
+    name: &str,
+    dtype: Dtype,
+    shape: &[u64],
+    held: &'a Held<'_>,
+) -> PyResult<Tensor<'a>> {
     let contiguous =
         |e: numpy::AsSliceError| PyValueError::new_err(format!("tensor {name:?}: {e}"));
     let data = match held {

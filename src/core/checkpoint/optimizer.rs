@@ -218,25 +218,7 @@ pub fn check_header(
     header: &Header,
     params: Option<&BTreeMap<String, Vec<u64>>>,
 ) -> Result<OptimizerState, OptimizerError> {
-    match header.metadata.get(FORMAT_KEY) {
-        Some(v) if v == FORMAT_VALUE => {}
-        other => {
-            return Err(OptimizerError::Layout(format!(
-                "metadata format is {}, not {FORMAT_VALUE:?}",
-                other.map_or_else(|| "missing".to_string(), |s| crate::text::quote(s))
-            )))
-        }
-    }
-    if let Some(extra) = header
-        .metadata
-        .keys()
-        .find(|k| *k != FORMAT_KEY && *k != STATE_KEY)
-    {
-        return Err(OptimizerError::Layout(format!(
-            "unknown metadata key {}",
-            crate::text::quote(extra)
-        )));
-    }
+    check_format_keys(header)?;
     let text = header
         .metadata
         .get(STATE_KEY)
@@ -256,6 +238,112 @@ pub fn check_header(
         .collect();
     check_layout(&state, &names, params)?;
     Ok(state)
+}
+
+/// The metadata of an optimizer file: `format` is tinyllm's, no key but `format` and
+/// `state`.
+fn check_format_keys(header: &Header) -> Result<(), OptimizerError> {
+    match header.metadata.get(FORMAT_KEY) {
+        Some(v) if v == FORMAT_VALUE => {}
+        other => {
+            return Err(OptimizerError::Layout(format!(
+                "metadata format is {}, not {FORMAT_VALUE:?}",
+                other.map_or_else(|| "missing".to_string(), |s| crate::text::quote(s))
+            )))
+        }
+    }
+    if let Some(extra) = header
+        .metadata
+        .keys()
+        .find(|k| *k != FORMAT_KEY && *k != STATE_KEY)
+    {
+        return Err(OptimizerError::Layout(format!(
+            "unknown metadata key {}",
+            crate::text::quote(extra)
+        )));
+    }
+    Ok(())
+}
+
+/// The `type` prefix of an optimizer state written by `tlio.torch` (python.md): its
+/// JSON is `{"type": "torch.<ClassName>", "param_groups": [..], "state": {..}}` and its
+/// tensors keep their own dtypes under any `<param>.<key>` names.
+pub const TORCH_TYPE_PREFIX: &str = "torch.";
+
+/// True when the header's `state` JSON names a torch optimizer (python.md's form).
+pub fn is_torch_state(header: &Header) -> bool {
+    header.metadata.get(STATE_KEY).is_some_and(|text| {
+        serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .and_then(|v| v.get("type").and_then(|t| t.as_str().map(str::to_string)))
+            .is_some_and(|t| t.starts_with(TORCH_TYPE_PREFIX))
+    })
+}
+
+/// Check a header as a torch optimizer file: format metadata, the `state` JSON's shape
+/// (`type`, `param_groups`, `state`), every tensor named `<param>.<key>` (the key holds
+/// no dot) for a parameter of the model when `params` is given. Any dtype: torch keeps
+/// each state tensor in its own.
+pub fn check_torch_header(
+    header: &Header,
+    params: Option<&BTreeMap<String, Vec<u64>>>,
+) -> Result<(), OptimizerError> {
+    check_format_keys(header)?;
+    let text = header
+        .metadata
+        .get(STATE_KEY)
+        .ok_or_else(|| OptimizerError::State("metadata has no `state`".into()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| OptimizerError::State(e.to_string()))?;
+    let groups = value.get("param_groups").and_then(|g| g.as_array());
+    let state_ok = value.get("state").is_some_and(serde_json::Value::is_object);
+    let Some(groups) = groups.filter(|_| state_ok) else {
+        return Err(OptimizerError::State(
+            "a torch optimizer state needs `param_groups` (a list) and `state` (an object)".into(),
+        ));
+    };
+    let known = |p: &str| params.is_none_or(|ps| ps.contains_key(p));
+    for group in groups {
+        let names = group.get("params").and_then(|p| p.as_array());
+        let Some(names) = names else {
+            return Err(OptimizerError::State(
+                "every param group needs `params`, a list of parameter names".into(),
+            ));
+        };
+        for name in names {
+            match name.as_str() {
+                Some(n) if known(n) => {}
+                _ => {
+                    return Err(OptimizerError::Layout(format!(
+                        "param group names {name}, which is not a parameter of the model"
+                    )))
+                }
+            }
+        }
+    }
+    for t in header.tensors() {
+        let param = t.name.rsplit_once('.').map(|(p, _)| p);
+        if !param.is_some_and(|p| !p.is_empty() && known(p)) {
+            return Err(OptimizerError::Layout(format!(
+                "tensor {} is not <parameter>.<key> for a parameter of the model",
+                crate::text::quote(&t.name)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Check a header as an optimizer file of either form: tlio's own optimizers
+/// ([`check_header`]) or a torch optimizer's ([`check_torch_header`]).
+pub fn check_any_header(
+    header: &Header,
+    params: Option<&BTreeMap<String, Vec<u64>>>,
+) -> Result<(), OptimizerError> {
+    if is_torch_state(header) {
+        check_torch_header(header, params)
+    } else {
+        check_header(header, params).map(|_| ())
+    }
 }
 
 /// The parameters (name to shape) of a model file, for `check_header`.

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use super::fsops::{FsOps, RealFs};
 use super::gc::{plan_keep, remove_entry};
 use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
-use super::optimizer::{check_header, model_params};
+use super::optimizer::{check_any_header, model_params};
 use super::state::TrainerState;
 use super::verify::{inspect, safetensors_problem};
 use super::{
@@ -416,7 +416,7 @@ fn write_files(
         let invalid = |e: &dyn std::fmt::Display| CheckpointError::Optimizer(e.to_string());
         let params = model_params(&tmp.join(MODEL_NAME)).map_err(|e| invalid(&e))?;
         let header = read_header(&tmp.join(OPTIMIZER_NAME)).map_err(|e| invalid(&e))?;
-        check_header(&header, Some(&params)).map_err(|e| invalid(&e))?;
+        check_any_header(&header, Some(&params)).map_err(|e| invalid(&e))?;
     }
     files.push(put(fs, tmp, STATE_NAME, Payload::Bytes(Cow::Owned(state)))?);
     if let Some(config) = config {

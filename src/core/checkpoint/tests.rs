@@ -1148,3 +1148,56 @@ fn load_at_a_step_falls_back_to_the_newest_older_one_that_verifies() {
         Err(CheckpointError::NotFound { .. })
     ));
 }
+
+/// python.md's torch optimizer form: `type` `torch.<ClassName>`, tensors in their own
+/// dtypes under any `<param>.<key>`; saved, verified and refused for unknown parameters.
+#[test]
+fn torch_optimizer_files_keep_their_dtypes() {
+    let dir = tempfile::tempdir().unwrap();
+    let torch_opt = |param: &str, group_param: &str| {
+        let step = 3.0f32.to_le_bytes();
+        let avg: Vec<u8> = [0x3f80u16, 0xc000]
+            .iter()
+            .flat_map(|b| b.to_le_bytes())
+            .collect();
+        let ts = vec![
+            Tensor {
+                name: format!("{param}.step"),
+                dtype: Dtype::F32,
+                shape: vec![],
+                data: TensorData::Raw(Cow::Owned(step.to_vec())),
+            },
+            Tensor {
+                name: format!("{param}.exp_avg"),
+                dtype: Dtype::BF16,
+                shape: vec![1, 2],
+                data: TensorData::Raw(Cow::Owned(avg)),
+            },
+        ];
+        let state = format!(
+            r#"{{"type":"torch.AdamW","param_groups":[{{"lr":0.01,"params":["{group_param}"]}}],"state":{{}}}}"#
+        );
+        let meta = BTreeMap::from([
+            ("format".to_string(), "tinyllm".to_string()),
+            ("state".to_string(), state),
+        ]);
+        let mut out = Vec::new();
+        st::write(&mut out, &ts, &meta).unwrap();
+        out
+    };
+    let mut req = request(1);
+    req.optimizer = Some(Payload::Bytes(Cow::Owned(torch_opt("weight", "weight"))));
+    let path = save(dir.path(), req).unwrap().path;
+    assert_eq!(verify(&path), vec![]);
+    let header = st::read_header(&path.join(OPTIMIZER_NAME)).unwrap();
+    assert!(optimizer::is_torch_state(&header));
+    for (param, group) in [("head", "weight"), ("weight", "head")] {
+        let mut req = request(2);
+        req.optimizer = Some(Payload::Bytes(Cow::Owned(torch_opt(param, group))));
+        assert!(
+            matches!(save(dir.path(), req), Err(CheckpointError::Optimizer(_))),
+            "{param} {group}"
+        );
+        assert!(!dir.path().join("step-000002").exists());
+    }
+}

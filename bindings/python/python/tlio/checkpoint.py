@@ -216,12 +216,22 @@ def load_checkpoint(dir: PathLike, step: Optional[int] = None) -> Checkpoint:
     """
     if step is not None:
         step = _integer("step", step)
-    path, n, model, opt, state_json, rng, config, skipped = _core.load(os.fspath(dir), step)
+    try:
+        path, n, model, opt, state_json, rng, config, skipped = _core.load(os.fspath(dir), step)
+    except ValueError:
+        # A checkpoint of tlio.torch (tensors in their own dtypes, python.md's torch
+        # optimizer JSON) is refused by the F32 decoder; it is read as load_safetensors
+        # reads files instead. Anything else re-raises the decoder's error.
+        torch_form = _torch_form(dir, step)
+        if torch_form is None:
+            raise
+        path, n, model, opt, state_json, rng, config, skipped = torch_form
+    else:
+        if opt is not None:
+            opt_json, arrays = opt
+            opt = json.loads(opt_json)
+            opt["state"] = arrays
     state = json.loads(state_json)
-    if opt is not None:
-        opt_json, arrays = opt
-        opt = json.loads(opt_json)
-        opt["state"] = arrays
     return Checkpoint(
         path=path,
         step=n,
@@ -232,3 +242,28 @@ def load_checkpoint(dir: PathLike, step: Optional[int] = None) -> Checkpoint:
         config=None if config is None else json.loads(config),
         skipped=[tuple(s) for s in skipped],
     )
+
+
+def _torch_form(dir: PathLike, step: Optional[int]) -> Optional[tuple]:
+    """The checkpoint ``load`` picks, decoded as ``load_safetensors`` decodes (any
+    dtype), when its optimizer state is python.md's torch form; else ``None``."""
+    from tlio.safetensors import load_safetensors
+
+    path, n, state_json, rng, config, skipped = _core.load_step(os.fspath(dir), step)
+    model, _ = load_safetensors(os.path.join(path, "model.safetensors"))
+    opt_path = os.path.join(path, "optimizer.safetensors")
+    opt = None
+    if os.path.exists(opt_path):
+        arrays, meta = load_safetensors(opt_path)
+        doc = json.loads(meta.get("state", "{}"))
+        if not str(doc.get("type", "")).startswith("torch."):
+            return None
+        by_param: Dict[str, Dict[str, Any]] = {}
+        for full, a in arrays.items():
+            name, _, key = full.rpartition(".")
+            by_param.setdefault(name, {})[key] = a
+        opt = {k: v for k, v in doc.items() if k != "state"}
+        opt["state"] = {p: {**doc["state"].get(p, {}), **t} for p, t in by_param.items()}
+        for p, entries in doc["state"].items():
+            opt["state"].setdefault(p, dict(entries))
+    return path, n, model, opt, state_json, rng, config, skipped

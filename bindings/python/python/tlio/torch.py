@@ -1,0 +1,343 @@
+"""Checkpoints of a PyTorch loop on tlio's atomic, verified protocol (python.md, ``tlio.torch``).
+
+``save`` writes a model's ``state_dict()`` (parameters and buffers, every tensor in its
+own dtype, bit for bit), an optimizer's state keyed by parameter *name* and a
+``TokenStream``'s cursor as one checkpoint.md step, through the same core save as
+``tlio ckpt save`` (fsyncs, renames, lock, failpoints, LATEST never backwards); ``load``
+picks the step ``tlio ckpt latest`` picks, verified, and restores all three.
+
+Invariants: no pickle anywhere; the rules (protocol, layout checks, the step choice)
+are the core's, this module only converts between torch tensors and numpy arrays. A
+tensor travels as its raw little-endian bytes (BF16 as uint16 bits, 8-bit floats as
+uint8 codes), so what is loaded is the very bits that were saved. Tied tensors (one
+storage under several ``state_dict()`` names) are stored once, under the first name,
+and the metadata key ``tied`` of model.safetensors maps each other name to it.
+torch's own generator state is not saved: a loop that needs bitwise dropout across a
+resume seeds it from (seed, step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+
+from tlio._tlio import checkpoint as _core
+from tlio.checkpoint import EXTRA_KEYS, Checkpoint, _integer, _json, _rng
+from tlio.safetensors import load_safetensors, read_header
+
+__all__ = ["save", "load"]
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+#: The metadata key of model.safetensors mapping each tied name to the stored one.
+TIED_KEY = "tied"
+#: The ``type`` of the optimizer JSON: this prefix and the optimizer's class name.
+TYPE_PREFIX = "torch."
+
+# torch dtype -> (safetensors dtype, the numpy dtype of its raw bits)
+_DTYPES: Dict[torch.dtype, Tuple[str, Any]] = {
+    torch.float64: ("F64", np.float64),
+    torch.float32: ("F32", np.float32),
+    torch.float16: ("F16", np.float16),
+    torch.bfloat16: ("BF16", np.uint16),
+    torch.int64: ("I64", np.int64),
+    torch.int32: ("I32", np.int32),
+    torch.int16: ("I16", np.int16),
+    torch.int8: ("I8", np.int8),
+    torch.uint8: ("U8", np.uint8),
+    torch.bool: ("BOOL", np.bool_),
+    torch.complex64: ("C64", np.complex64),
+}
+for _name, _st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = (_st, np.uint8)
+_FROM_ST = {st: (dt, raw) for dt, (st, raw) in _DTYPES.items()}
+
+
+
+def _item(name: str, t: torch.Tensor) -> Tuple[tuple, torch.Tensor]:
+    """One tensor as a raw-bytes item for the core writer, and the CPU tensor whose
+    memory it borrows (kept alive by the caller until the write returns)."""
+    try:
+        st, raw = _DTYPES[t.dtype]
+    except KeyError:
+        raise ValueError(f"tensor {name!r} has dtype {t.dtype}, which tlio.torch cannot store") from None
+    c = t.detach().cpu().contiguous()
+    if raw is np.uint16 or raw is np.uint8 and t.dtype != torch.uint8:
+        bits = c.view(torch.int16 if raw is np.uint16 else torch.uint8).numpy().view(raw)
+    else:
+        bits = c.numpy()
+    flat = bits.reshape(-1).view(np.uint8)
+    return (name, st, list(c.shape), flat, "raw"), c
+
+
+def _tensor(name: str, arr: np.ndarray, st: str, shape: Tuple[int, ...]) -> torch.Tensor:
+    """A loaded raw array (``load_safetensors(raw=True)``) as a torch tensor of its
+    stored dtype, in memory of its own."""
+    try:
+        dtype, raw = _FROM_ST[st]
+    except KeyError:
+        raise ValueError(f"tensor {name!r} is {st}, which tlio.torch cannot load") from None
+    t = torch.from_numpy(np.ascontiguousarray(arr).view(raw).reshape(shape))
+    if dtype == torch.bfloat16:
+        t = t.view(torch.int16).view(torch.bfloat16)
+    elif raw is np.uint8 and dtype != torch.uint8:
+        t = t.view(dtype)
+    return t.clone()
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    """What makes two state_dict entries the same tensor (a tie): same storage, offset,
+    shape, strides and dtype."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _model_items(model: torch.nn.Module):
+    sd = model.state_dict()
+    items, keep_alive, tied, first = [], [], {}, {}
+    for name, t in sd.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"state_dict entry {name!r} is {type(t).__name__}, not a tensor")
+        key = _storage_key(t)
+        if key in first:
+            tied[name] = first[key]
+            continue
+        first[key] = name
+        item, c = _item(name, t)
+        items.append(item)
+        keep_alive.append(c)
+    meta = {TIED_KEY: json.dumps(tied, separators=(",", ":"))} if tied else {}
+    return items, meta, keep_alive
+
+
+def _param_names(model: torch.nn.Module) -> Dict[int, str]:
+    """id(parameter) -> its first name in the model."""
+    names: Dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), name)
+    return names
+
+
+def _plain(value: Any, what: str) -> Any:
+    """A hyper-parameter or state entry as JSON (tuples as lists)."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v, what) for v in value]
+    if isinstance(value, torch.Tensor):
+        raise ValueError(f"{what} is a tensor where a number was expected")
+    return value
+
+
+def _optimizer_items(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    names = _param_names(model)
+    groups, state, items, keep_alive = [], {}, [], []
+    for g in optimizer.param_groups:
+        group_names = []
+        for p in g["params"]:
+            name = names.get(id(p))
+            if name is None:
+                raise ValueError(
+                    f"the optimizer holds a parameter of shape {tuple(p.shape)} that the model does not name"
+                )
+            group_names.append(name)
+            entries = optimizer.state.get(p, {})
+            for key, v in entries.items():
+                if not isinstance(key, str) or "." in key:
+                    raise ValueError(f"optimizer state key {key!r} of {name!r} is not a plain name")
+                if isinstance(v, torch.Tensor):
+                    item, c = _item(f"{name}.{key}", v)
+                    items.append(item)
+                    keep_alive.append(c)
+                else:
+                    state.setdefault(name, {})[key] = _plain(v, f"optimizer state {name}.{key}")
+        hyper = {k: _plain(v, f"param group {k!r}") for k, v in g.items() if k != "params"}
+        groups.append({**hyper, "params": group_names})
+    doc = {"type": TYPE_PREFIX + type(optimizer).__name__, "param_groups": groups, "state": state}
+    return items, _json("optimizer state", doc, separators=(",", ":")), keep_alive
+
+
+def _stream_state(stream) -> Tuple[Dict[str, Any], Dict[str, int]]:
+    c = stream.cursor()
+    data = {k: c[k] for k in ("shard", "offset", "global_batch") if k in c}
+    rng = {k: int(c["rng"][k], 16) for k in ("state", "inc")}
+    return data, rng
+
+
+def save(
+    dir: "os.PathLike[str] | str",
+    step: int,
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    stream=None,
+    *,
+    extra: Optional[Mapping[str, Any]] = None,
+    keep: Optional[int] = None,
+    config: Optional[Mapping[str, Any]] = None,
+    overwrite: bool = False,
+) -> str:
+    """Save ``step`` of a torch loop in ``dir`` atomically; returns the step directory.
+
+    ``model``'s ``state_dict()`` goes to model.safetensors in each tensor's own dtype
+    (ties once, with metadata ``tied``); ``optimizer``'s state to optimizer.safetensors
+    (every tensor as ``<param>.<key>``, the rest and the param groups in the JSON
+    ``state``: ``{"type": "torch.<Class>", "param_groups": [...], "state": {...}}``);
+    ``stream``'s cursor to ``data_cursor`` and ``rng_state``. ``extra`` holds any of
+    ``tokens_seen``, ``lr``, ``config_sha256``, ``git_sha`` (and ``data_cursor`` when
+    there is no stream); ``config`` becomes config.json; ``keep`` keeps the newest
+    ``keep`` valid steps. Errors as ``tlio.checkpoint.save_checkpoint``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    extra = dict(extra or {})
+    unknown = [k for k in extra if k not in EXTRA_KEYS]
+    if unknown:
+        raise ValueError(f"extra has unknown key {unknown[0]!r} (allowed: {', '.join(EXTRA_KEYS)})")
+    rng = None
+    if stream is not None:
+        if "data_cursor" in extra:
+            raise ValueError("extra['data_cursor'] and stream both give the data position; pass one")
+        extra["data_cursor"], rng = _stream_state(stream)
+    state_json = _json("extra", {"step": _integer("step", step), **extra})
+    config_bytes = None
+    if config is not None:
+        if not isinstance(config, Mapping):
+            raise ValueError(f"config must be a dict, got {type(config).__name__}")
+        config_bytes = (_json("config", config, indent=2) + "\n").encode()
+    if keep is not None:
+        keep = _integer("keep", keep)
+    model_items, model_meta, alive = _model_items(model)
+    opt_items = opt_json = None
+    if optimizer is not None:
+        opt_items, opt_json, opt_alive = _optimizer_items(model, optimizer)
+        alive += opt_alive
+    path = _core.save_tensors(
+        os.fspath(dir), model_items, model_meta, opt_items, opt_json,
+        state_json, _rng(rng), config_bytes, keep, bool(overwrite),
+    )
+    del alive
+    return path
+
+
+def _read(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
+    """Every tensor of a checkpoint file as torch tensors of their stored dtypes."""
+    header, _ = read_header(path)
+    arrays, meta = load_safetensors(path, raw=True)
+    return {k: _tensor(k, a, *header[k]) for k, a in arrays.items()}, meta
+
+
+def _retie(model: torch.nn.Module, tied: Mapping[str, str]) -> None:
+    """Make each tied name the very Parameter of the name it was stored under."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for other, first in tied.items():
+        if other in params and first in params and params[other] is not params[first]:
+            owner, _, leaf = other.rpartition(".")
+            setattr(model.get_submodule(owner) if owner else model, leaf, params[first])
+
+
+def _load_optimizer(model, optimizer, tensors, meta, path) -> Dict[str, Any]:
+    try:
+        doc = json.loads(meta["state"])
+    except (KeyError, ValueError):
+        raise ValueError(f"{path}: metadata `state` is missing or not JSON") from None
+    want = TYPE_PREFIX + type(optimizer).__name__
+    if doc.get("type") != want:
+        raise ValueError(f"{path}: the checkpoint holds a {doc.get('type')!r} state, the optimizer is {want!r}")
+    names = _param_names(model)
+    index: Dict[str, int] = {}
+    current: List[List[str]] = []
+    for g in optimizer.param_groups:
+        group = []
+        for p in g["params"]:
+            name = names.get(id(p))
+            if name is None:
+                raise ValueError(
+                    f"the optimizer holds a parameter of shape {tuple(p.shape)} that the model does not name"
+                )
+            index.setdefault(name, len(index))
+            group.append(name)
+        current.append(group)
+    saved = doc["param_groups"]
+    if [g["params"] for g in saved] != current:
+        raise ValueError(
+            f"{path}: the optimizer's param groups {current} are not the saved ones {[g['params'] for g in saved]}"
+        )
+    state: Dict[int, Dict[str, Any]] = {}
+    for name, entries in doc["state"].items():
+        if name not in index:
+            raise ValueError(f"{path}: state for {name!r}, which the optimizer does not hold")
+        state.setdefault(index[name], {}).update(entries)
+    for full, t in tensors.items():
+        name, _, key = full.rpartition(".")
+        if name not in index:
+            raise ValueError(f"{path}: tensor {full!r} is for a parameter the optimizer does not hold")
+        state.setdefault(index[name], {})[key] = t
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in saved]
+    tuples = [{k for k, v in g.items() if isinstance(v, tuple)} for g in optimizer.param_groups]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    for g, keys in zip(optimizer.param_groups, tuples):
+        for k in keys:
+            if isinstance(g.get(k), list):
+                g[k] = tuple(g[k])
+    return doc
+
+
+def load(
+    dir: "os.PathLike[str] | str",
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    stream=None,
+    *,
+    step: Optional[int] = None,
+) -> Checkpoint:
+    """Restore the checkpoint ``tlio ckpt latest`` picks (or ``step``, falling back to
+    older steps that verify) into ``model``, ``optimizer`` and ``stream``.
+
+    The model gets ``load_state_dict`` (strict) with every tensor in its saved dtype and
+    its ties restored as the same Parameter; the optimizer gets its state and param
+    groups matched by parameter name; the stream its cursor. Returns a
+    ``tlio.checkpoint.Checkpoint`` whose ``model`` is the loaded state dict (torch
+    tensors) and ``opt`` the optimizer JSON (or ``None``). Nothing valid:
+    ``FileNotFoundError``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if step is not None:
+        step = _integer("step", step)
+    path, n, state_json, rng, config, skipped = _core.load_step(os.fspath(dir), step)
+    state = json.loads(state_json)
+    sd, meta = _read(os.path.join(path, MODEL_FILE))
+    try:
+        tied = json.loads(meta.get(TIED_KEY, "{}"))
+    except ValueError:
+        raise ValueError(f"{path}/{MODEL_FILE}: metadata `{TIED_KEY}` is not JSON") from None
+    for other, first in tied.items():
+        if first not in sd:
+            raise ValueError(f"{path}/{MODEL_FILE}: {other!r} is tied to {first!r}, which is not stored")
+        sd[other] = sd[first]
+    model.load_state_dict(sd)
+    _retie(model, tied)
+    opt = None
+    opt_path = os.path.join(path, OPTIMIZER_FILE)
+    if optimizer is not None:
+        if not os.path.exists(opt_path):
+            raise ValueError(f"{path} has no {OPTIMIZER_FILE} to restore the optimizer from")
+        tensors, ometa = _read(opt_path)
+        opt = _load_optimizer(model, optimizer, tensors, ometa, opt_path)
+    if stream is not None:
+        cursor = state.get("data_cursor")
+        if cursor is None or rng is None:
+            raise ValueError(f"{path} holds no data_cursor and rng_state to restore the stream from")
+        stream.restore({**cursor, "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}})
+    return Checkpoint(
+        path=path,
+        step=n,
+        model=sd,
+        opt=opt,
+        rng_state=None if rng is None else {"state": rng[0], "inc": rng[1]},
+        extra={k: state[k] for k in EXTRA_KEYS},
+        config=None if config is None else json.loads(config),
+        skipped=[tuple(s) for s in skipped],
+    )
