@@ -96,6 +96,23 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
     ExitCode::from(exit_code(classify(err)))
 }
 
+/// A panic that no core call caught (a bug): one error line, exit 2, never the default
+/// hook's text.
+pub fn report_panic(payload: &(dyn std::any::Any + Send)) -> ExitCode {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_string());
+    let _ = writeln!(
+        io::stderr().lock(),
+        "{} internal error (a bug in tlio, please report it): {}",
+        error_prefix(),
+        text.replace('\n', " ")
+    );
+    ExitCode::from(2)
+}
+
 /// `tlio: error:`, in red when stderr gets colour (`--color`, NO_COLOR, a terminal).
 fn error_prefix() -> String {
     crate::output::paint(

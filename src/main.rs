@@ -24,8 +24,14 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return error::report_usage(&err),
     };
-    match cmd::run(cli) {
-        Ok(outcome) => outcome.exit_code(),
-        Err(err) => error::report(&err),
+    // No crate's panic text may reach the user (cli.md: one error line, never a panic
+    // message): the hook prints nothing, a panic inside a tokenizer library becomes a
+    // typed error where tlio-core catches it, and any other panic becomes one error
+    // line here.
+    std::panic::set_hook(Box::new(|_| {}));
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cmd::run(cli))) {
+        Ok(Ok(outcome)) => outcome.exit_code(),
+        Ok(Err(err)) => error::report(&err),
+        Err(payload) => error::report_panic(payload.as_ref()),
     }
 }

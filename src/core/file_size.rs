@@ -13,9 +13,9 @@ mod tests {
     /// Most lines of code a core file may hold before its tests.
     const MAX_CODE_LINES: usize = 600;
 
-    /// Files still over the limit, relative to src/core: owned by the tokens work;
-    /// remove when split.
-    const OVER_THE_LIMIT_FOR_NOW: &[&str] = &["tokens/tokenizer.rs"];
+    /// Files still over the limit, relative to src/core (none now; a file allowed
+    /// here must be split, then removed).
+    const OVER_THE_LIMIT_FOR_NOW: &[&str] = &[];
 
     fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir)

@@ -25,6 +25,7 @@ mod errors;
 mod generate;
 mod grammar;
 mod hardening;
+mod hardening_tokens;
 mod inputs;
 mod models;
 mod output;

@@ -165,10 +165,21 @@ fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome
 fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Outcome> {
     let format = corpus_format(&args)?;
     let tokenizer = Tokenizer::load(spec).map_err(TokensError::from)?;
+    // Core names the field (eot); the flag's words are the CLI's.
     let eot = match args.eot.as_deref() {
         Some("none") => None,
-        Some(token) => Some(tokenizer.token_id(token).map_err(TokensError::from)?),
-        None => Some(tokenizer.default_eot().map_err(TokensError::from)?),
+        Some(token) => Some(
+            tokenizer
+                .token_id(token)
+                .map_err(TokensError::from)
+                .context("give --eot one of the tokenizer's special tokens, or --eot none")?,
+        ),
+        None => Some(
+            tokenizer
+                .default_eot()
+                .map_err(TokensError::from)
+                .context("give --eot TOKEN (e.g. --eot '<|end_of_text|>') or --eot none")?,
+        ),
     };
     let plan = match (args.val_tokens, args.shard_tokens) {
         (Some(val_tokens), shard_tokens) => ShardPlan::ValTrain {

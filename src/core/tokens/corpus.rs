@@ -11,7 +11,6 @@
 //! feature; without them such an input is [`TokensError::NotBuilt`], never read as
 //! plain text.
 
-use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -176,7 +175,7 @@ fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
             feature: "compression",
         });
     }
-    let file = File::open(path).map_err(|e| read_err(&name, e))?;
+    let file = crate::files::open_regular(path).map_err(|e| read_err(&name, e))?;
     let raw = BufReader::with_capacity(1 << 20, file);
     Ok(match path.extension().and_then(|e| e.to_str()) {
         #[cfg(feature = "compression")]
@@ -382,7 +381,7 @@ impl Reader<'_> {
     ) -> Result<(), TokensError> {
         let name = path.display().to_string();
         let perr = |e: parquet::errors::ParquetError| bad(name.as_str(), e.to_string());
-        let file = File::open(path).map_err(|e| read_err(&name, e))?;
+        let file = crate::files::open_regular(path).map_err(|e| read_err(&name, e))?;
         let reader = SerializedFileReader::new(file).map_err(perr)?;
         let schema = reader.metadata().file_metadata().schema_descr_ptr();
         let column = (0..schema.num_columns())

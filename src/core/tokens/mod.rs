@@ -25,6 +25,10 @@ use crate::failure::{Failure, FailureKind};
 mod corpus;
 #[cfg(feature = "tokenizers")]
 mod gpt2fast;
+#[cfg(feature = "tokenizers")]
+mod hf;
+#[cfg(feature = "tokenizers")]
+mod o200k;
 mod pack;
 mod session;
 mod shard;

@@ -24,6 +24,7 @@
 
 #[cfg(feature = "tokenizers")]
 use std::collections::HashMap;
+
 #[cfg(feature = "tokenizers")]
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -33,6 +34,8 @@ use tiktoken_rs::CoreBPE;
 
 #[cfg(feature = "tokenizers")]
 use super::gpt2fast::Gpt2Fast;
+#[cfg(feature = "tokenizers")]
+use super::o200k::{O200kFast, PieceTooLong, MAX_PIECE_BYTES};
 use crate::{Failure, FailureKind};
 
 /// The largest `tokenizer.json` we load (real ones are a few MB; Llama-3's is 9 MB).
@@ -84,10 +87,8 @@ pub enum TokenizerError {
         /// Its vocabulary size.
         size: u64,
     },
-    /// `--eot TOKEN` names no token of this tokenizer.
-    #[error(
-        "{name} has no token {token:?} (give --eot with one of its special tokens, or --eot none)"
-    )]
+    /// The end-of-text token asked for is no token of this tokenizer.
+    #[error("{name} has no token {token:?}")]
     NoSuchToken {
         /// The tokenizer.
         name: String,
@@ -95,7 +96,7 @@ pub enum TokenizerError {
         token: String,
     },
     /// A tokenizer.json has no default end-of-text token.
-    #[error("{name}: a tokenizer.json has no standard end-of-text token: give --eot TOKEN (e.g. --eot '<|end_of_text|>') or --eot none")]
+    #[error("{name}: a tokenizer.json has no standard end-of-text token (eot): name one of its special tokens, or none")]
     NeedEot {
         /// The tokenizer.
         name: String,
@@ -204,12 +205,14 @@ impl OpenAiEncoding {
 }
 
 #[cfg(feature = "tokenizers")]
-enum Inner {
+pub(super) enum Inner {
     OpenAi {
         encoding: OpenAiEncoding,
         core: &'static CoreBPE,
         /// The hand-written scanner for the GPT-2 pattern (r50k, p50k).
         fast: Option<Box<Gpt2Fast>>,
+        /// o200k without fancy-regex (which gives up on long whitespace runs).
+        o200k: Option<Box<O200kFast>>,
     },
     Hf {
         tokenizer: Box<tokenizers::Tokenizer>,
@@ -220,13 +223,13 @@ enum Inner {
 /// Without the `tokenizers` feature there is no kind of tokenizer: a `Tokenizer`
 /// cannot be built, and the compiler knows every method past `load` is unreachable.
 #[cfg(not(feature = "tokenizers"))]
-enum Inner {}
+pub(super) enum Inner {}
 
 /// A loaded tokenizer; shareable between threads.
 pub struct Tokenizer {
-    name: String,
-    vocab_size: u32,
-    inner: Inner,
+    pub(super) name: String,
+    pub(super) vocab_size: u32,
+    pub(super) inner: Inner,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -238,54 +241,20 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// Why a piece too long to merge is refused, for an error message.
+#[cfg(feature = "tokenizers")]
+fn too_long(PieceTooLong(len): PieceTooLong) -> String {
+    format!("one pre-token (a run of one kind of character) is {len} bytes, more than the {MAX_PIECE_BYTES} a byte-pair merge is given (it needs tens of bytes of memory per byte)")
+}
+
 /// The text of a panic payload, for an error message.
 #[cfg(feature = "tokenizers")]
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "the tokenizer library panicked".to_string())
-}
-
-/// Refuse a tokenizer.json whose regex patterns use an interval quantifier followed by
-/// `+` (`\p{N}{1,3}+`): the Python library's engine (Oniguruma, Ruby syntax) reads it
-/// as a repetition of the interval, ours (fancy-regex) as a possessive interval, and the
-/// ids would differ. Better no ids than different ones. The tokenizer.json files of
-/// real models (GPT-2, Llama-3, Qwen2, Mistral) do not use it.
-#[cfg(feature = "tokenizers")]
-fn check_patterns(bytes: &[u8]) -> Result<(), String> {
-    // `{n}+`, `{n,}+`, `{n,m}+`; not `\p{L}+`, a class repeated.
-    let Ok(interval_plus) = regex::Regex::new(r"\{[0-9]+(,[0-9]*)?\}\+") else {
-        return Ok(());
-    };
-    let walk = |v: &serde_json::Value| -> Result<(), String> { walk_patterns(v, &interval_plus) };
-    // Unparsable JSON is reported by the library itself, with its own message.
-    match serde_json::from_slice::<serde_json::Value>(bytes) {
-        Ok(v) => walk(&v),
-        Err(_) => Ok(()),
-    }
-}
-
-#[cfg(feature = "tokenizers")]
-fn walk_patterns(v: &serde_json::Value, interval_plus: &regex::Regex) -> Result<(), String> {
-    let walk = |v: &serde_json::Value| walk_patterns(v, interval_plus);
-    {
-        match v {
-            serde_json::Value::Object(map) => {
-                if let Some(serde_json::Value::String(p)) = map.get("Regex") {
-                    if interval_plus.is_match(p) {
-                        return Err(format!(
-                            "the pattern {p:?} has an interval quantifier followed by '+', which the tokenizers library's two regex engines read differently (a repetition in Oniguruma, possessive in fancy-regex); tlio refuses it rather than give different ids"
-                        ));
-                    }
-                }
-                map.values().try_for_each(walk)
-            }
-            serde_json::Value::Array(items) => items.iter().try_for_each(walk),
-            _ => Ok(()),
-        }
-    }
 }
 
 #[cfg(feature = "tokenizers")]
@@ -306,6 +275,17 @@ impl Tokenizer {
                 }
                 _ => None,
             };
+            let o200k = match encoding {
+                OpenAiEncoding::O200kBase => {
+                    let specials: Vec<u32> = core
+                        .special_tokens()
+                        .iter()
+                        .filter_map(|s| core.encode_with_special_tokens(s).first().copied())
+                        .collect();
+                    O200kFast::from_core(core, encoding.vocab_size(), &specials).map(Box::new)
+                }
+                _ => None,
+            };
             return Ok(Tokenizer {
                 name: encoding.name().to_string(),
                 vocab_size: encoding.vocab_size(),
@@ -313,6 +293,7 @@ impl Tokenizer {
                     encoding,
                     core,
                     fast,
+                    o200k,
                 },
             });
         }
@@ -321,68 +302,6 @@ impl Tokenizer {
             return Err(TokenizerError::Unknown(spec.to_string()));
         }
         Tokenizer::from_json_file(path)
-    }
-
-    /// A Hugging Face `tokenizer.json` (a directory means its `tokenizer.json`).
-    pub fn from_json_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
-        let path = if path.is_dir() {
-            path.join("tokenizer.json")
-        } else {
-            path.to_path_buf()
-        };
-        let read_err = |error| TokenizerError::Read {
-            path: path.clone(),
-            error,
-        };
-        let size = std::fs::metadata(&path).map_err(read_err)?.len();
-        if size > MAX_TOKENIZER_JSON_BYTES {
-            return Err(TokenizerError::TooLarge { path, size });
-        }
-        let bytes = std::fs::read(&path).map_err(read_err)?;
-        Tokenizer::from_json_bytes(&path.display().to_string(), &bytes).map_err(|e| match e {
-            TokenizerError::Invalid { reason, .. } => TokenizerError::Invalid {
-                path: path.clone(),
-                reason,
-            },
-            other => other,
-        })
-    }
-
-    /// A Hugging Face tokenizer from the bytes of a `tokenizer.json`; `name` is for
-    /// messages.
-    pub fn from_json_bytes(name: &str, bytes: &[u8]) -> Result<Tokenizer, TokenizerError> {
-        let invalid = |reason: String| TokenizerError::Invalid {
-            path: PathBuf::from(name),
-            reason,
-        };
-        check_patterns(bytes).map_err(invalid)?;
-        let loaded = catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes))
-            .map_err(|p| invalid(panic_text(p.as_ref())))?;
-        let mut tokenizer = loaded.map_err(|e| invalid(e.to_string()))?;
-        // Special-token strings in the text are ordinary text, as in tiktoken's
-        // encode_ordinary: a document can never inject an end-of-text.
-        tokenizer.set_encode_special_tokens(true);
-        let vocab = tokenizer.get_vocab(true);
-        let size = vocab
-            .values()
-            .map(|&id| u64::from(id) + 1)
-            .max()
-            .unwrap_or(0);
-        let vocab_size = u32::try_from(size)
-            .ok()
-            .filter(|&v| v >= 1 && v <= i32::MAX as u32)
-            .ok_or(TokenizerError::BadVocab {
-                name: name.to_string(),
-                size,
-            })?;
-        Ok(Tokenizer {
-            name: name.to_string(),
-            vocab_size,
-            inner: Inner::Hf {
-                tokenizer: Box::new(tokenizer),
-                vocab,
-            },
-        })
     }
 
     /// The name for messages (the encoding's, or the file's path).
@@ -416,7 +335,7 @@ impl Tokenizer {
         })
     }
 
-    /// The end-of-text token put before every document when no `--eot` is given:
+    /// The end-of-text token put before every document when none is named:
     /// `<|endoftext|>` for the OpenAI encodings (as llm.c does); a tokenizer.json has
     /// no standard one, so the caller must name it.
     pub fn default_eot(&self) -> Result<u32, TokenizerError> {
@@ -433,7 +352,10 @@ impl Tokenizer {
         let encoded = catch_unwind(AssertUnwindSafe(|| match &self.inner {
             Inner::OpenAi {
                 fast: Some(fast), ..
-            } => Ok(fast.encode(text)),
+            } => fast.encode(text).map_err(too_long),
+            Inner::OpenAi {
+                o200k: Some(fast), ..
+            } => fast.encode(text).map_err(too_long),
             Inner::OpenAi { core, .. } => Ok(core.encode_ordinary(text)),
             Inner::Hf { tokenizer, .. } => tokenizer
                 .encode(text, false)
@@ -454,7 +376,7 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    fn encode_err(&self, reason: String) -> TokenizerError {
+    pub(super) fn encode_err(&self, reason: String) -> TokenizerError {
         TokenizerError::Encode {
             name: self.name.clone(),
             reason,
