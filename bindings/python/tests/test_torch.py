@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # in requirements-test.txt: a missing torch fails the run, never skips it
 
 import tlio.torch as tt  # noqa: E402
 from tlio.checkpoint import verify_step_dir  # noqa: E402

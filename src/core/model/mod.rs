@@ -19,8 +19,10 @@ use crate::failure::{Failure, FailureKind};
 use crate::safetensors::verify::Finding;
 use crate::safetensors::{Dtype, Header, SafetensorsError, TensorInfo};
 use crate::text::quote;
+use config::{check_tokenizer, read_config};
 
 pub mod arch;
+mod config;
 pub mod index;
 pub mod int4;
 pub mod outdir;
@@ -506,86 +508,6 @@ pub(crate) fn finding(rule: &str, tensor: Option<&str>, message: String) -> Find
         rule: rule.to_string(),
         tensor: tensor.map(str::to_string),
         message,
-    }
-}
-
-fn read_config(
-    path: &Path,
-    problems: &mut Vec<Finding>,
-) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ModelError> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(ModelError::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-    };
-    if meta.len() > MAX_CONFIG_SIZE {
-        problems.push(finding(
-            "config",
-            None,
-            format!(
-                "config: {CONFIG_NAME} is {} bytes, over the limit of {MAX_CONFIG_SIZE}",
-                meta.len()
-            ),
-        ));
-        return Ok(None);
-    }
-    let text =
-        crate::files::read_limited(path, MAX_CONFIG_SIZE).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    match serde_json::from_slice::<serde_json::Value>(&text) {
-        Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
-        Ok(_) => {
-            problems.push(finding(
-                "config",
-                None,
-                format!("config: {CONFIG_NAME} is not a JSON object"),
-            ));
-            Ok(None)
-        }
-        Err(e) => {
-            problems.push(finding(
-                "config",
-                None,
-                format!("config: {CONFIG_NAME} is not valid JSON: {e}"),
-            ));
-            Ok(None)
-        }
-    }
-}
-
-/// The format page: a directory holds `tokenizer.json` exactly when `config.json` says
-/// `"tl_tokenizer": "file"`; without `tl_tokenizer` (Hugging Face) either is fine.
-fn check_tokenizer(model: &Model, problems: &mut Vec<Finding>) {
-    let (Some(config), Some(dir)) = (&model.config, &model.dir) else {
-        return;
-    };
-    let Some(mode) = config.get("tl_tokenizer") else {
-        return;
-    };
-    let has = dir.join(TOKENIZER_NAME).exists();
-    let wants = mode.as_str() == Some("file");
-    if wants && !has {
-        problems.push(finding(
-            "tokenizer",
-            None,
-            format!("tokenizer: config.json says \"tl_tokenizer\": \"file\" but the directory has no {TOKENIZER_NAME}"),
-        ));
-    } else if !wants && has {
-        problems.push(finding(
-            "tokenizer",
-            None,
-            format!(
-                "tokenizer: the directory holds {TOKENIZER_NAME} but config.json's tl_tokenizer is {}, not \"file\"",
-                mode
-            ),
-        ));
     }
 }
 
