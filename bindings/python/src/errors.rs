@@ -15,16 +15,10 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueEr
 use pyo3::PyErr;
 use tlio_core::{Failure, FailureKind};
 
-/// The chain of `err` and its sources on one line, outermost first.
+/// The chain of `err` and its sources on one line, outermost first (core's one
+/// definition, the same text the CLI prints after `tlio: error: `).
 pub fn one_line(err: &(dyn Error + 'static)) -> String {
-    let mut line = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        line.push_str(": ");
-        line.push_str(&c.to_string());
-        cause = c.source();
-    }
-    line
+    tlio_core::failure::full_text(err)
 }
 
 /// The first `io::Error` in the chain of `err`, if any.
