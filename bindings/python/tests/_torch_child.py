@@ -3,7 +3,10 @@ let a failpoint abort them.
 
   train DIR SHARD STEPS K     a tiny tied-embedding model on a TokenStream, AdamW,
                               resumed from DIR when it holds a checkpoint, tlio.torch.save
-                              every K steps; prints the digest of the final state last
+                              every K steps; prints "start S" (the step it resumed from),
+                              "step N" after each optimizer step (before that step's save,
+                              so a parent can kill it at a chosen step or inside a save)
+                              and the digest of the final state last
   save DIR STEP               tlio.torch.save of STEP of the fixed small model (for
                               the failpoint test; FAILPOINTS comes from the environment)
 """
@@ -71,6 +74,7 @@ def train(dir, shard, steps, k):
         start = tt.load(dir, model, opt, stream).step
     except FileNotFoundError:
         pass
+    print(f"start {start}", flush=True)
     for step in range(start + 1, steps + 1):
         x, y = stream.next_batch()
         logits = model(torch.from_numpy(x))
@@ -78,6 +82,7 @@ def train(dir, shard, steps, k):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        print(f"step {step}", flush=True)
         if step % k == 0:
             tt.save(dir, step, model, opt, stream, extra={"tokens_seen": step * SEQ * BATCH})
     print(digest(model, opt), flush=True)
