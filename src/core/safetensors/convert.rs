@@ -111,6 +111,7 @@ pub fn convert_saturating(
         raw: vec![0u8; CONVERT_CHUNK],
         next: vec![0u8; CONVERT_CHUNK],
         encoded: Vec::new(),
+        pending: Vec::new(),
         done: 0,
         total: header.data_len(),
         written: 0,
@@ -160,6 +161,8 @@ struct Stream<'a> {
     /// The chunk read ahead while the previous one is converted and written.
     next: Vec<u8>,
     encoded: Vec<u8>,
+    /// The previous chunk's output, written while the current chunk is converted.
+    pending: Vec<u8>,
     done: u64,
     total: u64,
     /// Output bytes handed to the kernel so far, and how many of them writeback was
@@ -203,26 +206,48 @@ impl Stream<'_> {
             let following = lengths.next();
             let (src, next) = (&mut *self.src, &mut self.next);
             let read_ahead = || following.map_or(Ok(()), |m| read_into(src, next, m));
-            let (read, work) = rayon::join(read_ahead, || {
-                self_work(
-                    self.out,
-                    &mut self.encoded,
-                    (&self.raw, n),
-                    (t, to, index, self.saturate),
-                )
-            });
-            index += work?;
-            read.map_err(io)?;
-            std::mem::swap(&mut self.raw, &mut self.next);
-            self.written += if to == t.dtype {
-                n as u64
+            if to == t.dtype {
+                let (read, wrote) = rayon::join(read_ahead, || {
+                    self.out.write_all(self.raw.get(..n).unwrap_or_default())
+                });
+                wrote.map_err(SafetensorsError::Write)?;
+                read.map_err(io)?;
+                self.written += n as u64;
             } else {
-                self.encoded.len() as u64
-            };
+                // Three things at once: the next chunk is read, the previous chunk's
+                // output is written, and this chunk is converted (in parallel pieces).
+                let (out, pending) = (&mut *self.out, &self.pending);
+                let write_back = || out.write_all(pending);
+                let ((read, wrote), work) = rayon::join(
+                    || rayon::join(read_ahead, write_back),
+                    || {
+                        let chunk = self.raw.get(..n).unwrap_or_default();
+                        encode_parallel(chunk, &mut self.encoded, t, to, index, self.saturate)
+                    },
+                );
+                wrote.map_err(SafetensorsError::Write)?;
+                read.map_err(io)?;
+                self.written += self.pending.len() as u64;
+                index += work?;
+                std::mem::swap(&mut self.pending, &mut self.encoded);
+            }
+            std::mem::swap(&mut self.raw, &mut self.next);
             self.start_writeback()?;
             self.done += n as u64;
             progress(self.done, self.total);
             current = following;
+        }
+        self.write_pending()
+    }
+
+    /// Write the output still held back for overlap, if any.
+    fn write_pending(&mut self) -> Result<(), SafetensorsError> {
+        if !self.pending.is_empty() {
+            self.out
+                .write_all(&self.pending)
+                .map_err(SafetensorsError::Write)?;
+            self.written += self.pending.len() as u64;
+            self.pending.clear();
         }
         Ok(())
     }
@@ -291,24 +316,6 @@ fn read_into(src: &mut File, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()>
         .get_mut(..n)
         .ok_or_else(|| std::io::Error::other("a chunk is larger than the conversion buffer"))?;
     src.read_exact(chunk)
-}
-
-/// Copy or convert the first `n` bytes of `raw` and write them; returns the number of
-/// values converted (0 for a copy).
-fn self_work(
-    out: &mut AtomicFile,
-    encoded: &mut Vec<u8>,
-    (raw, n): (&[u8], usize),
-    (t, to, index, saturate): (&TensorInfo, Dtype, u64, bool),
-) -> Result<u64, SafetensorsError> {
-    let chunk = raw.get(..n).unwrap_or_default();
-    if to == t.dtype {
-        out.write_all(chunk).map_err(SafetensorsError::Write)?;
-        return Ok(0);
-    }
-    let count = encode_parallel(chunk, encoded, t, to, index, saturate)?;
-    out.write_all(encoded).map_err(SafetensorsError::Write)?;
-    Ok(count)
 }
 
 /// Source bytes of one parallel piece (a multiple of every element size): small

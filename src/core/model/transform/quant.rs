@@ -25,42 +25,82 @@ pub(super) fn quantize_entry(
     sink: &mut Sink<'_>,
 ) -> Result<(), ModelError> {
     let info = &entry(model, q.entry)?.info;
+    if is_scales {
+        if let Some((e, g, bytes)) = files.scales.take() {
+            if e == q.entry && g == q.group {
+                sink.write(&bytes)?;
+                (sink.tick)(info.byte_len() / 2);
+                return Ok(());
+            }
+        }
+    }
     let g = q.group as usize;
     let size = q.size;
     let numel = info.numel();
     let step = (CHUNK_ELEMS / g).max(1) * g;
-    let mut raw = Vec::new();
+    // The scales of the qweight pass are kept for the scales pass when they are small
+    // (a 64th of a BF16 source at group 128): beyond the limit they are recomputed.
+    let keep = !is_scales && numel / q.group.max(1) * 2 <= SCALES_KEPT_MAX;
+    let mut kept = Vec::new();
+    let (mut raw, mut next) = (Vec::new(), Vec::new());
     let (mut scales, mut packed, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
+    let len_at = |at: u64| (numel - at).min(step as u64) as usize;
     let mut at = 0u64;
+    if at < numel {
+        raw.resize(len_at(at) * size, 0);
+        files.read(q.entry, 0, &mut raw)?;
+    }
     while at < numel {
-        let n = (numel - at).min(step as u64) as usize;
-        raw.resize(n * size, 0);
-        files.read(q.entry, at * size as u64, &mut raw)?;
+        let n = len_at(at);
+        let after = at + n as u64;
+        let files_ref = &*files;
+        // The next chunk is read while this one is quantized.
+        let read_ahead = || {
+            if after >= numel {
+                return Ok(());
+            }
+            next.resize(len_at(after) * size, 0);
+            files_ref.read(q.entry, after * size as u64, &mut next)
+        };
         scales.clear();
         packed.clear();
-        quantize_pieces(
-            &raw,
-            (info.dtype, size, g),
-            is_scales,
-            &mut scales,
-            &mut packed,
-        )
-        .map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
+        let (read, done) = rayon::join(read_ahead, || {
+            quantize_pieces(
+                &raw,
+                (info.dtype, size, g),
+                is_scales,
+                &mut scales,
+                &mut packed,
+            )
+        });
+        done.map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
+        read?;
+        bytes.clear();
+        for s in &scales {
+            bytes.extend_from_slice(&s.to_le_bytes());
+        }
         if is_scales {
-            bytes.clear();
-            for s in &scales {
-                bytes.extend_from_slice(&s.to_le_bytes());
-            }
             sink.write(&bytes)?;
         } else {
             sink.write(&packed)?;
+            if keep {
+                kept.extend_from_slice(&bytes);
+            }
         }
-        at += n as u64;
+        std::mem::swap(&mut raw, &mut next);
+        at = after;
         // Each source tensor is read twice (scales, then values): count half.
         (sink.tick)((n * size / 2) as u64);
     }
+    if keep {
+        files.scales = Some((q.entry, q.group, kept));
+    }
     Ok(())
 }
+
+/// The most scales bytes the qweight pass keeps for the scales pass (larger scales
+/// tensors are quantized again, so memory stays bounded whatever the tensor).
+const SCALES_KEPT_MAX: u64 = 16 << 20;
 
 /// Weights of one parallel piece of [`quantize_pieces`] (rounded down to whole groups).
 const PIECE_ELEMS: usize = 64 << 10;
