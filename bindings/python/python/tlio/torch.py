@@ -28,8 +28,9 @@ import torch
 from tlio._tlio import checkpoint as _core
 from tlio.checkpoint import EXTRA_KEYS, Checkpoint, _integer, _json, _rng
 from tlio.safetensors import load_safetensors, read_header
+from tlio._torch_data import TokenDataset
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "TokenDataset"]
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
