@@ -28,8 +28,9 @@ import torch
 from tlio._tlio import checkpoint as _core
 from tlio.checkpoint import EXTRA_KEYS, Checkpoint, _integer, _json, _rng
 from tlio.safetensors import load_safetensors, read_header
+from tlio._torch_data import TokenDataset
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "TokenDataset"]
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -77,7 +78,13 @@ def _item(name: str, t: torch.Tensor) -> Tuple[tuple, torch.Tensor]:
 
 def _tensor(name: str, arr: np.ndarray, st: str, shape: Tuple[int, ...]) -> torch.Tensor:
     """A loaded raw array (``load_safetensors(raw=True)``) as a torch tensor of its
-    stored dtype, in memory of its own."""
+    stored dtype, sharing the array's memory: a private copy-on-write map of the file
+    (or a buffer read from it), which no other tensor and no writer of the file
+    shares. Checkpoint files are only ever replaced by rename or unlinked, never
+    rewritten in place, so the map stays the verified bytes; a copy here would double
+    the load's time and memory (``load_state_dict`` copies the model's tensors into the
+    parameters anyway, and the optimizer's moments are written in place, page by page,
+    on its next step)."""
     try:
         dtype, raw = _FROM_ST[st]
     except KeyError:
@@ -87,7 +94,7 @@ def _tensor(name: str, arr: np.ndarray, st: str, shape: Tuple[int, ...]) -> torc
         t = t.view(torch.int16).view(torch.bfloat16)
     elif raw is np.uint8 and dtype != torch.uint8:
         t = t.view(dtype)
-    return t.clone()
+    return t
 
 
 def _storage_key(t: torch.Tensor) -> tuple:

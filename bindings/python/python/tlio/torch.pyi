@@ -1,10 +1,11 @@
 import os
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Tuple, Union
 
 import torch
+from torch.utils.data import IterableDataset
 
 from tlio.checkpoint import Checkpoint
-from tlio.tokens import TokenStream
+from tlio.tokens import Cursor, TokenStream
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -33,3 +34,14 @@ def load(
     *,
     step: Optional[int] = ...,
 ) -> Checkpoint: ...
+
+class TokenDataset(IterableDataset):
+    """A TokenStream as an endless IterableDataset of int64 (x, y) tensors [batch, seq_len],
+    zero-copy from the stream's arrays; Stateful through the stream's cursor."""
+
+    stream: TokenStream
+    def __init__(self, stream: TokenStream) -> None: ...
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]: ...
+    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]: ...
+    def state_dict(self) -> Cursor: ...
+    def load_state_dict(self, state_dict: Cursor) -> None: ...
