@@ -1201,3 +1201,43 @@ fn torch_optimizer_files_keep_their_dtypes() {
         assert!(!dir.path().join("step-000002").exists());
     }
 }
+
+#[test]
+fn problems_come_in_manifest_order_whatever_the_hashing_threads_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let step_dir = save(dir.path(), request(3)).unwrap().path;
+    // Two listed files damaged, hashed on different threads: the report lists them in
+    // the manifest's order on every run, and the progress adds up to every byte.
+    let listed: Vec<String> = super::verify::inspect(&step_dir)
+        .manifest
+        .unwrap()
+        .files
+        .iter()
+        .map(|e| e.name.clone())
+        .collect();
+    for name in ["model.safetensors", "optimizer.safetensors"] {
+        let p = step_dir.join(name);
+        let mut bytes = fs::read(&p).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&p, bytes).unwrap();
+    }
+    let want: Vec<&String> = listed
+        .iter()
+        .filter(|n| n.as_str() == "model.safetensors" || n.as_str() == "optimizer.safetensors")
+        .collect();
+    for _ in 0..20 {
+        let mut seen = 0u64;
+        let ins = super::verify::inspect_with(&step_dir, &mut |n| seen += n);
+        let named: Vec<&String> = ins
+            .problems
+            .iter()
+            .map(|p| match p {
+                super::verify::Problem::Sha256 { name, .. } => name,
+                other => panic!("unexpected problem {other:?}"),
+            })
+            .collect();
+        assert_eq!(named, want);
+        assert!(seen > 0 && seen <= ins.size);
+    }
+}

@@ -192,15 +192,12 @@ pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspectio
     };
     check_manifest_step(step_dir, &manifest, &mut out);
     let mut config_sha = None;
-    for entry in &manifest.files {
-        check_entry(
-            step_dir,
-            entry,
-            &entries,
-            &mut out,
-            progress,
-            &mut config_sha,
-        );
+    for (local, sha) in check_entries(step_dir, &manifest.files, &entries, progress) {
+        out.problems.extend(local.problems);
+        out.size = out.size.saturating_add(local.size);
+        out.state = out.state.or(local.state);
+        out.config = out.config.or(local.config);
+        config_sha = config_sha.or(sha);
     }
     for name in entries.keys() {
         if name != MANIFEST_NAME && manifest.get(name).is_none() {
@@ -214,6 +211,76 @@ pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspectio
         out.config = None;
     }
     out
+}
+
+/// [`check_entry`] of every listed file, the files hashed on parallel threads (a
+/// checkpoint is a few large files, and sha256 of one file is sequential), each into
+/// its own [`Inspection`]; returned in manifest order, so problems come in the same
+/// order whatever the threads did. Progress is reported from the calling thread.
+fn check_entries(
+    step_dir: &Path,
+    files: &[ManifestEntry],
+    entries: &BTreeMap<String, Kind>,
+    progress: &mut dyn FnMut(u64),
+) -> Vec<(Inspection, Option<String>)> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(files.len())
+        .max(1);
+    let next = AtomicUsize::new(0);
+    let (tx, rx) = mpsc::channel::<u64>();
+    let mut results: Vec<(usize, Inspection, Option<String>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let tx = tx.clone();
+                let next = &next;
+                s.spawn(move || {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(entry) = files.get(i) else {
+                            return done;
+                        };
+                        let (mut local, mut sha) = (Inspection::default(), None);
+                        let mut tick = |n| {
+                            let _ = tx.send(n);
+                        };
+                        check_entry(step_dir, entry, entries, &mut local, &mut tick, &mut sha);
+                        done.push((i, local, sha));
+                    }
+                })
+            })
+            .collect();
+        // The workers hold the only senders left: the loop ends when all are done.
+        drop(tx);
+        for n in rx {
+            progress(n);
+        }
+        workers
+            .into_iter()
+            // A worker panicking is a bug; its files then count as unreadable below.
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    results.sort_by_key(|(i, _, _)| *i);
+    let mut ordered = Vec::with_capacity(files.len());
+    let mut results = results.into_iter().peekable();
+    for (i, entry) in files.iter().enumerate() {
+        match results.next_if(|(j, _, _)| *j == i) {
+            Some((_, local, sha)) => ordered.push((local, sha)),
+            None => {
+                let mut local = Inspection::default();
+                local.problems.push(Problem::Unreadable {
+                    name: entry.name.clone(),
+                    reason: "its check did not finish".to_string(),
+                });
+                ordered.push((local, None));
+            }
+        }
+    }
+    ordered
 }
 
 /// The step directory's entries, with a problem for each that is not a regular file;
