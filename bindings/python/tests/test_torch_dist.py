@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import torch  # in requirements-test.txt: a missing torch fails the run, never skips it
@@ -135,3 +136,28 @@ def test_rank_0_killed_mid_save_leaves_the_previous_step(tmp_path, point):
     assert after[0]["step"] == after[1]["step"] == 1
     assert after[0]["digest"] == after[1]["digest"] == want
     tlio("ckpt", "verify", str(dir))
+
+
+def test_checkpointed_stream_resumes_on_another_world_size(tmp_path):
+    """2 ranks x batch 8 saved through tlio.torch.save, resumed as 1 x 16 and 4 x 4: the
+    global windows continue exactly as one stream of batch 16; 2 x 4 is refused."""
+    from tlio.pcg import PCG32
+    from tlio.tokens import TokenStream
+
+    shard = write_shard(tmp_path / "s.bin", [random.Random(5).randrange(64) for _ in range(2000)], vocab=64)
+    single = TokenStream([shard], 8, 16, PCG32(3))
+    whole = [single.next_batch()[0] for _ in range(20)]
+    two = [TokenStream([shard], 8, 8, PCG32(3), rank=r, world_size=2) for r in range(2)]
+    for i in range(10):
+        assert (torch.from_numpy(np.concatenate([s.next_batch()[0] for s in two])) == torch.from_numpy(whole[i])).all()
+    m, _ = child.fresh(0)
+    tt.save(tmp_path / "ck", 10, m, None, two[0])
+    for world, batch in ((1, 16), (4, 4)):
+        ranks = [TokenStream([shard], 8, batch, PCG32(0), rank=r, world_size=world) for r in range(world)]
+        for s in ranks:
+            assert tt.load(tmp_path / "ck", child.fresh(1)[0], None, s).step == 10
+        for i in range(10, 20):
+            assert np.array_equal(np.concatenate([s.next_batch()[0] for s in ranks]), whole[i]), (world, i)
+    other = TokenStream([shard], 8, 4, PCG32(0), rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"16.*8|8.*16"):
+        tt.load(tmp_path / "ck", child.fresh(1)[0], None, other)
