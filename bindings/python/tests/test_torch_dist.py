@@ -161,3 +161,38 @@ def test_checkpointed_stream_resumes_on_another_world_size(tmp_path):
     other = TokenStream([shard], 8, 4, PCG32(0), rank=0, world_size=2)
     with pytest.raises(ValueError, match=r"16.*8|8.*16"):
         tt.load(tmp_path / "ck", child.fresh(1)[0], None, other)
+
+
+EXAMPLE = ROOT / "examples" / "train_torch.py"
+
+
+def test_example_killed_at_seeded_instants_resumes_bitwise(tmp_path):
+    """MS-L0 in torch on one process: SIGKILL at 5 seeded steps and one abort inside a
+    save (a failpoint), each followed by --resume, end with the uninterrupted digests."""
+    shard = tmp_path / "train.bin"
+    tlio("tokens", "pack", str(ROOT / "assets" / "demo_corpus.txt"), "--tokenizer", "gpt2", "-o", str(shard))
+    base = [sys.executable, str(EXAMPLE), "--shard", str(shard), "--steps", "60", "--every", "10"]
+    full = subprocess.run([*base, "--out", str(tmp_path / "full")], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env(), check=True)
+    want = full.stdout.splitlines()[-1]
+    assert want.startswith("sha256 state_dict=")
+    out = tmp_path / "killed"
+    rnd = random.Random(21)
+    kills = sorted(rnd.sample(range(3, 58), 5))
+    for n, at in enumerate(kills):
+        p = subprocess.Popen([*base, "--out", str(out), *(["--resume"] if n else [])], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=_env(), preexec_fn=_no_core_dumps)
+        for line in p.stdout:
+            if line.startswith(f"rank 0 step {at} "):
+                p.send_signal(signal.SIGKILL)
+                break
+        p.communicate(timeout=TIMEOUT)
+        assert p.returncode == -signal.SIGKILL, (at, p.returncode)
+    crash = subprocess.run([*base, "--out", str(out), "--resume"], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=_env(FAILPOINTS=f"ckpt/fsync={rnd.randrange(3, 12)}*off->return"),
+                           preexec_fn=_no_core_dumps)
+    assert crash.returncode == -signal.SIGABRT, crash.stderr[-2000:]
+    done = subprocess.run([*base, "--out", str(out), "--resume"], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=_env(), check=True)
+    assert done.stdout.splitlines()[-1] == want
+    tlio("ckpt", "verify", str(out))
