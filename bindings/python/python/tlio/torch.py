@@ -12,6 +12,8 @@ tensor travels as its raw little-endian bytes (BF16 as uint16 bits, 8-bit floats
 uint8 codes), so what is loaded is the very bits that were saved. Tied tensors (one
 storage under several ``state_dict()`` names) are stored once, under the first name,
 and the metadata key ``tied`` of model.safetensors maps each other name to it.
+Under torch.distributed both are collectives (``tlio._torch_dist``): rank 0 writes,
+every rank returns the same path, and every rank loads the step rank 0 chose.
 torch's own generator state is not saved: a loop that needs bitwise dropout across a
 resume seeds it from (seed, step).
 """
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 
 from tlio._tlio import checkpoint as _core
+from tlio._torch_dist import collective_load, collective_save
 from tlio.checkpoint import EXTRA_KEYS, Checkpoint, _integer, _json, _rng
 from tlio.safetensors import load_safetensors, read_header
 from tlio._torch_data import TokenDataset
@@ -173,6 +176,7 @@ def _stream_state(stream) -> Tuple[Dict[str, Any], Dict[str, int]]:
     return data, rng
 
 
+@collective_save
 def save(
     dir: "os.PathLike[str] | str",
     step: int,
@@ -195,6 +199,11 @@ def save(
     ``tokens_seen``, ``lr``, ``config_sha256``, ``git_sha`` (and ``data_cursor`` when
     there is no stream); ``config`` becomes config.json; ``keep`` keeps the newest
     ``keep`` valid steps. Errors as ``tlio.checkpoint.save_checkpoint``.
+
+    Under torch.distributed (an initialized group of several ranks) every rank calls
+    ``save`` with the same ``step``; rank 0 writes its own (replicated) state, the others
+    wait, and all return the same path after rank 0 committed, LATEST included. An
+    error on rank 0 is raised on every rank.
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -291,6 +300,7 @@ def _load_optimizer(model, optimizer, tensors, meta, path) -> Dict[str, Any]:
     return doc
 
 
+@collective_load
 def load(
     dir: "os.PathLike[str] | str",
     model: torch.nn.Module,
@@ -308,6 +318,10 @@ def load(
     ``tlio.checkpoint.Checkpoint`` whose ``model`` is the loaded state dict (torch
     tensors) and ``opt`` the optimizer JSON (or ``None``). Nothing valid:
     ``FileNotFoundError``.
+
+    Under torch.distributed every rank calls ``load``: rank 0 chooses the step (its
+    ``step`` argument counts) and every rank loads exactly that one; a failure on any
+    rank is raised on every rank.
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")

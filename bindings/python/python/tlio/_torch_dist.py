@@ -1,0 +1,154 @@
+"""``tlio.torch.save`` and ``load`` as collectives of torch.distributed (python.md, ``tlio.torch``).
+
+Under an initialized process group of more than one rank (torchrun; gloo on CPU),
+``save`` is called on every rank: rank 0 writes (its model and optimizer are the
+replicated ones, its stream's cursor is the global one), the other ranks wait in a
+broadcast of rank 0's outcome, and every rank returns the same path once rank 0 has
+committed, LATEST included. ``load`` has rank 0 choose the step (LATEST, or the newest
+that verifies) and broadcast it; every other rank loads exactly that step, and a final
+exchange makes every rank raise when any rank failed, so no two ranks ever continue
+from different steps.
+
+Invariants: an exception on one rank becomes an exception on every rank (same builtin
+type where there is one, the message prefixed with the rank), never a hang in a
+collective; a single process, or a group of one, runs the wrapped function untouched.
+What travels between ranks is only strings and integers (step numbers, paths, exception
+type names and messages), through ``broadcast_object_list`` / ``all_gather_object``, so
+any backend works; no tensor leaves rank 0 (every rank reads the checkpoint directory
+itself, which must therefore be visible to all of them, as for torch's own distributed
+checkpoint).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
+
+import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: An outcome exchanged between ranks: ``None`` (success) or (exception type name, message).
+Failure = Optional[Tuple[str, str]]
+
+
+def process_group() -> Optional[Any]:
+    """``torch.distributed`` when its default group is initialized with more than one
+    rank, else ``None`` (the single-process path)."""
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    return dist
+
+
+def _failure(e: BaseException) -> Tuple[str, str]:
+    return type(e).__name__, str(e)
+
+
+def _raise(rank: int, failure: Tuple[str, str]) -> None:
+    """Raise on this rank the failure another rank reported: the builtin exception of that
+    name when there is one (ValueError, FileNotFoundError, OSError...), else RuntimeError."""
+    name, message = failure
+    cls = getattr(builtins, name, None)
+    text = f"on rank {rank}: {message}"
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            raise cls(text)
+        except TypeError:  # a builtin whose constructor wants more (UnicodeDecodeError)
+            pass
+    raise RuntimeError(f"on rank {rank}: {name}: {message}")
+
+
+def _broadcast(dist: Any, value: Any) -> Any:
+    box: List[Any] = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _first_failure(dist: Any, mine: Failure) -> Optional[Tuple[int, Tuple[str, str]]]:
+    """Every rank's outcome to every rank; the first failure and its rank, or ``None``."""
+    outcomes: List[Failure] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, mine)
+    for rank, failure in enumerate(outcomes):
+        if failure is not None:
+            return rank, failure
+    return None
+
+
+def collective_save(save: F) -> F:
+    """Wrap the single-process ``save`` as python.md's collective save."""
+
+    @functools.wraps(save)
+    def wrapper(dir: Any, step: Any, *args: Any, **kwargs: Any) -> str:
+        dist = process_group()
+        if dist is None:
+            return save(dir, step, *args, **kwargs)
+        rank = dist.get_rank()
+        # Every rank must be saving the same step: a rank whose step counter drifted
+        # would otherwise return a path that is not its state.
+        steps: List[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(steps, str(step))
+        if len(set(steps)) != 1:
+            raise ValueError(f"tlio.torch.save: the ranks pass different steps {steps} (by rank)")
+        outcome: Any = None
+        error: Optional[BaseException] = None
+        if rank == 0:
+            try:
+                outcome = ("ok", save(dir, step, *args, **kwargs))
+            except BaseException as e:  # every rank must hear of it, KeyboardInterrupt included
+                error = e
+                outcome = _failure(e)
+        outcome = _broadcast(dist, outcome)
+        if error is not None:
+            raise error
+        if outcome[0] != "ok":
+            _raise(0, outcome)
+        return outcome[1]
+
+    return wrapper  # type: ignore[return-value]
+
+
+def collective_load(load: F) -> F:
+    """Wrap the single-process ``load`` as python.md's collective load."""
+
+    @functools.wraps(load)
+    def wrapper(dir: Any, *args: Any, step: Any = None, **kwargs: Any) -> Any:
+        dist = process_group()
+        if dist is None:
+            return load(dir, *args, step=step, **kwargs)
+        rank = dist.get_rank()
+        ck = None
+        error: Optional[BaseException] = None
+        if rank == 0:
+            try:
+                ck = load(dir, *args, step=step, **kwargs)
+                chosen: Any = ("ok", ck.step)
+            except BaseException as e:
+                error = e
+                chosen = _failure(e)
+        else:
+            chosen = None
+        chosen = _broadcast(dist, chosen)
+        if error is not None:
+            raise error
+        if chosen[0] != "ok":
+            _raise(0, chosen)
+        mine: Failure = None
+        if rank != 0:
+            try:
+                ck = load(dir, *args, step=chosen[1], **kwargs)
+                if ck.step != chosen[1]:
+                    mine = ("RuntimeError", f"step {chosen[1]}, which rank 0 loaded, does not verify here "
+                            f"(this rank would have loaded step {ck.step})")
+            except BaseException as e:
+                error = e
+                mine = _failure(e)
+        failed = _first_failure(dist, mine)
+        if error is not None:
+            raise error
+        if failed is not None:
+            _raise(*failed)
+        return ck
+
+    return wrapper  # type: ignore[return-value]
