@@ -14,12 +14,10 @@ Never a timed test: the numbers go to docs/python.md, nothing asserts on them.
 import argparse
 import json
 import os
-import resource
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
+
+from _harness import peak_rss, print_table, run_child
 
 TENSORS = 256
 ELEMS = 1 << 20  # 256 x 4 MiB = 1 GiB
@@ -84,19 +82,6 @@ def job(name, path, out):
     return dt
 
 
-def peak_rss():
-    """VmHWM: this process's peak resident set (reset by exec, unlike ru_maxrss, which
-    Linux carries over from the parent across fork and exec)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def child(name, path, out):
     dt = job(name, path, out)
     rss = peak_rss()
@@ -141,20 +126,10 @@ def main():
             # first (the first large write after a pause is often the slow one).
             k = run % len(jobs)
             for j in jobs[k:] + jobs[:k]:
-                r = subprocess.run([sys.executable, __file__, "--child", j, path, out],
-                                   check=True, capture_output=True, text=True)
-                rec = json.loads(r.stdout.strip().splitlines()[-1])
+                rec = run_child(__file__, j, path, out)
                 results.setdefault(j, []).append(rec)
                 os.sync()  # a save's dirty pages must not be written back during the next job
-    print(f"{'job':<40} {'median s':>10} {'ratio':>8} {'peak RSS MiB':>13}")
-    for title, jobs in groups:
-        print(f"-- {title}")
-        ref = statistics.median(r["s"] for r in results[jobs[-1]])
-        for j in jobs:
-            s = statistics.median(r["s"] for r in results[j])
-            rss = statistics.median(r["rss"] for r in results[j]) / (1 << 20)
-            print(f"{j:<40} {s:>10.4f} {s / ref:>8.3f} {rss:>13.0f}")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    print_table(groups, results, places=4)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ import argparse
 import json
 import os
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
+
+import _harness
+from _harness import peak_rss, print_table
 
 VOCAB, CTX, D, LAYERS = 50257, 1024, 768, 12
 
@@ -130,15 +130,6 @@ def job(name, src, out):
     return dt
 
 
-def peak_rss():
-    """VmHWM: this process's peak resident set (reset by exec, unlike ru_maxrss)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def child(name, src, out):
     dt = job(name, src, out)
     print(json.dumps({"job": name, "s": dt, "rss": peak_rss()}))
@@ -151,9 +142,7 @@ GROUPS = [
 
 
 def run_child(name, src, out):
-    r = subprocess.run([sys.executable, __file__, "--child", name, src, out],
-                       check=True, capture_output=True, text=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _harness.run_child(__file__, name, src, out)
 
 
 def warm(path):
@@ -201,15 +190,7 @@ def main():
                     os.unlink(out)
                 os.sync()  # a save's dirty pages must not be written back during the next job
                 print(f"  run {run} {j}: {rec['s']:.3f} s, load {rec['load']:.2f}", flush=True)
-    print(f"{'job':<40} {'median s':>10} {'ratio':>8} {'peak RSS MiB':>13}")
-    for title, jobs in groups:
-        print(f"-- {title}")
-        ref = statistics.median(r["s"] for r in results[jobs[-1]])
-        for j in jobs:
-            s = statistics.median(r["s"] for r in results[j])
-            rss = statistics.median(r["rss"] for r in results[j]) / (1 << 20)
-            print(f"{j:<40} {s:>10.3f} {s / ref:>8.3f} {rss:>13.0f}")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    print_table(groups, results, places=3)
 
 
 if __name__ == "__main__":

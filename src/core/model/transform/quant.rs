@@ -75,16 +75,18 @@ pub(super) fn quantize_entry(
         });
         done.map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
         read?;
-        bytes.clear();
-        for s in &scales {
-            bytes.extend_from_slice(&s.to_le_bytes());
-        }
         if is_scales {
+            bytes.clear();
+            for s in &scales {
+                bytes.extend_from_slice(&s.to_le_bytes());
+            }
             sink.write(&bytes)?;
         } else {
             sink.write(&packed)?;
             if keep {
-                kept.extend_from_slice(&bytes);
+                for s in &scales {
+                    kept.extend_from_slice(&s.to_le_bytes());
+                }
             }
         }
         std::mem::swap(&mut raw, &mut next);
