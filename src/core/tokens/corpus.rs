@@ -163,6 +163,12 @@ impl<R: BufRead> Read for Zstd<R> {
 fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
     let name = path.display().to_string();
     if path.as_os_str() == "-" {
+        if crate::files::stdin_is_closed() {
+            return Err(TokensError::Read {
+                input: name,
+                error: crate::files::stdin_closed_error(),
+            });
+        }
         return Ok(Box::new(BufReader::new(io::stdin())));
     }
     let compressed = matches!(
@@ -193,7 +199,8 @@ fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
 }
 
 /// Deserializes only the field `name` of a JSON object, as a string, skipping the rest
-/// without building them. `Ok(None)`: the object has no such field.
+/// without building them; of a repeated field the last counts. `Ok(None)`: the object
+/// has no such field.
 struct FieldSeed<'a>(&'a str);
 
 /// Why a JSON line has no usable document.
@@ -219,7 +226,9 @@ impl<'de> Visitor<'de> for FieldSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut found: Option<Result<String, FieldError>> = None;
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if key == self.0 && found.is_none() {
+            // A repeated field: the last one wins, as in serde_json's Value and Python's
+            // json (what wrote or will read the corpus), documented in tokens.md.
+            if key == self.0 {
                 let value = map.next_value::<serde_json::Value>()?;
                 found = Some(match value {
                     serde_json::Value::String(s) => Ok(s),
