@@ -116,49 +116,6 @@ fn read_err(name: &str, error: io::Error) -> TokensError {
     }
 }
 
-/// A zstd stream of one or more frames (ruzstd's streaming decoder stops after one).
-#[cfg(feature = "compression")]
-struct Zstd<R: BufRead> {
-    decoder: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
-}
-
-#[cfg(feature = "compression")]
-impl<R: BufRead> Zstd<R> {
-    fn new(source: R) -> io::Result<Self> {
-        let decoder = ruzstd::decoding::StreamingDecoder::new(source).map_err(io::Error::other)?;
-        Ok(Zstd {
-            decoder: Some(decoder),
-        })
-    }
-}
-
-#[cfg(feature = "compression")]
-impl<R: BufRead> Read for Zstd<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            let Some(decoder) = self.decoder.as_mut() else {
-                return Ok(0);
-            };
-            let n = decoder.read(buf)?;
-            if n > 0 || buf.is_empty() {
-                return Ok(n);
-            }
-            // This frame is done: another may follow.
-            let Some(decoder) = self.decoder.take() else {
-                return Ok(0);
-            };
-            let (mut source, frame) = decoder.into_parts();
-            if source.fill_buf()?.is_empty() {
-                return Ok(0);
-            }
-            self.decoder = Some(
-                ruzstd::decoding::StreamingDecoder::new_with_decoder(source, frame)
-                    .map_err(io::Error::other)?,
-            );
-        }
-    }
-}
-
 /// Open `path` (`-`: standard input) for reading, decompressing `.gz` and `.zst`.
 fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
     let name = path.display().to_string();
@@ -192,7 +149,7 @@ fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
         #[cfg(feature = "compression")]
         Some("zst") => Box::new(BufReader::with_capacity(
             1 << 20,
-            Zstd::new(raw).map_err(|e| read_err(&name, e))?,
+            super::zstd::Zstd::new(raw).map_err(|e| read_err(&name, e))?,
         )),
         _ => Box::new(raw),
     })
