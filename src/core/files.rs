@@ -76,6 +76,41 @@ fn clear_nonblock(_file: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// True when standard input is closed. The Rust runtime opens `/dev/null` in place of a
+/// closed standard descriptor before `main`, so a closed input and `< /dev/null` look
+/// the same here: both are the null device, and neither has anything to read.
+pub fn stdin_is_closed() -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let Ok(fd) = io::stdin().as_fd().try_clone_to_owned() else {
+            return true;
+        };
+        let (Ok(ours), Ok(null)) = (File::from(fd).metadata(), std::fs::metadata(NULL_DEVICE))
+        else {
+            return false;
+        };
+        ours.file_type().is_char_device() && ours.rdev() == null.rdev()
+    }
+    #[cfg(not(unix))]
+    {
+        false
+    }
+}
+
+/// The null device, which stands in for a closed standard descriptor.
+#[cfg(unix)]
+const NULL_DEVICE: &str = "/dev/null";
+
+/// The error for reading a closed standard input.
+pub fn stdin_closed_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "standard input is closed (or the null device): there is nothing to read",
+    )
+}
+
 /// The error for an input that is not a regular file.
 fn not_regular(kind: &str) -> io::Error {
     io::Error::new(

@@ -4,7 +4,8 @@
 //! Invariants: [`Hex64`] writes every word zero-padded to 16 lowercase digits and reads
 //! nothing else (no JSON reader rounds a string, as it may a 64-bit number);
 //! [`ObjectsOnly`] refuses the array form that serde's derive also accepts for a struct,
-//! so a wire struct has exactly one JSON form.
+//! so a wire struct has exactly one JSON form; [`parse_strict`] reads any JSON document
+//! refusing a key repeated in one object (a `serde_json::Value` keeps the last silently).
 
 use serde::de::{Error as _, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -74,6 +75,88 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for ObjectsOnly<D> {
     }
 }
 
+/// Parse one JSON document as a `serde_json::Value`, refusing a key that appears twice
+/// in one object at any depth (the error names the key and where it is).
+pub fn parse_strict(bytes: &[u8]) -> Result<serde_json::Value, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = Strict::deserialize(&mut de)?.0;
+    de.end()?;
+    Ok(value)
+}
+
+/// A JSON value whose objects have no repeated key.
+struct Strict(serde_json::Value);
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrictVisitor)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Strict;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Strict, E> {
+        // JSON text has no NaN or infinity, so every parsed float is a number.
+        Ok(Strict(
+            serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into),
+        ))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+
+    fn visit_unit<E>(self) -> Result<Strict, E> {
+        Ok(Strict(serde_json::Value::Null))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Strict, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(Strict(serde_json::Value::Array(items)))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(A::Error::custom(format!(
+                    "duplicate key {}",
+                    crate::text::quote(&key)
+                )));
+            }
+            let Strict(v) = map.next_value()?;
+            out.insert(key, v);
+        }
+        Ok(Strict(serde_json::Value::Object(out)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +192,26 @@ mod tests {
             "\"000000000000006d\""
         );
         assert!(serde_json::from_str::<Hex64>("109").is_err());
+    }
+
+    #[test]
+    fn strict_documents_refuse_a_repeated_key_at_any_depth() {
+        let ok = parse_strict(br#"{"a":[1,-2,3.5,"x",null,true,{"a":1}],"b":{"a":{}}}"#).unwrap();
+        let same: serde_json::Value =
+            serde_json::from_str(r#"{"a":[1,-2,3.5,"x",null,true,{"a":1}],"b":{"a":{}}}"#).unwrap();
+        assert_eq!(ok, same);
+        for (bad, key) in [
+            (r#"{"a":1,"a":2}"#, "\"a\""),
+            (
+                r#"{"x":{"num_hidden_layers":1,"num_hidden_layers":2}}"#,
+                "\"num_hidden_layers\"",
+            ),
+            (r#"[{"k":1},{"k":1,"k":1}]"#, "\"k\""),
+        ] {
+            let e = parse_strict(bad.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains(&format!("duplicate key {key}")), "{bad}: {e}");
+        }
+        assert!(parse_strict(b"{} {}").is_err(), "trailing text");
     }
 
     #[test]

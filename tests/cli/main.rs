@@ -31,6 +31,7 @@ mod models;
 mod output;
 mod readme;
 mod round2;
+mod round2_small;
 mod shapes;
 mod snapshots;
 mod st;

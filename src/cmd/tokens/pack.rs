@@ -103,6 +103,10 @@ fn open_id_inputs(paths: &[PathBuf]) -> anyhow::Result<(Vec<PackInput>, Option<u
     let mut total = Some(0u64);
     for path in paths {
         if path.as_os_str() == "-" {
+            if tlio_core::files::stdin_is_closed() {
+                return Err(anyhow::Error::new(tlio_core::files::stdin_closed_error())
+                    .context("cannot read -"));
+            }
             total = None;
             inputs.push(PackInput {
                 name: "-".to_string(),

@@ -1,5 +1,5 @@
 //! The files of a model directory beside its tensors that the model's checks read:
-//! `config.json` (bounded in size, an object or a finding) and whether
+//! `config.json` (bounded in size, an object without repeated keys or a finding) and whether
 //! `tokenizer.json` is present as `config.json`'s `tl_tokenizer` says.
 
 use std::io;
@@ -38,7 +38,9 @@ pub(super) fn read_config(
             path: path.to_path_buf(),
             source,
         })?;
-    match serde_json::from_slice::<serde_json::Value>(&text) {
+    // A repeated key is refused, as in an index or a header: serde_json's Value would
+    // keep the last one silently, and transformers' json.load keeps it too.
+    match crate::wire::parse_strict(&text) {
         Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
         Ok(_) => {
             problems.push(finding(

@@ -116,53 +116,16 @@ fn read_err(name: &str, error: io::Error) -> TokensError {
     }
 }
 
-/// A zstd stream of one or more frames (ruzstd's streaming decoder stops after one).
-#[cfg(feature = "compression")]
-struct Zstd<R: BufRead> {
-    decoder: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
-}
-
-#[cfg(feature = "compression")]
-impl<R: BufRead> Zstd<R> {
-    fn new(source: R) -> io::Result<Self> {
-        let decoder = ruzstd::decoding::StreamingDecoder::new(source).map_err(io::Error::other)?;
-        Ok(Zstd {
-            decoder: Some(decoder),
-        })
-    }
-}
-
-#[cfg(feature = "compression")]
-impl<R: BufRead> Read for Zstd<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            let Some(decoder) = self.decoder.as_mut() else {
-                return Ok(0);
-            };
-            let n = decoder.read(buf)?;
-            if n > 0 || buf.is_empty() {
-                return Ok(n);
-            }
-            // This frame is done: another may follow.
-            let Some(decoder) = self.decoder.take() else {
-                return Ok(0);
-            };
-            let (mut source, frame) = decoder.into_parts();
-            if source.fill_buf()?.is_empty() {
-                return Ok(0);
-            }
-            self.decoder = Some(
-                ruzstd::decoding::StreamingDecoder::new_with_decoder(source, frame)
-                    .map_err(io::Error::other)?,
-            );
-        }
-    }
-}
-
 /// Open `path` (`-`: standard input) for reading, decompressing `.gz` and `.zst`.
 fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
     let name = path.display().to_string();
     if path.as_os_str() == "-" {
+        if crate::files::stdin_is_closed() {
+            return Err(TokensError::Read {
+                input: name,
+                error: crate::files::stdin_closed_error(),
+            });
+        }
         return Ok(Box::new(BufReader::new(io::stdin())));
     }
     let compressed = matches!(
@@ -186,14 +149,15 @@ fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
         #[cfg(feature = "compression")]
         Some("zst") => Box::new(BufReader::with_capacity(
             1 << 20,
-            Zstd::new(raw).map_err(|e| read_err(&name, e))?,
+            super::zstd::Zstd::new(raw).map_err(|e| read_err(&name, e))?,
         )),
         _ => Box::new(raw),
     })
 }
 
 /// Deserializes only the field `name` of a JSON object, as a string, skipping the rest
-/// without building them. `Ok(None)`: the object has no such field.
+/// without building them; of a repeated field the last counts. `Ok(None)`: the object
+/// has no such field.
 struct FieldSeed<'a>(&'a str);
 
 /// Why a JSON line has no usable document.
@@ -219,7 +183,9 @@ impl<'de> Visitor<'de> for FieldSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut found: Option<Result<String, FieldError>> = None;
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if key == self.0 && found.is_none() {
+            // A repeated field: the last one wins, as in serde_json's Value and Python's
+            // json (what wrote or will read the corpus), documented in tokens.md.
+            if key == self.0 {
                 let value = map.next_value::<serde_json::Value>()?;
                 found = Some(match value {
                     serde_json::Value::String(s) => Ok(s),

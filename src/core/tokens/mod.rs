@@ -35,6 +35,8 @@ mod shard;
 mod stream;
 pub mod tokenizer;
 mod writer;
+#[cfg(feature = "compression")]
+mod zstd;
 
 pub use crate::cursor::Cursor;
 pub use crate::pcg::RngState;

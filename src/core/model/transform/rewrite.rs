@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use serde_json::Value;
 
 use super::super::outdir::OutDir;
-use super::super::{torch_name, Kind, Model, ModelError, CONFIG_NAME, INDEX_NAME};
+use super::super::{torch_name, Model, ModelError, CONFIG_NAME, INDEX_NAME, SINGLE_NAME};
 use super::{Op, Report, ShardResult};
 
 /// What marks a tlio temporary name (`.NAME.tlio-tmp-PID-XXXXXX`): never copied.
@@ -103,16 +103,15 @@ pub(super) fn copy_other_files(model: &Model, out: &OutDir) -> Result<Vec<String
     let Some(dir) = &model.dir else {
         return Ok(copied);
     };
-    if model.kind == Kind::Directory {
-        for (name, link) in other_files(model)? {
-            let from = dir.join(&name);
-            if link {
-                out.copy_link(&name, &from)?;
-            } else {
-                out.copy_file(&name, &from)?;
-            }
-            copied.push(name.to_string_lossy().into_owned());
+    // A model named by its index has the same other files as its directory has.
+    for (name, link) in other_files(model)? {
+        let from = dir.join(&name);
+        if link {
+            out.copy_link(&name, &from)?;
+        } else {
+            out.copy_file(&name, &from)?;
         }
+        copied.push(name.to_string_lossy().into_owned());
     }
     Ok(copied)
 }
@@ -130,7 +129,9 @@ fn pretty(v: &Value) -> Result<Vec<u8>, ModelError> {
 /// The regular files of a model directory that are not the model's own (index,
 /// shards, config): tokenizer, generation config and the like, in name order, each
 /// with whether it is a symlink (to a regular file), which is copied as a link rather
-/// than followed. A name need not be UTF-8: it is copied as it is, never dropped.
+/// than followed. A name need not be UTF-8: it is copied as it is, never dropped. An
+/// index named beside a `model.safetensors` was picked over it (the directory itself is
+/// ambiguous), so that file is the other model's, not an extra of this one.
 fn other_files(model: &Model) -> Result<Vec<(OsString, bool)>, ModelError> {
     let Some(dir) = &model.dir else {
         return Ok(Vec::new());
@@ -139,8 +140,12 @@ fn other_files(model: &Model) -> Result<Vec<(OsString, bool)>, ModelError> {
         path: dir.clone(),
         source,
     };
-    let mut own: Vec<&str> = model.shards.iter().map(|s| s.name.as_str()).collect();
-    own.extend([INDEX_NAME, CONFIG_NAME]);
+    let mut own: Vec<String> = model.shards.iter().map(|s| s.name.clone()).collect();
+    own.extend([INDEX_NAME, CONFIG_NAME].map(String::from));
+    if let Some(index) = model.index_path.as_ref().and_then(|p| p.file_name()) {
+        own.push(index.to_string_lossy().into_owned());
+        own.push(SINGLE_NAME.to_string());
+    }
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let entry = entry.map_err(io)?;
@@ -148,7 +153,7 @@ fn other_files(model: &Model) -> Result<Vec<(OsString, bool)>, ModelError> {
         let link = entry.file_type().map_err(io)?.is_symlink();
         let is_file = std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file());
         let text = name.to_string_lossy();
-        let ours = own.contains(&text.as_ref()) || text.starts_with(".tlio-");
+        let ours = own.iter().any(|o| o.as_str() == text.as_ref()) || text.starts_with(".tlio-");
         if is_file && !ours && !text.contains(TEMP_MARK) {
             names.push((name, link));
         }
