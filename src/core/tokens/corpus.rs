@@ -110,52 +110,15 @@ fn bad(input: impl Into<String>, reason: impl Into<String>) -> TokensError {
 }
 
 fn read_err(name: &str, error: io::Error) -> TokensError {
+    // Corrupt compressed data is bad input (exit 1), like bad UTF-8; a failing file
+    // under it is a read error.
+    #[cfg(feature = "compression")]
+    if let Some(c) = super::compressed::corrupt_reason(&error) {
+        return bad(name, c);
+    }
     TokensError::Read {
         input: name.to_string(),
         error,
-    }
-}
-
-/// A zstd stream of one or more frames (ruzstd's streaming decoder stops after one).
-#[cfg(feature = "compression")]
-struct Zstd<R: BufRead> {
-    decoder: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
-}
-
-#[cfg(feature = "compression")]
-impl<R: BufRead> Zstd<R> {
-    fn new(source: R) -> io::Result<Self> {
-        let decoder = ruzstd::decoding::StreamingDecoder::new(source).map_err(io::Error::other)?;
-        Ok(Zstd {
-            decoder: Some(decoder),
-        })
-    }
-}
-
-#[cfg(feature = "compression")]
-impl<R: BufRead> Read for Zstd<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            let Some(decoder) = self.decoder.as_mut() else {
-                return Ok(0);
-            };
-            let n = decoder.read(buf)?;
-            if n > 0 || buf.is_empty() {
-                return Ok(n);
-            }
-            // This frame is done: another may follow.
-            let Some(decoder) = self.decoder.take() else {
-                return Ok(0);
-            };
-            let (mut source, frame) = decoder.into_parts();
-            if source.fill_buf()?.is_empty() {
-                return Ok(0);
-            }
-            self.decoder = Some(
-                ruzstd::decoding::StreamingDecoder::new_with_decoder(source, frame)
-                    .map_err(io::Error::other)?,
-            );
-        }
     }
 }
 
@@ -181,12 +144,12 @@ fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
         #[cfg(feature = "compression")]
         Some("gz") => Box::new(BufReader::with_capacity(
             1 << 20,
-            flate2::bufread::MultiGzDecoder::new(raw),
+            super::compressed::Gzip(flate2::bufread::MultiGzDecoder::new(raw)),
         )),
         #[cfg(feature = "compression")]
         Some("zst") => Box::new(BufReader::with_capacity(
             1 << 20,
-            Zstd::new(raw).map_err(|e| read_err(&name, e))?,
+            super::compressed::Zstd::new(raw).map_err(|e| read_err(&name, e))?,
         )),
         _ => Box::new(raw),
     })

@@ -22,6 +22,8 @@ use std::path::PathBuf;
 
 use crate::failure::{Failure, FailureKind};
 
+#[cfg(feature = "compression")]
+mod compressed;
 mod corpus;
 #[cfg(feature = "tokenizers")]
 mod gpt2fast;
