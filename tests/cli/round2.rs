@@ -253,3 +253,59 @@ fn a_write_failure_names_the_output_the_user_gave_not_a_temporary_path() {
         assert!(!out_dir.exists());
     }
 }
+
+#[test]
+fn verify_lists_the_first_thousand_failures_of_a_file_and_counts_the_rest() {
+    let d = tmp();
+    let m = sharded(d.path(), "m");
+    let config = fs::read_to_string(m.join("config.json")).unwrap();
+    fs::write(
+        m.join("config.json"),
+        config.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 2000"),
+    )
+    .unwrap();
+    // 1998 missing layers of 9 tensors each: 17,982 failures, 1,000 listed.
+    let out = tlio()
+        .args(["--json", "st", "verify"])
+        .arg(&m)
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["ok"], false);
+    let files = doc["files"].as_array().unwrap();
+    assert_eq!(files.len(), 2);
+    for f in files {
+        assert_eq!(f["failures"].as_array().unwrap().len(), 1000);
+        assert_eq!(f["more_failures"], 16_982);
+    }
+    let out = tlio().args(["st", "verify"]).arg(&m).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1001);
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .ends_with(": and 16982 more failures (only the first 1000 of a file are listed)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_json_verify_that_meets_an_unreadable_file_still_prints_a_whole_document() {
+    let d = tmp();
+    let m = sharded(d.path(), "m");
+    let out = tlio()
+        .args(["--json", "st", "verify"])
+        .arg(&m)
+        .arg(d.path().join("missing"))
+        .output()
+        .unwrap();
+    assert_one_error_line(&out, 2, "missing");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["ok"], false);
+    assert_eq!(doc["files"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["files"][0]["ok"], true);
+}

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::{finding, Model};
-use crate::safetensors::verify::Finding;
+use crate::safetensors::verify::Findings;
 use crate::safetensors::{Dtype, TensorInfo};
 use crate::text::quote;
 
@@ -198,7 +198,7 @@ fn llama_expected(d: &LlamaDims) -> Result<(Shapes, Shapes), String> {
 }
 
 /// Check the model's logical tensors against its architecture.
-pub fn check(model: &Model, problems: &mut Vec<Finding>) {
+pub fn check(model: &Model, problems: &mut Findings) {
     let config = model.config.as_ref();
     match detect(config) {
         Arch::Unknown(_) => {}
@@ -235,7 +235,7 @@ fn compare(
     arch: &str,
     want: &BTreeMap<String, Vec<u64>>,
     optional: &BTreeMap<String, Vec<u64>>,
-    problems: &mut Vec<Finding>,
+    problems: &mut Findings,
 ) {
     for l in &model.logical {
         let expected = want.get(&l.name).or_else(|| optional.get(&l.name));
@@ -269,7 +269,7 @@ fn compare(
     }
 }
 
-fn check_bigram(model: &Model, config: Option<&Map<String, Value>>, problems: &mut Vec<Finding>) {
+fn check_bigram(model: &Model, config: Option<&Map<String, Value>>, problems: &mut Findings) {
     let vocab = match config.map(|c| int(c, "vocab_size")).transpose() {
         Ok(v) => v.flatten(),
         Err(e) => {

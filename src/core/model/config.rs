@@ -6,11 +6,11 @@ use std::io;
 use std::path::Path;
 
 use super::{finding, Model, ModelError, CONFIG_NAME, MAX_CONFIG_SIZE, TOKENIZER_NAME};
-use crate::safetensors::verify::Finding;
+use crate::safetensors::verify::Findings;
 
 pub(super) fn read_config(
     path: &Path,
-    problems: &mut Vec<Finding>,
+    problems: &mut Findings,
 ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ModelError> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -63,7 +63,7 @@ pub(super) fn read_config(
 
 /// The format page: a directory holds `tokenizer.json` exactly when `config.json` says
 /// `"tl_tokenizer": "file"`; without `tl_tokenizer` (Hugging Face) either is fine.
-pub(super) fn check_tokenizer(model: &Model, problems: &mut Vec<Finding>) {
+pub(super) fn check_tokenizer(model: &Model, problems: &mut Findings) {
     let (Some(config), Some(dir)) = (&model.config, &model.dir) else {
         return;
     };

@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use super::{finding, parent, Entry, Model, ModelError, Shard};
 use crate::safetensors::read_header;
-use crate::safetensors::verify::Finding;
+use crate::safetensors::verify::{Finding, Findings};
 use crate::text::quote;
 
 /// Largest index file read (real indexes are a few hundred KiB).
@@ -81,7 +81,7 @@ pub fn is_plain_name(name: &str) -> bool {
 
 /// Read the index at `path` and the header of every shard it names. Broken rules are
 /// pushed to `problems`; None when the document itself is unusable.
-pub fn read(path: &Path, problems: &mut Vec<Finding>) -> Result<Option<Parsed>, ModelError> {
+pub fn read(path: &Path, problems: &mut Findings) -> Result<Option<Parsed>, ModelError> {
     let io = |source| ModelError::Io {
         path: path.to_path_buf(),
         source,
@@ -133,7 +133,7 @@ pub fn read(path: &Path, problems: &mut Vec<Finding>) -> Result<Option<Parsed>, 
 fn read_shards(
     dir: &Path,
     weight_map: &BTreeMap<String, String>,
-    problems: &mut Vec<Finding>,
+    problems: &mut Findings,
 ) -> Result<Vec<Shard>, ModelError> {
     let names: BTreeSet<&String> = weight_map.values().collect();
     let mut shards = Vec::with_capacity(names.len());
@@ -193,7 +193,7 @@ fn read_shards(
 pub fn entries(
     shards: &[Shard],
     weight_map: Option<&BTreeMap<String, String>>,
-    problems: &mut Vec<Finding>,
+    problems: &mut Findings,
 ) -> Vec<Entry> {
     let mut holder: BTreeMap<&str, usize> = BTreeMap::new();
     let mut out = Vec::new();
@@ -267,7 +267,7 @@ pub fn entries(
 
 /// `metadata.total_size`, when present, is a non-negative integer equal to the sum of
 /// the tensors' byte lengths (what transformers writes).
-pub fn check_total_size(value: &serde_json::Value, model: &Model, problems: &mut Vec<Finding>) {
+pub fn check_total_size(value: &serde_json::Value, model: &Model, problems: &mut Findings) {
     let actual = model.data_bytes();
     match value.as_u64() {
         Some(n) if n == actual => {}

@@ -10,7 +10,7 @@
 
 use super::{finding, Entry, Logical, Shard, Storage};
 use crate::safetensors::float::{f16_to_f32, f32_to_f16};
-use crate::safetensors::verify::Finding;
+use crate::safetensors::verify::{Finding, Findings};
 use crate::safetensors::{Dtype, TensorInfo};
 use crate::text::quote;
 
@@ -249,7 +249,7 @@ pub fn dequantize_row(packed: &[u8], scales: &[u16], group: usize, out: &mut Vec
 
 /// The `quant` metadata value of the model: every shard that sets it must agree, and
 /// it must have the form `int4-g<G>-sym`.
-pub fn quant_of(shards: &[Shard], problems: &mut Vec<Finding>) -> Option<String> {
+pub fn quant_of(shards: &[Shard], problems: &mut Findings) -> Option<String> {
     let mut seen: Option<(&str, &str)> = None;
     for shard in shards {
         let Some(q) = shard.header.metadata.get(QUANT_KEY) else {
@@ -288,11 +288,7 @@ pub fn quant_of(shards: &[Shard], problems: &mut Vec<Finding>) -> Option<String>
 /// The logical tensors of `entries` (sorted by name): int4 pairs whose layout holds
 /// become one `[out, in]` tensor; everything else stays as stored. Broken int4 rules
 /// are pushed to `problems` (the tensors concerned stay plain).
-pub fn logical(
-    entries: &[Entry],
-    quant: Option<&str>,
-    problems: &mut Vec<Finding>,
-) -> Vec<Logical> {
+pub fn logical(entries: &[Entry], quant: Option<&str>, problems: &mut Findings) -> Vec<Logical> {
     let group = quant.and_then(parse_quant);
     let find = |name: &str| {
         entries
@@ -373,7 +369,7 @@ pub fn logical(
 }
 
 /// The quant metadata is there exactly when the model has int4 pairs.
-fn check_quant_use(has_pairs: bool, quant: Option<&str>, problems: &mut Vec<Finding>) {
+fn check_quant_use(has_pairs: bool, quant: Option<&str>, problems: &mut Findings) {
     match (has_pairs, quant) {
         (true, None) => problems.push(finding(
             "int4-quant",

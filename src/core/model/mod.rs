@@ -16,7 +16,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::failure::{Failure, FailureKind};
-use crate::safetensors::verify::Finding;
+use crate::safetensors::verify::{Finding, Findings};
 use crate::safetensors::{Dtype, Header, SafetensorsError, TensorInfo};
 use crate::text::quote;
 use config::{check_tokenizer, read_config};
@@ -278,12 +278,13 @@ impl Model {
     /// (exit 1) or an unreadable path (exit 2).
     pub fn open(path: &Path) -> Result<Model, ModelError> {
         let (model, problems) = Model::scan(path)?;
-        let mut it = problems.into_iter();
-        match it.next() {
+        let total = problems.len();
+        let (kept, _) = problems.into_parts();
+        match kept.into_iter().next() {
             None => Ok(model),
             Some(first) => Err(ModelError::Invalid {
                 first: first.message,
-                more: it.count(),
+                more: usize::try_from(total.saturating_sub(1)).unwrap_or(usize::MAX),
             }),
         }
     }
@@ -291,13 +292,13 @@ impl Model {
     /// Open `path` and list every broken rule (index, reader, int4, architecture,
     /// tokenizer) found from the headers and JSON files; an error only when nothing can
     /// be read at all.
-    pub fn scan(path: &Path) -> Result<(Model, Vec<Finding>), ModelError> {
+    pub fn scan(path: &Path) -> Result<(Model, Findings), ModelError> {
         let io = |source| ModelError::Io {
             path: path.to_path_buf(),
             source,
         };
         let meta = std::fs::metadata(path).map_err(io)?;
-        let mut problems = Vec::new();
+        let mut problems = Findings::new();
         let Located {
             kind,
             index_path,

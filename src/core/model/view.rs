@@ -15,7 +15,7 @@ use super::{finding, Kind, Model, ModelError, Storage};
 use crate::safetensors::diff::{diff_sides, DiffReport, Side};
 use crate::safetensors::mmap::MappedData;
 use crate::safetensors::stats::{tensor_stats, Acc, TensorStats};
-use crate::safetensors::verify::{verify_with_progress, Finding, VerifyOptions};
+use crate::safetensors::verify::{verify_with_progress, Findings, VerifyOptions};
 use crate::text::quote;
 
 /// A model and its mapped files (in the order of [`Model::shards`]); the headers are
@@ -262,7 +262,7 @@ pub fn verify_model(
     path: &Path,
     opts: VerifyOptions,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Vec<Finding>, ModelError> {
+) -> Result<Findings, ModelError> {
     let (model, mut problems) = Model::scan(path)?;
     let named = model.kind != Kind::File;
     for shard in &model.shards {

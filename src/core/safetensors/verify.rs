@@ -43,6 +43,68 @@ impl Finding {
     }
 }
 
+/// The findings kept per file: a broken config (a million layers) or a huge index can
+/// break a rule millions of times, and holding every message would need gigabytes; the
+/// rest are only counted.
+pub const MAX_FINDINGS_PER_FILE: usize = 1000;
+
+/// The findings of one file: the first [`MAX_FINDINGS_PER_FILE`] in full, the rest
+/// counted (so memory stays bounded whatever the input).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Findings {
+    kept: Vec<Finding>,
+    more: u64,
+}
+
+impl Findings {
+    /// No finding yet.
+    pub fn new() -> Findings {
+        Findings::default()
+    }
+
+    /// Record `f`: kept while fewer than the limit are kept, else counted.
+    pub fn push(&mut self, f: Finding) {
+        if self.kept.len() < MAX_FINDINGS_PER_FILE {
+            self.kept.push(f);
+        } else {
+            self.more = self.more.saturating_add(1);
+        }
+    }
+
+    /// Every finding recorded, kept or counted.
+    pub fn len(&self) -> u64 {
+        (self.kept.len() as u64).saturating_add(self.more)
+    }
+
+    /// True when nothing broke a rule.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The findings kept, in order.
+    pub fn kept(&self) -> &[Finding] {
+        &self.kept
+    }
+
+    /// How many findings were counted but not kept.
+    pub fn more(&self) -> u64 {
+        self.more
+    }
+
+    /// The findings kept, and the count of the rest.
+    pub fn into_parts(self) -> (Vec<Finding>, u64) {
+        (self.kept, self.more)
+    }
+}
+
+impl Extend<Finding> for Findings {
+    fn extend<I: IntoIterator<Item = Finding>>(&mut self, iter: I) {
+        for f in iter {
+            self.push(f);
+        }
+    }
+}
+
 /// Check `path`; an empty list means it passed everything asked for.
 pub fn verify(path: &Path, opts: VerifyOptions) -> Result<Vec<Finding>, SafetensorsError> {
     verify_with_progress(path, opts, &mut |_, _| {})
@@ -161,4 +223,27 @@ pub fn canonical_mismatch(
         return Ok(Some(finding(None, detail)));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod findings_tests {
+    use super::*;
+
+    #[test]
+    fn findings_keep_the_first_ones_and_count_the_rest() {
+        let mut f = Findings::new();
+        assert!(f.is_empty());
+        let one = |i: usize| Finding {
+            rule: "r".into(),
+            tensor: None,
+            message: format!("m{i}"),
+        };
+        f.extend((0..MAX_FINDINGS_PER_FILE + 5).map(one));
+        assert_eq!(f.len(), MAX_FINDINGS_PER_FILE as u64 + 5);
+        assert_eq!(f.kept().len(), MAX_FINDINGS_PER_FILE);
+        assert_eq!(f.more(), 5);
+        assert_eq!(f.kept().first().map(|x| x.message.as_str()), Some("m0"));
+        let (kept, more) = f.into_parts();
+        assert_eq!((kept.len(), more), (MAX_FINDINGS_PER_FILE, 5));
+    }
 }

@@ -110,6 +110,12 @@ fn bad(input: impl Into<String>, reason: impl Into<String>) -> TokensError {
 }
 
 fn read_err(name: &str, error: io::Error) -> TokensError {
+    // Corrupt compressed data is bad input (exit 1), like bad UTF-8; a failing file
+    // under it is a read error.
+    #[cfg(feature = "compression")]
+    if let Some(c) = super::compressed::corrupt_reason(&error) {
+        return bad(name, c);
+    }
     TokensError::Read {
         input: name.to_string(),
         error,
@@ -144,12 +150,12 @@ fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>, TokensError> {
         #[cfg(feature = "compression")]
         Some("gz") => Box::new(BufReader::with_capacity(
             1 << 20,
-            flate2::bufread::MultiGzDecoder::new(raw),
+            super::compressed::Gzip(flate2::bufread::MultiGzDecoder::new(raw)),
         )),
         #[cfg(feature = "compression")]
         Some("zst") => Box::new(BufReader::with_capacity(
             1 << 20,
-            super::zstd::Zstd::new(raw).map_err(|e| read_err(&name, e))?,
+            super::compressed::Zstd::new(raw).map_err(|e| read_err(&name, e))?,
         )),
         _ => Box::new(raw),
     })

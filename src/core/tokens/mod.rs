@@ -22,6 +22,8 @@ use std::path::PathBuf;
 
 use crate::failure::{Failure, FailureKind};
 
+#[cfg(feature = "compression")]
+mod compressed;
 mod corpus;
 #[cfg(feature = "tokenizers")]
 mod gpt2fast;
@@ -35,8 +37,6 @@ mod shard;
 mod stream;
 pub mod tokenizer;
 mod writer;
-#[cfg(feature = "compression")]
-mod zstd;
 
 pub use crate::cursor::Cursor;
 pub use crate::pcg::RngState;
