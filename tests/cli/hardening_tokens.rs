@@ -75,7 +75,7 @@ fn one_huge_word_is_refused_with_its_limit_not_an_abort() {
     let dir = tmp();
     let input = dir.path().join("a.txt");
     std::fs::write(&input, "a".repeat(5 << 20)).unwrap();
-    for tokenizer in ["gpt2", "o200k_base"] {
+    for tokenizer in ["gpt2", "cl100k_base", "o200k_base"] {
         let out = dir.path().join("a.bin");
         let (code, err) = run(&mut pack(&input, tokenizer, &out));
         assert_eq!(code, Some(1), "{tokenizer}: {err}");

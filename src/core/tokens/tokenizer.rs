@@ -247,6 +247,37 @@ fn too_long(PieceTooLong(len): PieceTooLong) -> String {
     format!("one pre-token (a run of one kind of character) is {len} bytes, more than the {MAX_PIECE_BYTES} a byte-pair merge is given (it needs tens of bytes of memory per byte)")
 }
 
+/// Runs of letters, of other visible characters and of whitespace: every pre-token of
+/// cl100k's pattern is one such run plus at most one character before it and a newline
+/// run after it, so bounding the runs bounds the pieces tiktoken merges.
+#[cfg(feature = "tokenizers")]
+const RUNS: &str = r"\p{L}+|[^\s\p{L}\p{N}]+|\s+";
+
+/// Refuse `text` when a run of one kind of character is longer than `max` bytes.
+///
+/// cl100k is encoded by tiktoken itself (its pattern has no backtracking trap), whose
+/// merge of one piece needs about 50 bytes of memory per byte: a 1 GB run of one letter
+/// would ask for 50 GB. A run longer than `max` would be (part of) a piece longer than
+/// `max`, which the other encoders refuse as well; shorter documents cannot hold one,
+/// so only documents over `max` bytes are scanned (linear, by the non-backtracking
+/// `regex` engine).
+#[cfg(feature = "tokenizers")]
+fn longest_run_within(text: &str, max: usize) -> Result<(), PieceTooLong> {
+    static RE: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
+    if text.len() <= max {
+        return Ok(());
+    }
+    // The pattern is a constant known to compile (a unit test builds it); were it not,
+    // nothing is scanned rather than every document refused.
+    let Some(re) = RE.get_or_init(|| regex::Regex::new(RUNS).ok()) else {
+        return Ok(());
+    };
+    match re.find_iter(text).map(|m| m.len()).find(|&n| n > max) {
+        Some(n) => Err(PieceTooLong(n)),
+        None => Ok(()),
+    }
+}
+
 /// The text of a panic payload, for an error message.
 #[cfg(feature = "tokenizers")]
 pub(super) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
@@ -356,7 +387,10 @@ impl Tokenizer {
             Inner::OpenAi {
                 o200k: Some(fast), ..
             } => fast.encode(text).map_err(too_long),
-            Inner::OpenAi { core, .. } => Ok(core.encode_ordinary(text)),
+            Inner::OpenAi { core, .. } => {
+                longest_run_within(text, MAX_PIECE_BYTES).map_err(too_long)?;
+                Ok(core.encode_ordinary(text))
+            }
             Inner::Hf { tokenizer, .. } => tokenizer
                 .encode(text, false)
                 .map(|e| e.get_ids().to_vec())
@@ -547,6 +581,29 @@ mod tests {
         let json = br#"{"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "\\p{L}+"}}}"#;
         let err = Tokenizer::from_json_bytes("t.json", json).unwrap_err();
         assert!(!err.to_string().contains("interval quantifier"), "{err}");
+    }
+
+    #[test]
+    fn cl100k_refuses_a_run_longer_than_a_piece_may_be_and_encodes_up_to_it() {
+        assert!(regex::Regex::new(RUNS).is_ok());
+        let t = Tokenizer::load("cl100k_base").unwrap();
+        for (unit, kind) in [("a", "letters"), ("!", "punctuation"), (" ", "spaces")] {
+            // A run of exactly the limit passes (encoding it takes seconds: the
+            // scan alone is checked).
+            let at_limit = format!("x1{}", unit.repeat(MAX_PIECE_BYTES));
+            assert!(longest_run_within(&at_limit, MAX_PIECE_BYTES).is_ok(), "{kind}");
+            let over = format!("x1{}", unit.repeat(MAX_PIECE_BYTES + 1));
+            let err = t.encode(&over).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("{} bytes", MAX_PIECE_BYTES + 1)),
+                "{kind}: {err}"
+            );
+        }
+        // Long documents of short runs are scanned and pass.
+        let many = "word, 12 ".repeat(MAX_PIECE_BYTES / 8);
+        assert!(many.len() > MAX_PIECE_BYTES);
+        let core = t.openai_encoding().unwrap().core();
+        assert_eq!(t.encode(&many).unwrap(), core.encode_ordinary(&many));
     }
 
     #[test]
