@@ -591,7 +591,10 @@ mod tests {
             // A run of exactly the limit passes (encoding it takes seconds: the
             // scan alone is checked).
             let at_limit = format!("x1{}", unit.repeat(MAX_PIECE_BYTES));
-            assert!(longest_run_within(&at_limit, MAX_PIECE_BYTES).is_ok(), "{kind}");
+            assert!(
+                longest_run_within(&at_limit, MAX_PIECE_BYTES).is_ok(),
+                "{kind}"
+            );
             let over = format!("x1{}", unit.repeat(MAX_PIECE_BYTES + 1));
             let err = t.encode(&over).unwrap_err().to_string();
             assert!(
