@@ -32,6 +32,8 @@ mod hf;
 #[cfg(feature = "tokenizers")]
 mod o200k;
 mod pack;
+#[cfg(feature = "tokenizers")]
+mod runs;
 mod session;
 mod shard;
 mod stream;

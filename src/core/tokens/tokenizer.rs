@@ -36,6 +36,10 @@ use tiktoken_rs::CoreBPE;
 use super::gpt2fast::Gpt2Fast;
 #[cfg(feature = "tokenizers")]
 use super::o200k::{O200kFast, PieceTooLong, MAX_PIECE_BYTES};
+#[cfg(feature = "tokenizers")]
+use super::runs::longest_run_within;
+#[cfg(all(test, feature = "tokenizers"))]
+use super::runs::RUNS;
 use crate::{Failure, FailureKind};
 
 /// The largest `tokenizer.json` we load (real ones are a few MB; Llama-3's is 9 MB).
@@ -245,37 +249,6 @@ impl std::fmt::Debug for Tokenizer {
 #[cfg(feature = "tokenizers")]
 fn too_long(PieceTooLong(len): PieceTooLong) -> String {
     format!("one pre-token (a run of one kind of character) is {len} bytes, more than the {MAX_PIECE_BYTES} a byte-pair merge is given (it needs tens of bytes of memory per byte)")
-}
-
-/// Runs of letters, of other visible characters and of whitespace: every pre-token of
-/// cl100k's pattern is one such run plus at most one character before it and a newline
-/// run after it, so bounding the runs bounds the pieces tiktoken merges.
-#[cfg(feature = "tokenizers")]
-const RUNS: &str = r"\p{L}+|[^\s\p{L}\p{N}]+|\s+";
-
-/// Refuse `text` when a run of one kind of character is longer than `max` bytes.
-///
-/// cl100k is encoded by tiktoken itself (its pattern has no backtracking trap), whose
-/// merge of one piece needs about 50 bytes of memory per byte: a 1 GB run of one letter
-/// would ask for 50 GB. A run longer than `max` would be (part of) a piece longer than
-/// `max`, which the other encoders refuse as well; shorter documents cannot hold one,
-/// so only documents over `max` bytes are scanned (linear, by the non-backtracking
-/// `regex` engine).
-#[cfg(feature = "tokenizers")]
-fn longest_run_within(text: &str, max: usize) -> Result<(), PieceTooLong> {
-    static RE: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
-    if text.len() <= max {
-        return Ok(());
-    }
-    // The pattern is a constant known to compile (a unit test builds it); were it not,
-    // nothing is scanned rather than every document refused.
-    let Some(re) = RE.get_or_init(|| regex::Regex::new(RUNS).ok()) else {
-        return Ok(());
-    };
-    match re.find_iter(text).map(|m| m.len()).find(|&n| n > max) {
-        Some(n) => Err(PieceTooLong(n)),
-        None => Ok(()),
-    }
 }
 
 /// The text of a panic payload, for an error message.
