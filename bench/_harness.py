@@ -3,6 +3,7 @@
 column compares each job with the last of its group (the tool a user would use
 instead)."""
 
+import argparse
 import json
 import os
 import resource
@@ -43,3 +44,18 @@ def print_table(groups, results, places=4):
             rss = statistics.median(r["rss"] for r in results[j]) / (1 << 20)
             print(f"{j:<40} {s:>10.{places}f} {s / ref:>8.3f} {rss:>13.0f}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def parse_args(child):
+    """The options every Python benchmark takes; in a ``--child`` run, ``child`` is
+    called with its three arguments and None is returned."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--child", nargs=3)
+    ap.add_argument("--only", default=None, help="run only the groups whose title contains this")
+    args = ap.parse_args()
+    if args.child:
+        child(*args.child)
+        return None
+    return args

@@ -11,13 +11,12 @@ once by the library and read from the page cache (warm) by every job.
 Never a timed test: the numbers go to docs/python.md, nothing asserts on them.
 """
 
-import argparse
 import json
 import os
 import tempfile
 import time
 
-from _harness import peak_rss, print_table, run_child
+from _harness import peak_rss, print_table, run_child, parse_args
 
 TENSORS = 256
 ELEMS = 1 << 20  # 256 x 4 MiB = 1 GiB
@@ -97,14 +96,8 @@ GROUPS = [
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--child", nargs=3)
-    ap.add_argument("--only", default=None, help="run only the groups whose title contains this")
-    args = ap.parse_args()
-    if args.child:
-        child(*args.child)
+    args = parse_args(child)
+    if args is None:
         return
     d = args.dir or tempfile.mkdtemp(prefix="tlio-bench-")
     path = os.path.join(d, "bench_f32.safetensors")

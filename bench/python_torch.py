@@ -19,7 +19,6 @@ model and AdamW, vs ``torch.load(mmap=True)`` + ``load_state_dict`` of both.
 Never a timed test: the numbers go to docs/python.md, nothing asserts on them.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ import tempfile
 import time
 
 import _harness
-from _harness import peak_rss, print_table
+from _harness import peak_rss, print_table, parse_args
 
 VOCAB, CTX, D, LAYERS = 50257, 1024, 768, 12
 
@@ -154,14 +153,8 @@ def warm(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--child", nargs=3)
-    ap.add_argument("--only", default=None, help="run only the groups whose title contains this")
-    args = ap.parse_args()
-    if args.child:
-        child(*args.child)
+    args = parse_args(child)
+    if args is None:
         return
     d = args.dir or tempfile.mkdtemp(prefix="tlio-bench-torch-")
     src = os.path.join(d, "src")
