@@ -249,8 +249,9 @@ fn verify(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     let meta = fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     if !meta.is_dir() {
         return Err(crate::error::operational(format!(
-            "{} is not a directory",
-            path.display()
+            "{} is not a directory but a {}",
+            path.display(),
+            tlio_core::files::kind_name(&meta.file_type())
         )));
     }
     if is_step_dir(path) {

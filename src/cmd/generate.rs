@@ -1,7 +1,6 @@
 //! `tlio generate`: man pages (one per command, clap_mangen) and shell completions
 //! (clap_complete), both derived from the same clap definition as the parser.
 
-use std::fs;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -68,7 +67,7 @@ pub fn run(cmd: GenerateCommand, printer: &Printer) -> anyhow::Result<Outcome> {
                 .or(legacy_dir)
                 .ok_or_else(|| crate::error::operational("a directory is required: -o DIR"))?;
             let pages = man_pages()?;
-            fs::create_dir_all(&dir)
+            tlio_core::files::create_dir_all(&dir)
                 .with_context(|| format!("cannot create directory {}", dir.display()))?;
             for (name, bytes) in &pages {
                 let path = dir.join(name);

@@ -1,8 +1,11 @@
-//! Reading small files named on the command line (an index, a cursor, a JSON input):
-//! opened without blocking, checked to be regular files, read up to a named limit.
+//! Opening inputs and naming what a path is: every input file is opened without
+//! blocking and checked to be a regular file; small ones are read up to a named limit;
+//! directories are created with a FIFO or file in the way named as what it is.
 //!
 //! Invariant: a FIFO, device or directory given where a file is expected is refused at
-//! once (never waited on, never read forever), and no read allocates past its limit.
+//! once (never waited on, never read forever), a FIFO or file where a directory is
+//! expected is named (never the system's bare "File exists"), and no read allocates
+//! past its limit.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
@@ -46,7 +49,7 @@ pub fn open_checked(path: &Path, follow: Follow) -> io::Result<Result<File, &'st
         opts.custom_flags(libc::O_NONBLOCK | no_follow);
     }
     let file = opts.open(path)?;
-    if let Some(kind) = crate::atomic::irregular_kind(&file.metadata()?.file_type()) {
+    if let Some(kind) = irregular_kind(&file.metadata()?.file_type()) {
         return Ok(Err(kind));
     }
     clear_nonblock(&file)?;
@@ -111,6 +114,78 @@ pub fn stdin_closed_error() -> io::Error {
     )
 }
 
+/// `fs::create_dir_all`, except that a path (or a parent of it) that exists but is not a
+/// directory is named with what it is ("not a directory but a FIFO"), where the system
+/// only says "File exists" and leaves the user to guess which component is wrong.
+pub fn create_dir_all(path: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(path).map_err(|e| name_non_directory(path, e))
+}
+
+/// `err`, from an operation on `path`, with the component of `path` that exists but is
+/// not a directory named as what it is, when that is the failure (`ENOTDIR`, or
+/// `EEXIST` from a mkdir): the system's text names no component.
+pub fn name_non_directory(path: &Path, err: io::Error) -> io::Error {
+    match err.kind() {
+        io::ErrorKind::NotADirectory | io::ErrorKind::AlreadyExists => {
+            not_a_directory(path).unwrap_or(err)
+        }
+        _ => err,
+    }
+}
+
+/// The error for the nearest existing component of `path` when it is not a directory,
+/// or `None` when that component is a directory (the failure was something else).
+fn not_a_directory(path: &Path) -> Option<io::Error> {
+    let existing = path
+        .ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .find_map(|p| std::fs::metadata(p).ok().map(|m| (p, m)))?;
+    let (at, meta) = existing;
+    if meta.is_dir() {
+        return None;
+    }
+    let kind = kind_name(&meta.file_type());
+    let message = if at == path {
+        format!("not a directory but a {kind}")
+    } else {
+        format!("{} is not a directory but a {kind}", at.display())
+    };
+    Some(io::Error::new(io::ErrorKind::NotADirectory, message))
+}
+
+/// What a file-system entry is, for messages; `None` for a regular file.
+pub(crate) fn irregular_kind(ft: &std::fs::FileType) -> Option<&'static str> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_fifo() {
+            return Some("FIFO");
+        }
+        if ft.is_socket() {
+            return Some("socket");
+        }
+        if ft.is_char_device() {
+            return Some("character device");
+        }
+        if ft.is_block_device() {
+            return Some("block device");
+        }
+    }
+    if ft.is_dir() {
+        return Some("directory");
+    }
+    if ft.is_file() {
+        None
+    } else {
+        Some("special file")
+    }
+}
+
+/// What a file of type `ft` is, for a message: "FIFO", "directory", "regular file".
+pub fn kind_name(ft: &std::fs::FileType) -> &'static str {
+    irregular_kind(ft).unwrap_or("regular file")
+}
+
 /// The error for an input that is not a regular file.
 fn not_regular(kind: &str) -> io::Error {
     io::Error::new(
@@ -161,5 +236,28 @@ mod tests {
             read_limited(dir.path(), 4).unwrap_err().kind(),
             io::ErrorKind::InvalidInput
         );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_where_a_directory_is_expected_is_named_not_file_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("run");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        let err = create_dir_all(&fifo).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotADirectory);
+        assert_eq!(err.to_string(), "not a directory but a FIFO");
+        let err = create_dir_all(&fifo.join("a/b")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("{} is not a directory but a FIFO", fifo.display())
+        );
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        let err = create_dir_all(&file).unwrap_err();
+        assert_eq!(err.to_string(), "not a directory but a regular file");
+        create_dir_all(&dir.path().join("x/y")).unwrap();
+        assert!(dir.path().join("x/y").is_dir());
     }
 }

@@ -75,9 +75,25 @@ fn one_huge_word_is_refused_with_its_limit_not_an_abort() {
     let dir = tmp();
     let input = dir.path().join("a.txt");
     std::fs::write(&input, "a".repeat(5 << 20)).unwrap();
-    for tokenizer in ["gpt2", "cl100k_base", "o200k_base"] {
+    // A tokenizer.json's pieces are its pre-tokenizer's: one run of a letter under
+    // ByteLevel's regex, the whole document when it has no pre-tokenizer at all (here
+    // 5 MiB of short words, which every other tokenizer splits).
+    let json = fixture("tokenizers").join("bpe_small.json");
+    let bare = edited_tokenizer(dir.path(), "bare.json", &|j| {
+        j["pre_tokenizer"] = serde_json::Value::Null;
+    });
+    let words = dir.path().join("words.txt");
+    std::fs::write(&words, "ab cd ".repeat(1 << 20)).unwrap();
+    let cases = [
+        (&input, "gpt2"),
+        (&input, "cl100k_base"),
+        (&input, "o200k_base"),
+        (&input, json.to_str().unwrap()),
+        (&words, bare.to_str().unwrap()),
+    ];
+    for (input, tokenizer) in cases {
         let out = dir.path().join("a.bin");
-        let (code, err) = run(&mut pack(&input, tokenizer, &out));
+        let (code, err) = run(pack(input, tokenizer, &out).args(["--eot", "none"]));
         assert_eq!(code, Some(1), "{tokenizer}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(

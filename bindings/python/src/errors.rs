@@ -11,7 +11,9 @@ use std::error::Error;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyNotADirectoryError, PyOSError, PyRuntimeError, PyValueError,
+};
 use pyo3::PyErr;
 use tlio_core::{Failure, FailureKind};
 
@@ -43,6 +45,11 @@ pub fn core_err<E: Failure + Send + Sync + 'static>(err: E) -> PyErr {
         }
         (FailureKind::Operational, Some(e)) => match e.raw_os_error() {
             Some(errno) => PyOSError::new_err((errno, message)),
+            // Core names a component that is not a directory (a FIFO where a checkpoint
+            // directory should be) in its own words, without the errno.
+            None if e.kind() == io::ErrorKind::NotADirectory => {
+                PyNotADirectoryError::new_err(message)
+            }
             None => PyOSError::new_err(message),
         },
         (FailureKind::Invalid, _) | (FailureKind::Operational, None) => {

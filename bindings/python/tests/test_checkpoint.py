@@ -508,3 +508,18 @@ def test_ranked_cursor_roundtrips_through_a_checkpoint(tmp_path):
         save_checkpoint(tmp_path / "ck", linear_model(), None, 2, rng,
                         {"data_cursor": {**data, "global_batch": 0}})
     assert tree(tmp_path / "ck") == before
+
+
+def test_a_fifo_where_the_checkpoint_directory_should_be_is_named(tmp_path):
+    """A FIFO given as the run directory, or as its parent, is NotADirectoryError naming
+    what it is (never the system's "File exists"), and saving waits on nothing."""
+    model, opt = trained_linear()
+    extra = {"tokens_seen": 0, "lr": 0.01}
+    fifo = tmp_path / "run"
+    os.mkfifo(fifo)
+    for where, named in ((fifo, "not a directory but a FIFO"), (fifo / "sub", f"{fifo} is not a directory but a FIFO")):
+        with pytest.raises(NotADirectoryError, match=named):
+            save_checkpoint(where, model, opt, 1, RNG, extra)
+        with pytest.raises(NotADirectoryError, match="FIFO"):
+            load_checkpoint(where)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

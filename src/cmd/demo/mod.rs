@@ -178,7 +178,7 @@ pub fn run(args: DemoArgs, printer: &Printer) -> anyhow::Result<Outcome> {
 /// `--out DIR` must be a new or empty directory: the runs refuse to overwrite old
 /// checkpoints, and mixing a previous demo's files into this one would prove nothing.
 fn prepare_out(out: &Path) -> anyhow::Result<()> {
-    fs::create_dir_all(out)
+    tlio_core::files::create_dir_all(out)
         .with_context(|| format!("cannot create directory {}", out.display()))?;
     let mut entries =
         fs::read_dir(out).with_context(|| format!("cannot read directory {}", out.display()))?;

@@ -102,34 +102,6 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// What a file-system entry is, for messages; `None` for a regular file.
-pub(crate) fn irregular_kind(ft: &fs::FileType) -> Option<&'static str> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if ft.is_fifo() {
-            return Some("FIFO");
-        }
-        if ft.is_socket() {
-            return Some("socket");
-        }
-        if ft.is_char_device() {
-            return Some("character device");
-        }
-        if ft.is_block_device() {
-            return Some("block device");
-        }
-    }
-    if ft.is_dir() {
-        return Some("directory");
-    }
-    if ft.is_file() {
-        None
-    } else {
-        Some("special file")
-    }
-}
-
 /// Follow `target`'s symbolic links to the path that will really be replaced, and
 /// refuse a target that is not a regular file. Returns the path and whether it exists.
 fn resolve(target: &Path) -> Result<(PathBuf, bool), AtomicError> {
@@ -140,7 +112,7 @@ fn resolve(target: &Path) -> Result<(PathBuf, bool), AtomicError> {
             Err(source) => {
                 return Err(AtomicError::Write {
                     path: target.to_path_buf(),
-                    source,
+                    source: crate::files::name_non_directory(&path, source),
                 })
             }
             Ok(meta) if meta.file_type().is_symlink() => {
@@ -155,7 +127,7 @@ fn resolve(target: &Path) -> Result<(PathBuf, bool), AtomicError> {
                 };
             }
             Ok(meta) => {
-                if let Some(kind) = irregular_kind(&meta.file_type()) {
+                if let Some(kind) = crate::files::irregular_kind(&meta.file_type()) {
                     return Err(AtomicError::NotRegular {
                         path: target.to_path_buf(),
                         kind,
@@ -239,7 +211,7 @@ impl AtomicFile {
         let (dest, exists) = resolve(target)?;
         let dir = parent_dir(&dest);
         if !exists && dest == target && !dir.is_dir() {
-            fs::create_dir_all(&dir).map_err(|source| AtomicError::Parent {
+            crate::files::create_dir_all(&dir).map_err(|source| AtomicError::Parent {
                 dir: dir.clone(),
                 source,
             })?;
@@ -335,7 +307,7 @@ impl Prepared {
         // target since `create` (a FIFO, a directory) that must not be renamed over.
         match fs::symlink_metadata(&self.dest) {
             Ok(meta) => {
-                if let Some(kind) = irregular_kind(&meta.file_type()) {
+                if let Some(kind) = crate::files::irregular_kind(&meta.file_type()) {
                     if !meta.file_type().is_symlink() {
                         return Err(AtomicError::NotRegular {
                             path: self.shown.clone(),

@@ -53,7 +53,7 @@ pub(crate) fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
 /// Check that an opened file is a regular file: `Err(kind)` names what it is instead.
 pub(crate) fn check_regular(file: File) -> io::Result<Result<File, &'static str>> {
     let ft = file.metadata()?.file_type();
-    Ok(match crate::atomic::irregular_kind(&ft) {
+    Ok(match crate::files::irregular_kind(&ft) {
         None => Ok(file),
         Some(kind) => Err(kind),
     })
@@ -106,7 +106,7 @@ pub struct RealFs;
 
 impl FsOps for RealFs {
     fn create_dir_all(&mut self, path: &Path) -> io::Result<()> {
-        fs::create_dir_all(path)
+        crate::files::create_dir_all(path)
     }
 
     fn create_dir(&mut self, path: &Path) -> io::Result<()> {

@@ -174,9 +174,11 @@ impl Failure for CheckpointError {
 
 /// Attach a path to an I/O error.
 pub(crate) fn io_at(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
+    // A FIFO (or file) where the checkpoint directory should be is named as what it
+    // is, not left to the system's "Not a directory".
     move |source| CheckpointError::Io {
         path: path.to_path_buf(),
-        source,
+        source: crate::files::name_non_directory(path, source),
     }
 }
 
@@ -305,7 +307,7 @@ pub fn check_lock_file(dir: &Path) -> Result<(), CheckpointError> {
     match fs::symlink_metadata(&path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_at(&path)(e)),
-        Ok(meta) => match crate::atomic::irregular_kind(&meta.file_type()) {
+        Ok(meta) => match crate::files::irregular_kind(&meta.file_type()) {
             None => Ok(()),
             Some(_) if meta.file_type().is_symlink() => {
                 Err(io_at(&path)(fsops::not_regular("symbolic link")))

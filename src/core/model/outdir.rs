@@ -48,7 +48,7 @@ impl OutDir {
             }
         }
         // Missing parents are created, as for every other output (docs/cli.md).
-        fs::create_dir_all(&parent).map_err(|source| ModelError::Write {
+        crate::files::create_dir_all(&parent).map_err(|source| ModelError::Write {
             path: parent.clone(),
             source,
         })?;
@@ -149,7 +149,7 @@ fn check_target(target: &Path) -> Result<(), ModelError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(ModelError::Io {
             path: target.to_path_buf(),
-            source,
+            source: crate::files::name_non_directory(target, source),
         }),
         Ok(m) if m.is_dir() => {
             let mut entries = fs::read_dir(target).map_err(|source| ModelError::Io {

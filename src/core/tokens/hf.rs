@@ -6,11 +6,65 @@
 //! strings as text and neither pads nor truncates: packing a corpus is not encoding a
 //! model's input, so a file's `padding` (`Fixed: 100000000`, `pad_to_multiple_of`)
 //! cannot blow up memory or the shard, and its `truncation` cannot cut documents.
+//! Encoding gives the library's own ids, and no pre-token longer than
+//! [`MAX_PIECE_BYTES`] ever reaches its model: memory stays bounded whatever the
+//! document and whatever the file's pre-tokenizer (or its absence).
 
 use std::panic::catch_unwind;
 use std::path::{Path, PathBuf};
 
+use tokenizers::{Model, OffsetReferential, OffsetType, PreTokenizer};
+
+use super::o200k::{PieceTooLong, MAX_PIECE_BYTES};
 use super::tokenizer::{panic_text, Inner, Tokenizer, TokenizerError, MAX_TOKENIZER_JSON_BYTES};
+
+/// Why a document could not be encoded by a tokenizer.json.
+pub(super) enum HfEncodeError {
+    /// A pre-token over [`MAX_PIECE_BYTES`] (its length in bytes).
+    TooLong(PieceTooLong),
+    /// The library's own error.
+    Library(String),
+}
+
+/// The ids of `text`, as `tokenizer.encode(text, false)` gives them, in the same steps
+/// (added tokens split out, normalizer, pre-tokenizer, model, post-processor), with one
+/// check between the pre-tokenizer and the model: a pre-token longer than
+/// [`MAX_PIECE_BYTES`] is refused. The models (BPE, Unigram) need tens of bytes of memory
+/// per byte of one pre-token, and a tokenizer.json without a pre-tokenizer makes the
+/// whole document one; the library has no such limit of its own, and doing the steps
+/// here rather than a check before `encode` normalizes and splits every document once.
+pub(super) fn encode_bounded(
+    tokenizer: &tokenizers::Tokenizer,
+    text: &str,
+) -> Result<Vec<u32>, HfEncodeError> {
+    let library = |e: tokenizers::Error| HfEncodeError::Library(e.to_string());
+    let mut pre = tokenizer
+        .get_added_vocabulary()
+        .extract_and_normalize(tokenizer.get_normalizer(), text);
+    if let Some(pre_tokenizer) = tokenizer.get_pre_tokenizer() {
+        pre_tokenizer.pre_tokenize(&mut pre).map_err(library)?;
+    }
+    let longest = pre
+        .get_splits(OffsetReferential::Normalized, OffsetType::None)
+        .iter()
+        .filter(|(_, _, tokens)| tokens.is_none())
+        .map(|(piece, _, _)| piece.len())
+        .max()
+        .unwrap_or(0);
+    if longest > MAX_PIECE_BYTES {
+        return Err(HfEncodeError::TooLong(PieceTooLong(longest)));
+    }
+    let model = tokenizer.get_model();
+    pre.tokenize(|normalized| model.tokenize(normalized.get()))
+        .map_err(library)?;
+    let encoding = pre
+        .into_encoding(None, 0, OffsetType::None)
+        .map_err(library)?;
+    let encoding = tokenizer
+        .post_process(encoding, None, false)
+        .map_err(library)?;
+    Ok(encoding.get_ids().to_vec())
+}
 
 /// Refuse a tokenizer.json whose regex patterns use an interval quantifier followed by
 /// `+` (`\p{N}{1,3}+`): the Python library's engine (Oniguruma, Ruby syntax) reads it
@@ -124,5 +178,74 @@ impl Tokenizer {
                 vocab,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> tokenizers::Tokenizer {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/tokenizers")
+            .join(name);
+        let t = Tokenizer::from_json_file(&path).unwrap();
+        match t.inner {
+            Inner::Hf { tokenizer, .. } => *tokenizer,
+            _ => unreachable!("a tokenizer.json loads as Hf"),
+        }
+    }
+
+    fn library_ids(t: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
+        t.encode(text, false).unwrap().get_ids().to_vec()
+    }
+
+    fn ours(t: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
+        match encode_bounded(t, text) {
+            Ok(ids) => ids,
+            Err(HfEncodeError::TooLong(PieceTooLong(n))) => panic!("{n} bytes refused"),
+            Err(HfEncodeError::Library(e)) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn bounded_encoding_gives_the_library_ids_on_special_and_unicode_text() {
+        for name in ["bpe_small.json", "bpe_split.json"] {
+            let t = fixture(name);
+            for text in [
+                "",
+                "hello world",
+                "<|endoftext|>a<s>b<|end_of_text|>",
+                "e\u{301} caf\u{e9} \u{fb01} \u{1F600}\t\n\n  x",
+            ] {
+                assert_eq!(ours(&t, text), library_ids(&t, text), "{name}: {text:?}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        #[test]
+        fn bounded_encoding_is_the_library_encode(
+            text in r"(\PC|\s|<s>|<\|endoftext\|>|'s|[0-9]{1,5}){0,64}"
+        ) {
+            for name in ["bpe_small.json", "bpe_split.json"] {
+                let t = fixture(name);
+                proptest::prop_assert_eq!(ours(&t, &text), library_ids(&t, &text));
+            }
+        }
+    }
+
+    #[test]
+    fn a_piece_over_the_limit_is_refused_before_the_model_sees_it() {
+        let t = fixture("bpe_small.json");
+        let run = "a".repeat(MAX_PIECE_BYTES + 1);
+        assert!(matches!(
+            encode_bounded(&t, &run),
+            Err(HfEncodeError::TooLong(PieceTooLong(n))) if n == MAX_PIECE_BYTES + 1
+        ));
+        // Split where the pre-tokenizer splits: many short words of the same size pass.
+        let words = "ab ".repeat(MAX_PIECE_BYTES / 3 + 1);
+        assert!(encode_bounded(&t, &words).is_ok());
     }
 }

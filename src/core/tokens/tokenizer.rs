@@ -248,7 +248,7 @@ impl std::fmt::Debug for Tokenizer {
 /// Why a piece too long to merge is refused, for an error message.
 #[cfg(feature = "tokenizers")]
 fn too_long(PieceTooLong(len): PieceTooLong) -> String {
-    format!("one pre-token (a run of one kind of character) is {len} bytes, more than the {MAX_PIECE_BYTES} a byte-pair merge is given (it needs tens of bytes of memory per byte)")
+    format!("one pre-token (a piece the tokenizer's pattern or pre-tokenizer splits off, such as a run of one kind of character) is {len} bytes, more than the {MAX_PIECE_BYTES} its model is given (a merge needs tens of bytes of memory per byte)")
 }
 
 /// The text of a panic payload, for an error message.
@@ -364,10 +364,12 @@ impl Tokenizer {
                 longest_run_within(text, MAX_PIECE_BYTES).map_err(too_long)?;
                 Ok(core.encode_ordinary(text))
             }
-            Inner::Hf { tokenizer, .. } => tokenizer
-                .encode(text, false)
-                .map(|e| e.get_ids().to_vec())
-                .map_err(|e| e.to_string()),
+            Inner::Hf { tokenizer, .. } => {
+                super::hf::encode_bounded(tokenizer, text).map_err(|e| match e {
+                    super::hf::HfEncodeError::TooLong(t) => too_long(t),
+                    super::hf::HfEncodeError::Library(reason) => reason,
+                })
+            }
         }));
         let ids = match encoded {
             Ok(Ok(ids)) => ids,

@@ -71,7 +71,7 @@ fn prepare_out(spec: &RunSpec) -> Result<(), TrainError> {
         crate::atomic::refuse_inputs(&path, &inputs)?;
         crate::atomic::check_target(&path)?;
     }
-    fs::create_dir_all(&spec.out).map_err(|source| TrainError::Io {
+    crate::files::create_dir_all(&spec.out).map_err(|source| TrainError::Io {
         path: spec.out.clone(),
         source,
     })
