@@ -153,6 +153,13 @@ fn pcg(state: u64, inc: u64) -> PyResult<Pcg32> {
 #[pyclass(module = "tlio._tlio.tokens", name = "Stream")]
 pub struct Stream {
     inner: TokenStream,
+    /// The shards as absolute paths, resolved against the working directory of the
+    /// construction: what a pickled stream re-opens, wherever the reader's cwd is.
+    absolute: Vec<PathBuf>,
+    /// The `vocab_size` given (core keeps only its checks' outcome).
+    vocab: Option<u32>,
+    /// The generator as given, before the first phase was drawn.
+    initial: (u64, u64),
 }
 
 #[pymethods]
@@ -189,11 +196,18 @@ impl Stream {
             let batch = size_arg(batch, "batch")?;
             let (state, inc) = rng_arg(rng)?;
             let rng = pcg(state, inc)?;
+            let initial = (state, inc);
             let vocab = vocab_arg(vocab_size)?;
             let ranks = Ranks {
                 rank: rank.map_or(Ok(0), |r| size_arg(r, "rank"))?,
                 world_size: world_size.map_or(Ok(1), |w| size_arg(w, "world_size"))?,
             };
+            // A path that cannot be made absolute (no working directory) is kept as
+            // given; it opened all the same.
+            let absolute = paths
+                .iter()
+                .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+                .collect();
             let inner = py
                 .detach(|| -> Result<TokenStream, TokensError> {
                     // Shape and ranks first, so a bad argument is reported before any
@@ -203,8 +217,33 @@ impl Stream {
                     TokenStream::open(&paths, seq_len, batch, rng, vocab, ranks)
                 })
                 .map_err(tokens_err)?;
-            Ok(Stream { inner })
+            Ok(Stream {
+                inner,
+                absolute,
+                vocab,
+                initial,
+            })
         })
+    }
+
+    /// The construction's arguments as plain values, for pickling: `{"shards": [str]
+    /// (absolute), "seq_len", "batch", "rng": {"state", "inc"}, "vocab_size" (int or
+    /// None), "rank", "world_size"}`. Given back to the constructor they open the same
+    /// shards, checked again.
+    fn init_args<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let shards: Vec<&std::ffi::OsStr> = self.absolute.iter().map(|p| p.as_os_str()).collect();
+        d.set_item("shards", shards)?;
+        d.set_item("seq_len", self.inner.seq_len())?;
+        d.set_item("batch", self.inner.batch())?;
+        let rng = PyDict::new(py);
+        rng.set_item("state", self.initial.0)?;
+        rng.set_item("inc", self.initial.1)?;
+        d.set_item("rng", rng)?;
+        d.set_item("vocab_size", self.vocab)?;
+        d.set_item("rank", self.inner.ranks().rank)?;
+        d.set_item("world_size", self.inner.ranks().world_size)?;
+        Ok(d)
     }
 
     /// The next batch: fresh int64 arrays (inputs, targets) of shape [batch, seq_len].

@@ -474,3 +474,160 @@ def test_rank_windows_match_the_cli(tmp_path):
                 x, y = s.next_batch()
                 assert x.tolist() == line["inputs"] and y.tolist() == line["targets"]
                 assert s.cursor() == line["cursor"]
+
+
+# Pickling and copying (python.md `TokenStream`): the construction's arguments and the
+# cursor travel, never a token; the shards are re-opened and re-checked by core.
+
+
+def _next(s, n):
+    return [s.next_batch() for _ in range(n)]
+
+
+def _same(got, want):
+    return len(got) == len(want) and all(
+        np.array_equal(gx, wx) and np.array_equal(gy, wy) for (gx, gy), (wx, wy) in zip(got, want)
+    )
+
+
+def test_pickle_mid_stream_continues_bitwise(tmp_path, monkeypatch):
+    import pickle
+
+    arrays, paths = _shards(tmp_path, [500, 373, 811])
+    monkeypatch.chdir(tmp_path)
+    relative = [p.name for p in paths]  # resolved against this cwd at construction
+    whole = _next(TokenStream(paths, 5, 3, RefPCG32(7), vocab_size=1000), 40)
+    s = TokenStream(relative, 5, 3, RefPCG32(7), vocab_size=1000)
+    _next(s, 17)
+    before = s.cursor()
+    blobs = [pickle.dumps(s, protocol=p) for p in range(2, pickle.HIGHEST_PROTOCOL + 1)]
+    assert s.cursor() == before, "pickling moved the stream"
+    # No token data in the pickle: it is far smaller than the shards, and holds no run
+    # of their ids.
+    needle = arrays[1][100:116].astype("<u2").tobytes()
+    for blob in blobs:
+        assert len(blob) < 1024 and needle not in blob
+    # Unpickled from another working directory: the shards were recorded absolute.
+    monkeypatch.chdir(tmp_path.parent)
+    copies = [pickle.loads(b) for b in blobs]
+    for c in copies:
+        assert type(c) is TokenStream and c.cursor() == before
+        assert (c.seq_len, c.batch, c.rank, c.world_size) == (5, 3, 0, 1)
+        assert c.shards == [str(p.resolve()) for p in paths]
+    # Every copy and the original continue with the same bits, without affecting each
+    # other (each is read to the end before the next one starts).
+    for c in copies:
+        assert _same(_next(c, 23), whole[17:])
+    assert s.cursor() == before
+    assert _same(_next(s, 23), whole[17:])
+
+
+def test_unpickling_reopens_and_rechecks_the_shards(tmp_path):
+    import pickle
+
+    _, paths = _shards(tmp_path, [200, 90], vocab=300)
+    s = TokenStream(paths, 4, 2, RefPCG32(1), vocab_size=300)
+    _next(s, 30)
+    cursor = s.cursor()
+    blob = pickle.dumps(s)
+    assert cursor["shard"] == 1 and cursor["offset"] > 20
+    # A shard rewritten since with an id outside the vocabulary: core refuses it.
+    write_shard(paths[0], [299] * 199 + [300])
+    with pytest.raises(ValueError, match="s0.bin"):
+        pickle.loads(blob)
+    # A shard shorter than the cursor's offset: the restore refuses the cursor.
+    write_shard(paths[0], [1] * 200, vocab=300)
+    write_shard(paths[1], [1] * 20, vocab=300)
+    with pytest.raises(ValueError, match="offset"):
+        pickle.loads(blob)
+    paths[1].unlink()
+    with pytest.raises(FileNotFoundError):
+        pickle.loads(blob)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream_configs, st.integers(1, 3), st.data(), st.integers(0, 15), st.integers(1, 10))
+def test_pickle_at_any_point_continues_bitwise(tmp_path_factory, config, world, data, n, m):
+    import pickle
+
+    lengths, T, B, seed = config
+    lengths = [max(k, T + 1) for k in lengths]
+    rank = data.draw(st.integers(0, world - 1), label="rank")
+    _, paths = _shards(tmp_path_factory.mktemp("pickle"), lengths)
+    one = TokenStream(paths, T, B, RefPCG32(seed), rank=rank, world_size=world)
+    whole = _next(one, n + m)
+    a = TokenStream(paths, T, B, RefPCG32(seed), rank=rank, world_size=world)
+    _next(a, n)
+    b = pickle.loads(pickle.dumps(a))
+    assert b.cursor() == a.cursor()
+    assert _same(_next(b, m), whole[n:])
+    assert b.cursor() == one.cursor()
+    assert _same(_next(a, m), whole[n:]), "the original moved with its copy"
+
+
+def test_copy_and_deepcopy_are_independent_streams(tmp_path):
+    import copy
+
+    _, paths = _shards(tmp_path, [120, 77])
+    whole = _next(TokenStream(paths, 6, 2, RefPCG32(21)), 30)
+    s = TokenStream(paths, 6, 2, RefPCG32(21))
+    _next(s, 8)
+    shallow, deep = copy.copy(s), copy.deepcopy(s)
+    assert shallow.cursor() == deep.cursor() == s.cursor()
+    # Reading one moves only that one.
+    assert _same(_next(shallow, 22), whole[8:])
+    assert deep.cursor() == s.cursor()
+    assert _same(_next(deep, 22), whole[8:])
+    assert _same(_next(s, 22), whole[8:])
+
+    # A subclass keeps its class and its own attributes (shallow: shared; deep: copied).
+    class Tagged(TokenStream):
+        pass
+
+    t = Tagged(paths, 6, 2, RefPCG32(21))
+    t.tags = ["a"]
+    _next(t, 3)
+    tc, td = copy.copy(t), copy.deepcopy(t)
+    assert type(tc) is type(td) is Tagged
+    assert tc.tags is t.tags and td.tags == t.tags and td.tags is not t.tags
+    assert _same(_next(td, 4), whole[3:7])
+
+
+def test_pickle_keeps_rank_and_world_size(tmp_path, monkeypatch):
+    import pickle
+    import sys
+    import types
+
+    _, paths = _shards(tmp_path, [300, 170], vocab=500)
+    single = TokenStream(paths, 4, 6, RefPCG32(8))
+    whole = [single.next_batch()[0] for _ in range(8)]
+    s = TokenStream(paths, 4, 2, RefPCG32(8), rank=1, world_size=3)
+    _next(s, 3)
+    c = pickle.loads(pickle.dumps(s))
+    assert (c.rank, c.world_size, c.global_batch) == (1, 3, 6)
+    assert c.cursor() == s.cursor() and c.cursor()["global_batch"] == 6
+    for i in range(3, 8):
+        assert np.array_equal(c.next_batch()[0], whole[i][2:4]), "rank 1's slice"
+
+    # Rank and world size taken from torch.distributed are pickled as resolved numbers:
+    # a process without the group (a spawned worker) unpickles rank 2 of 3.
+    class Dist:
+        def is_available(self):
+            return True
+
+        def is_initialized(self):
+            return True
+
+        def get_rank(self):
+            return 2
+
+        def get_world_size(self):
+            return 3
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(distributed=Dist()))
+    g = TokenStream(paths, 4, 2, RefPCG32(8), rank=None, world_size=None)
+    blob = pickle.dumps(g)
+    monkeypatch.delitem(sys.modules, "torch")
+    u = pickle.loads(blob)
+    assert (u.rank, u.world_size) == (2, 3)
+    assert np.array_equal(u.next_batch()[0], whole[0][4:6])

@@ -1,9 +1,12 @@
 """TokenStream and tlio.torch.TokenDataset where torch expects state (python.md, `tlio.tokens`
 and `tlio.torch`): the Stateful protocol, a torch.distributed.checkpoint round trip, and
-torchdata's StatefulDataLoader resuming mid-stream with 0 and 1 workers."""
+torchdata's StatefulDataLoader resuming mid-stream with 0 workers and with 1 worker started
+by fork, spawn and forkserver (the last two receive the dataset pickled)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
 import sys
 from pathlib import Path
 
@@ -144,9 +147,26 @@ def test_dataset_wraps_only_a_token_stream():
         TokenDataset([1, 2, 3])
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
-def test_stateful_dataloader_resumes_mid_stream_exactly(shards, num_workers):
-    kw = {"multiprocessing_context": "fork"} if num_workers else {}
+def test_dataset_pickles_with_its_streams_position(shards):
+    s = stream(shards, rank=1, world_size=2)
+    ds = TokenDataset(s)
+    batches(iter(ds), 5)
+    copy = pickle.loads(pickle.dumps(ds))
+    assert type(copy) is TokenDataset and copy.stream is not s
+    assert copy.state_dict() == ds.state_dict()
+    assert (copy.stream.rank, copy.stream.world_size) == (1, 2)
+    assert_batches_equal(batches(iter(copy), 6), batches(iter(ds), 6))
+
+
+# Every start method this platform has: spawn and forkserver send the dataset to the
+# worker pickled (forkserver is Linux's default from Python 3.14, spawn macOS's). Each
+# spawned worker imports torch again, so only this test starts them.
+START_METHODS = [m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods()]
+
+
+@pytest.mark.parametrize("num_workers,context", [(0, None)] + [(1, m) for m in START_METHODS])
+def test_stateful_dataloader_resumes_mid_stream_exactly(shards, num_workers, context):
+    kw = {"multiprocessing_context": context} if num_workers else {}
     want_all = batches(stream(shards), 15)
     loader = StatefulDataLoader(TokenDataset(stream(shards)), batch_size=None, num_workers=num_workers, **kw)
     it = iter(loader)

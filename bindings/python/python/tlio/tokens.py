@@ -102,6 +102,16 @@ class TokenStream:
     restores into any stream with the same global batch (elastic resumption). ``rank``
     or ``world_size`` ``None`` takes it from torch.distributed when torch is imported and
     its process group initialized, else 0 and 1.
+
+    Pickling (and ``copy.copy`` / ``copy.deepcopy``, which go through it) keeps the
+    construction's arguments and the cursor, never a token: the shards as absolute paths
+    (resolved against the working directory of the construction), ``seq_len``,
+    ``batch``, the generator as given, ``vocab_size``, and the resolved ``rank`` and
+    ``world_size``. Unpickling constructs a new stream from them, so core re-opens and
+    re-validates every shard (a shard missing or changed since is an error then), and
+    restores the cursor: the copy's next batches are the original's, bit for bit, and
+    the two never affect each other. This is what lets a ``spawn`` or ``forkserver``
+    DataLoader worker receive a stream.
     """
 
     def __init__(
@@ -162,6 +172,22 @@ class TokenStream:
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """``restore(state_dict)``, for torch's ``Stateful`` protocol."""
         self.restore(state_dict)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """The construction's arguments (``init_args``), the cursor (``state_dict()``)
+        and any other instance attributes (a subclass's), as plain values."""
+        state: Dict[str, Any] = {"args": self._stream.init_args(), "cursor": self.state_dict()}
+        attrs = {k: v for k, v in self.__dict__.items() if k != "_stream"}
+        if attrs:
+            state["attrs"] = attrs
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        # The constructor and restore are the only ways in: the shards are re-opened and
+        # checked as at construction, and the cursor is checked as any restore's.
+        TokenStream.__init__(self, **state["args"])
+        self.load_state_dict(state["cursor"])
+        self.__dict__.update(state.get("attrs", {}))
 
     def __iter__(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
         """Endless batches (the stream wraps around its shards)."""

@@ -51,6 +51,10 @@ class TokenStream:
         """``cursor()``, for torch's Stateful protocol."""
     def load_state_dict(self, state_dict: Cursor) -> None:
         """``restore(state_dict)``, for torch's Stateful protocol."""
+    def __getstate__(self) -> Dict[str, Any]:
+        """The construction's arguments and the cursor (pickle, copy); never a token."""
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """Re-open and re-check the shards, then restore the cursor."""
     def __iter__(self) -> Iterator[Batch]: ...
     def __next__(self) -> Batch: ...
     @property
