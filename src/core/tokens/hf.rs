@@ -18,8 +18,17 @@ use tokenizers::{Model, OffsetReferential, OffsetType, PreTokenizer};
 use super::o200k::{PieceTooLong, MAX_PIECE_BYTES};
 use super::tokenizer::{panic_text, Inner, Tokenizer, TokenizerError, MAX_TOKENIZER_JSON_BYTES};
 
+/// The longest document a tokenizer.json encodes. The library holds the whole document's
+/// pre-tokenized form at once (each piece a normalized string with per-byte
+/// alignments): about 110 bytes of memory per byte of ordinary text, measured here
+/// (16 MiB of words peaked at 1.8 GB), so this bounds one document at about 1 GB. The
+/// built-in encodings stream pieces and have only [`super::corpus::MAX_DOCUMENT_BYTES`].
+pub const MAX_HF_DOCUMENT_BYTES: usize = 8 << 20;
+
 /// Why a document could not be encoded by a tokenizer.json.
 pub(super) enum HfEncodeError {
+    /// A document over [`MAX_HF_DOCUMENT_BYTES`] (its length in bytes).
+    DocumentTooLong(usize),
     /// A pre-token over [`MAX_PIECE_BYTES`] (its length in bytes).
     TooLong(PieceTooLong),
     /// The library's own error.
@@ -27,16 +36,24 @@ pub(super) enum HfEncodeError {
 }
 
 /// The ids of `text`, as `tokenizer.encode(text, false)` gives them, in the same steps
-/// (added tokens split out, normalizer, pre-tokenizer, model, post-processor), with one
-/// check between the pre-tokenizer and the model: a pre-token longer than
-/// [`MAX_PIECE_BYTES`] is refused. The models (BPE, Unigram) need tens of bytes of memory
-/// per byte of one pre-token, and a tokenizer.json without a pre-tokenizer makes the
-/// whole document one; the library has no such limit of its own, and doing the steps
-/// here rather than a check before `encode` normalizes and splits every document once.
+/// (added tokens split out, normalizer, pre-tokenizer, model), with one check between
+/// the pre-tokenizer and the model: a pre-token longer than [`MAX_PIECE_BYTES`] is
+/// refused, as is a document over [`MAX_HF_DOCUMENT_BYTES`]. The models (BPE, Unigram) need tens of bytes of memory per byte of one
+/// pre-token, and a tokenizer.json without a pre-tokenizer makes the whole document
+/// one; the library has no such limit of its own.
+///
+/// The ids are taken from each piece as the model makes them, with no `Encoding`: the
+/// library's keeps a string, offsets and six per-token vectors, several times the
+/// memory of the ids. Its post-processors change ids only when asked to add special
+/// tokens (Bert, Roberta and Template return early or add nothing without
+/// `add_special_tokens`; ByteLevel touches offsets only), which packing never asks.
 pub(super) fn encode_bounded(
     tokenizer: &tokenizers::Tokenizer,
     text: &str,
 ) -> Result<Vec<u32>, HfEncodeError> {
+    if text.len() > MAX_HF_DOCUMENT_BYTES {
+        return Err(HfEncodeError::DocumentTooLong(text.len()));
+    }
     let library = |e: tokenizers::Error| HfEncodeError::Library(e.to_string());
     let mut pre = tokenizer
         .get_added_vocabulary()
@@ -44,8 +61,8 @@ pub(super) fn encode_bounded(
     if let Some(pre_tokenizer) = tokenizer.get_pre_tokenizer() {
         pre_tokenizer.pre_tokenize(&mut pre).map_err(library)?;
     }
-    let longest = pre
-        .get_splits(OffsetReferential::Normalized, OffsetType::None)
+    let splits = pre.get_splits(OffsetReferential::Normalized, OffsetType::None);
+    let longest = splits
         .iter()
         .filter(|(_, _, tokens)| tokens.is_none())
         .map(|(piece, _, _)| piece.len())
@@ -55,15 +72,14 @@ pub(super) fn encode_bounded(
         return Err(HfEncodeError::TooLong(PieceTooLong(longest)));
     }
     let model = tokenizer.get_model();
-    pre.tokenize(|normalized| model.tokenize(normalized.get()))
-        .map_err(library)?;
-    let encoding = pre
-        .into_encoding(None, 0, OffsetType::None)
-        .map_err(library)?;
-    let encoding = tokenizer
-        .post_process(encoding, None, false)
-        .map_err(library)?;
-    Ok(encoding.get_ids().to_vec())
+    let mut ids = Vec::new();
+    for (piece, _, tokens) in &splits {
+        match tokens {
+            Some(added) => ids.extend(added.iter().map(|t| t.id)),
+            None => ids.extend(model.tokenize(piece).map_err(library)?.iter().map(|t| t.id)),
+        }
+    }
+    Ok(ids)
 }
 
 /// Refuse a tokenizer.json whose regex patterns use an interval quantifier followed by
@@ -204,6 +220,7 @@ mod tests {
         match encode_bounded(t, text) {
             Ok(ids) => ids,
             Err(HfEncodeError::TooLong(PieceTooLong(n))) => panic!("{n} bytes refused"),
+            Err(HfEncodeError::DocumentTooLong(n)) => panic!("a document of {n} bytes refused"),
             Err(HfEncodeError::Library(e)) => panic!("{e}"),
         }
     }
@@ -247,5 +264,11 @@ mod tests {
         // Split where the pre-tokenizer splits: many short words of the same size pass.
         let words = "ab ".repeat(MAX_PIECE_BYTES / 3 + 1);
         assert!(encode_bounded(&t, &words).is_ok());
+        // A document over its own limit is refused before the library sees it.
+        let long = "ab ".repeat(MAX_HF_DOCUMENT_BYTES / 3 + 1);
+        assert!(matches!(
+            encode_bounded(&t, &long),
+            Err(HfEncodeError::DocumentTooLong(n)) if n == long.len()
+        ));
     }
 }

@@ -365,9 +365,11 @@ impl Tokenizer {
                 Ok(core.encode_ordinary(text))
             }
             Inner::Hf { tokenizer, .. } => {
+                use super::hf::{HfEncodeError, MAX_HF_DOCUMENT_BYTES};
                 super::hf::encode_bounded(tokenizer, text).map_err(|e| match e {
-                    super::hf::HfEncodeError::TooLong(t) => too_long(t),
-                    super::hf::HfEncodeError::Library(reason) => reason,
+                    HfEncodeError::DocumentTooLong(len) => format!("the document is {len} bytes, more than the {MAX_HF_DOCUMENT_BYTES} a tokenizer.json is given (the tokenizers library holds about 110 bytes of memory per byte of a document while it encodes it): split the document, or pack with a built-in encoding"),
+                    HfEncodeError::TooLong(t) => too_long(t),
+                    HfEncodeError::Library(reason) => reason,
                 })
             }
         }));
