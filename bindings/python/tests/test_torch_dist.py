@@ -302,6 +302,13 @@ class Launch:
         self.p.wait(timeout=TIMEOUT)
 
 
+def _written_since(path: Path, t0: float) -> bool:
+    try:
+        return path.stat().st_mtime >= t0
+    except FileNotFoundError:
+        return False
+
+
 def test_example_on_two_ranks_killed_and_relaunched_resumes_bitwise(tmp_path):
     """MS-L0 in torch on 2 ranks under torchrun: one rank SIGKILLed at 5 seeded instants
     (at steps, as a save begins, and twice pinned inside a save: the step directory
@@ -358,8 +365,9 @@ def test_example_on_two_ranks_killed_and_relaunched_resumes_bitwise(tmp_path):
                 at = start + every
                 step_dir = out / f"step-{at:06d}"
                 held = step_dir.with_name(step_dir.name + ".tmp") / "MANIFEST.json" if point == 0 else step_dir
-                # Written by this launch, not left by an earlier kill: rank 0 is at the failpoint.
-                while not (held.exists() and held.stat().st_mtime >= t0):
+                # Written by this launch, not left by an earlier kill (which the save may be
+                # deleting right now): then rank 0 is at the failpoint.
+                while not _written_since(held, t0):
                     assert run.p.poll() is None and time.monotonic() < deadline, run.why()
                     time.sleep(0.01)
             os.kill(run.pid(rank), signal.SIGKILL)
