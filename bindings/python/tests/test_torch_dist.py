@@ -1,18 +1,22 @@
 """tlio.torch under torch.distributed (python.md, ``tlio.torch``): the collective save and
 load on 2 gloo ranks under torchrun, a rank 0 killed in the middle of a save, the
 example's MS-L0 (SIGKILL at seeded instants, resumed: the same final digests) on one
-process and on 2 ranks, and the elastic resumption of a checkpointed stream."""
+process and on 2 ranks (one rank killed, torchrun relaunched, and once restarting its
+workers itself), and the elastic resumption of a checkpointed stream."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import random
+import re
 import resource
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,10 +43,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(nproc: int, *args: str) -> list:
-    """``python -m torch.distributed.run`` on this machine with a free port and no restart."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--max-restarts", "0", *args]
+def torchrun(nproc: int, *args: str, restarts: int = 0) -> list:
+    """``python -m torch.distributed.run`` on this machine with a free port and, unless
+    ``restarts`` says otherwise, no restart. With restarts the c10d rendezvous, to be run
+    with ``RESTARTABLE`` in the environment: the static rendezvous (and c10d's store
+    shared with the workers) keeps one store across restarts, from which a restarted gloo
+    group can read a dead worker's address and fail to connect (torch issue 135712;
+    here 1 static and 3 shared c10d restarts failed in 3 each, none of 3 unshared)."""
+    if restarts:
+        where = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    else:
+        where = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), *where,
+            "--max-restarts", str(restarts), *args]
+
+
+#: The environment a restarting torchrun needs: a fresh store for every round.
+RESTARTABLE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def _env(**extra: str) -> dict:
@@ -195,4 +212,193 @@ def test_example_killed_at_seeded_instants_resumes_bitwise(tmp_path):
     done = subprocess.run([*base, "--out", str(out), "--resume"], capture_output=True, text=True,
                           timeout=TIMEOUT, env=_env(), check=True)
     assert done.stdout.splitlines()[-1] == want
+    tlio("ckpt", "verify", str(out))
+
+
+START = re.compile(r"rank (\d) pid (\d+) start (\d+)$")
+
+
+class Launch:
+    """One torchrun of the example with 2 ranks, in a session of its own. A thread reads
+    its stdout (the ranks share it) so that every wait below has a deadline; ``starts``
+    collects each worker's ``rank R pid P start S`` line, a restart's included."""
+
+    def __init__(self, tmp: Path, args: list, env: dict, restarts: int = 0):
+        self.err_path = tmp / f"torchrun-{time.monotonic_ns()}.err"
+        with open(self.err_path, "w") as err:
+            # No preexec_fn (reader threads run): SIGKILL and SIGTERM dump no core anyway.
+            self.p = subprocess.Popen(torchrun(2, str(EXAMPLE), *args, restarts=restarts), stdout=subprocess.PIPE,
+                                      stderr=err, text=True, env=env, start_new_session=True)
+        self.lines: queue.Queue = queue.Queue()
+        self.seen: list = []
+        self.starts: list = []  # (rank, pid, start step), in the order printed
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def why(self) -> str:
+        return "\n".join(self.seen[-5:]) + "\n" + self.err_path.read_text()[-3000:]
+
+    def _next(self, deadline: float, what: str):
+        """The next line, ``None`` at the end of the output (every writer gone)."""
+        try:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no {what} before the deadline\n{self.why()}") from None
+        if line is not None:
+            self.seen.append(line)
+            m = START.match(line)
+            if m:
+                self.starts.append(tuple(map(int, m.groups())))
+        return line
+
+    def until(self, pred, what: str, deadline: float) -> str:
+        """The first further line for which ``pred`` holds."""
+        while (line := self._next(deadline, what)) is not None:
+            if pred(line):
+                return line
+        raise AssertionError(f"torchrun ended ({self.p.wait(TIMEOUT)}) before {what}\n{self.why()}")
+
+    def start_of_both(self, deadline: float) -> int:
+        """The step both ranks of the latest (re)start resume from: they must agree."""
+        first = len(self.starts)
+        self.until(lambda _: len(self.starts) == first + 2, "the start line of both ranks", deadline)
+        (ra, _, a), (rb, _, b) = self.starts[-2:]
+        assert {ra, rb} == {0, 1} and a == b, f"the ranks resumed from different steps: {self.starts[-2:]}"
+        return a
+
+    def pid(self, rank: int) -> int:
+        return [p for r, p, _ in self.starts if r == rank][-1]
+
+    def finish(self, deadline: float) -> int:
+        """torchrun's exit code, after the rest of its output."""
+        while self._next(deadline, "end of torchrun's output") is not None:
+            pass
+        try:
+            return self.p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"torchrun did not exit before the deadline\n{self.why()}") from None
+
+    def close(self) -> None:
+        """Nothing of this launch survives: torchrun's session, then the workers, which
+        torch starts in sessions of their own."""
+        workers = {p for _, p, _ in self.starts}
+        try:
+            for task in Path(f"/proc/{self.p.pid}/task").iterdir():
+                workers.update(int(c) for c in (task / "children").read_text().split())
+        except OSError:  # torchrun is gone, and its workers with it or among ``starts``
+            pass
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        for pid in workers:
+            try:
+                if "train_torch.py" in Path(f"/proc/{pid}/cmdline").read_text():
+                    os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.p.wait(timeout=TIMEOUT)
+
+
+def _written_since(path: Path, t0: float) -> bool:
+    try:
+        return path.stat().st_mtime >= t0
+    except FileNotFoundError:
+        return False
+
+
+def test_example_on_two_ranks_killed_and_relaunched_resumes_bitwise(tmp_path):
+    """MS-L0 in torch on 2 ranks under torchrun: one rank SIGKILLed at 5 seeded instants
+    (at steps, as a save begins, and twice pinned inside a save: the step directory
+    written but not renamed, and renamed but LATEST not yet), torchrun relaunched with
+    --resume after each; then a kill that torchrun answers by restarting both workers.
+    Every (re)start has both ranks resume from the same step, the one a load picks, and
+    the last run ends with the uninterrupted run's digests."""
+    shard = tmp_path / "train.bin"
+    tlio("tokens", "pack", str(ROOT / "assets" / "demo_corpus.txt"), "--tokenizer", "gpt2", "-o", str(shard))
+    every = 10
+    base = ["--shard", str(shard), "--steps", "60", "--every", str(every)]
+    full = subprocess.run(torchrun(2, str(EXAMPLE), *base, "--out", str(tmp_path / "full")), capture_output=True,
+                          text=True, timeout=TIMEOUT, env=_env())
+    assert full.returncode == 0, full.stderr[-3000:]
+    want = full.stdout.splitlines()[-1]
+    assert want.startswith("sha256 state_dict=")
+    out = tmp_path / "killed"
+    args = [*base, "--out", str(out), "--resume"]  # --resume with nothing saved yet starts at 0
+
+    rnd = random.Random(22)
+    # Five kills in a seeded order, each of a seeded rank and placed after the step its
+    # launch resumes from (a pinned kill may or may not advance it): "between" at a step
+    # between saves, twice; "begin" as the line of a save step appears, so as the ranks
+    # enter tlio.torch.save; ("save", n) inside the launch's first save, where a failpoint
+    # holds rank 0 (the writer) before its rename n, the step directory's (0) or LATEST's
+    # (1), until the kill.
+    kills: list = ["between", "between", "begin", ("save", 0), ("save", 1)]
+    rnd.shuffle(kills)
+    ranks = [0, 1, 0, 1, rnd.randrange(2)]
+    rnd.shuffle(ranks)
+
+    def picked() -> int:
+        """The step a load picks (checkpoints.md, Loading), by the CLI; 0 before any."""
+        got = tlio("ckpt", "latest", str(out), check=False)
+        return int(Path(got.stdout.strip()).name.removeprefix("step-")) if got.returncode == 0 else 0
+
+    start = 0  # where the next launch must resume
+    for kill, rank in zip(kills, ranks):
+        deadline = time.monotonic() + TIMEOUT
+        point = kill[1] if isinstance(kill, tuple) else None
+        env = _env() if point is None else _env(FAILPOINTS=f"ckpt/rename={point}*off->1*sleep(600000)->off")
+        t0 = time.time()
+        run = Launch(tmp_path, args, env)
+        try:
+            got = run.start_of_both(deadline)
+            assert got == start, (got, start)
+            if point is None:
+                # At most 2 * every past the resume: 5 kills leave steps for the last launch.
+                at = start + (rnd.choice([s for s in range(1, 2 * every) if s % every]) if kill == "between"
+                              else every * rnd.randrange(1, 3))
+                run.until(lambda line: line.startswith(f"rank {rank} step {at} "), f"step {at} on rank {rank}",
+                          deadline)
+            else:
+                at = start + every
+                step_dir = out / f"step-{at:06d}"
+                held = step_dir.with_name(step_dir.name + ".tmp") / "MANIFEST.json" if point == 0 else step_dir
+                # Written by this launch, not left by an earlier kill (which the save may be
+                # deleting right now): then rank 0 is at the failpoint.
+                while not _written_since(held, t0):
+                    assert run.p.poll() is None and time.monotonic() < deadline, run.why()
+                    time.sleep(0.01)
+            os.kill(run.pid(rank), signal.SIGKILL)
+            # torchrun (no restart) tears the other rank down and fails.
+            assert run.finish(deadline) != 0, run.why()
+        finally:
+            run.close()
+        if point is None:
+            # A kill costs at most the steps since the last save; one as a save begins
+            # may or may not let that save commit.
+            assert (at - 1) // every * every <= picked() <= at, (at, picked())
+        else:
+            # Killed inside the save: its step was never declared, so it is not resumed,
+            # unless nothing was ever declared and the step directory is whole.
+            assert held.exists() and (out / "LATEST").exists() == (start > 0), sorted(os.listdir(out))
+            assert picked() == (at if point == 1 and start == 0 else start), sorted(os.listdir(out))
+        start = picked()
+
+    # The last launch may restart its workers once: a rank killed past the last resume,
+    # torchrun restarts both with the same arguments, and they resume from the newest save.
+    deadline = time.monotonic() + TIMEOUT
+    rank, at = rnd.randrange(2), rnd.randrange(start + 1, 59)
+    run = Launch(tmp_path, args, _env(**RESTARTABLE), restarts=1)
+    try:
+        assert run.start_of_both(deadline) == start
+        run.until(lambda line: line.startswith(f"rank {rank} step {at} "), f"step {at} on rank {rank}", deadline)
+        os.kill(run.pid(rank), signal.SIGKILL)
+        again = run.start_of_both(deadline)
+        assert (at - 1) // every * every <= again <= at, (at, again)
+        assert run.finish(deadline) == 0, run.why()
+    finally:
+        run.close()
+    assert run.seen[-1] == want
     tlio("ckpt", "verify", str(out))
