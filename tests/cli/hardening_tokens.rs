@@ -104,6 +104,21 @@ fn one_huge_word_is_refused_with_its_limit_not_an_abort() {
     }
 }
 
+#[test]
+fn a_tokenizer_json_refuses_a_document_over_its_limit_naming_it() {
+    // 9 MiB of short words: every piece is small, but the library would hold ~1 GB.
+    let dir = tmp();
+    let input = dir.path().join("w.txt");
+    std::fs::write(&input, "ab cd ".repeat((9 << 20) / 6)).unwrap();
+    let json = fixture("tokenizers").join("bpe_small.json");
+    let out = dir.path().join("w.bin");
+    let (code, err) = run(pack(&input, json.to_str().unwrap(), &out).args(["--eot", "none"]));
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("8388608") && err.contains("split the document"), "{err}");
+    assert!(!out.exists());
+}
+
 /// bpe_small.json with `edit` applied to its top-level object.
 fn edited_tokenizer(dir: &Path, name: &str, edit: &dyn Fn(&mut serde_json::Value)) -> PathBuf {
     let bytes = std::fs::read(fixture("tokenizers").join("bpe_small.json")).unwrap();
