@@ -29,6 +29,11 @@ pub const SGD_LR: f64 = 0.1;
 pub enum TrainCommand {
     /// Train the bigram model on token shards with atomic checkpoints; a run killed at
     /// any instant and resumed with --resume ends bitwise equal to an uninterrupted one.
+    ///
+    /// The model is a V x V table of F32 logits, and the optimizer keeps two more of the
+    /// same size: V x V x 3 x 4 bytes of state, at most 4 GiB, so V is at most 18,918.
+    /// Byte shards (V 256) and small tokenizers fit; a GPT-2 shard (V 50,257) would need
+    /// 30 GB and is refused before training starts.
     // The usage writes the shards as clap's Arguments section does (`[SHARD]...`: the
     // hidden old `--data` spelling can stand in for them); the argument's help says
     // that at least one is required.

@@ -115,7 +115,10 @@ fn a_tokenizer_json_refuses_a_document_over_its_limit_naming_it() {
     let (code, err) = run(pack(&input, json.to_str().unwrap(), &out).args(["--eot", "none"]));
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("8388608") && err.contains("split the document"), "{err}");
+    assert!(
+        err.contains("8388608") && err.contains("split the document"),
+        "{err}"
+    );
     assert!(!out.exists());
 }
 

@@ -355,7 +355,10 @@ fn pack_out_of_vocab_leaves_no_output() {
 
 fn windows(shards: &[PathBuf], seed: &str, extra: &[&str]) -> Vec<String> {
     let mut cmd = windows_cmd(5, 3);
-    cmd.args(["--seed", seed]).args(shards).args(extra);
+    if !seed.is_empty() {
+        cmd.args(["--seed", seed]);
+    }
+    cmd.args(shards).args(extra);
     stdout_of(&mut cmd).lines().map(str::to_string).collect()
 }
 
@@ -459,10 +462,11 @@ fn windows_resume_across_processes_is_bitwise() {
         first[n - 1].ends_with(&format!("\"cursor\":{}}}", saved.trim())),
         "{saved}"
     );
-    // A different seed on resume: the cursor replaces the whole position.
+    // No seed on resume: the cursor holds the whole position, the generator's state
+    // included (a seed beside it is refused).
     let rest = windows(
         &shards,
-        "7",
+        "",
         &[
             "--batches",
             &m.to_string(),
@@ -1399,4 +1403,30 @@ fn decode_reads_a_byte_level_shard_back_and_a_wrong_tokenizer_says_what_to_do() 
     );
     assert!(err.contains("vocabulary size mismatch"), "{err}");
     assert!(err.contains("use --tokenizer bytes"), "{err}");
+}
+
+#[test]
+fn windows_refuses_a_seed_beside_a_cursor_at_parse_time() {
+    // The cursor holds the generator's state, so a seed beside it would be silently
+    // ignored: clap refuses the pair before any file is read (the cursor need not
+    // exist).
+    let out = tlio()
+        .args([
+            "tokens",
+            "windows",
+            "s.bin",
+            "--seq-len",
+            "4",
+            "--batch",
+            "2",
+        ])
+        .args(["--cursor", "no-such.json", "--seed", "9"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--seed") && err.contains("--cursor") && err.lines().count() == 1,
+        "{err}"
+    );
 }

@@ -591,3 +591,15 @@ fn resume_says_which_newer_step_it_refused_and_repairs_it() {
     // run ends exactly where the uninterrupted one did.
     assert_eq!(res.stdout, line);
 }
+
+#[test]
+fn bigram_help_states_the_model_state_limit_before_a_user_tries() {
+    let out = tlio().args(["train", "bigram", "--help"]).output().unwrap();
+    // The help is wrapped to the terminal's width: compare words, not lines.
+    let help = String::from_utf8_lossy(&out.stdout);
+    let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("V x V x 3 x 4 bytes") && words.contains("4 GiB") && words.contains("18,918"),
+        "{help}"
+    );
+}

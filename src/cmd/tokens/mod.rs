@@ -193,8 +193,9 @@ pub struct WindowsArgs {
     /// B: windows per batch.
     #[arg(long, value_name = "B")]
     pub batch: usize,
-    /// The generator seed S: PCG32 seed(S, 54).
-    #[arg(long, value_name = "S", default_value_t = 0)]
+    /// The generator seed S: PCG32 seed(S, 54). Not with --cursor, which holds the
+    /// generator's state.
+    #[arg(long, value_name = "S", default_value_t = 0, conflicts_with = "cursor")]
     pub seed: u64,
     /// How many batches to print.
     #[arg(long, value_name = "N", default_value_t = 1)]
