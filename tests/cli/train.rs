@@ -599,7 +599,9 @@ fn bigram_help_states_the_model_state_limit_before_a_user_tries() {
     let help = String::from_utf8_lossy(&out.stdout);
     let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        words.contains("V x V x 3 x 4 bytes") && words.contains("4 GiB") && words.contains("18,918"),
+        words.contains("V x V x 3 x 4 bytes")
+            && words.contains("4 GiB")
+            && words.contains("18,918"),
         "{help}"
     );
 }

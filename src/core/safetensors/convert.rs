@@ -1,14 +1,17 @@
 //! `convert`: re-encode the float tensors of a file to another float dtype, copying the
 //! rest, into a canonical file written atomically, streaming through fixed buffers.
 //!
-//! Invariants: memory use is a few MiB whatever the file size (the input is read with
-//! plain reads, not mapped, so its pages are never charged to this process); each value
+//! Invariants: memory use is a few MiB whatever the file size (the input is mapped one
+//! chunk-sized window at a time, at most two windows alive, so no more of its pages are
+//! ever charged to this process, and none is copied into a buffer first); each value
 //! is rounded once, from its source value (F64 sources are encoded from f64, every other
 //! float dtype decodes exactly to f32); the output never replaces the input.
 
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::Path;
+
+use memmap2::{Mmap, MmapOptions};
 
 use super::dtype::Dtype;
 use super::float::{
@@ -104,12 +107,11 @@ pub fn convert_saturating(
         ..ConvertReport::default()
     };
     let mut stream = Stream {
-        src: &mut src,
+        src: &src,
+        size,
         out: &mut out,
         input,
         saturate,
-        raw: vec![0u8; CONVERT_CHUNK],
-        next: vec![0u8; CONVERT_CHUNK],
         encoded: Vec::new(),
         pending: Vec::new(),
         done: 0,
@@ -153,13 +155,12 @@ fn plan_dtypes<'h>(
 
 /// The source, the output and the fixed buffers one conversion streams through.
 struct Stream<'a> {
-    src: &'a mut File,
+    src: &'a File,
+    /// The input's size when its header was validated: no window reaches past it.
+    size: u64,
     out: &'a mut AtomicFile,
     input: &'a Path,
     saturate: bool,
-    raw: Vec<u8>,
-    /// The chunk read ahead while the previous one is converted and written.
-    next: Vec<u8>,
     encoded: Vec<u8>,
     /// The previous chunk's output, written while the current chunk is converted.
     pending: Vec<u8>,
@@ -195,46 +196,51 @@ impl Stream<'_> {
             path: input.to_path_buf(),
             source,
         };
-        self.src.seek(SeekFrom::Start(start)).map_err(io)?;
-        let mut lengths = chunk_lengths(t.byte_len(), self.raw.len());
+        let mut lengths = chunk_lengths(t.byte_len(), CONVERT_CHUNK);
+        let mut at = start;
         let mut current = lengths.next();
-        if let Some(n) = current {
-            read_into(self.src, &mut self.raw, n).map_err(io)?;
-        }
+        let mut window = match current {
+            Some(n) => Some(Window::map(self.src, self.size, at, n).map_err(io)?),
+            None => None,
+        };
         let mut index = 0u64;
-        while let Some(n) = current {
+        while let (Some(n), Some(this)) = (current, window.take()) {
             let following = lengths.next();
-            let (src, next) = (&mut *self.src, &mut self.next);
-            let read_ahead = || following.map_or(Ok(()), |m| read_into(src, next, m));
+            let next_at = at + n as u64;
+            let (src, size) = (self.src, self.size);
+            // The next window is mapped (and its pages faulted in, read from disk if
+            // they must be) while this one is converted and written.
+            let map_ahead = || {
+                following
+                    .map(|m| Window::map(src, size, next_at, m))
+                    .transpose()
+            };
+            let bytes = this.bytes();
             if to == t.dtype {
-                let (read, wrote) = rayon::join(read_ahead, || {
-                    self.out.write_all(self.raw.get(..n).unwrap_or_default())
-                });
+                let (ahead, wrote) = rayon::join(map_ahead, || self.out.write_all(bytes));
                 wrote.map_err(SafetensorsError::Write)?;
-                read.map_err(io)?;
+                window = ahead.map_err(io)?;
                 self.written += n as u64;
             } else {
-                // Three things at once: the next chunk is read, the previous chunk's
+                // Three things at once: the next window is mapped, the previous chunk's
                 // output is written, and this chunk is converted (in parallel pieces).
                 let (out, pending) = (&mut *self.out, &self.pending);
                 let write_back = || out.write_all(pending);
-                let ((read, wrote), work) = rayon::join(
-                    || rayon::join(read_ahead, write_back),
-                    || {
-                        let chunk = self.raw.get(..n).unwrap_or_default();
-                        encode_parallel(chunk, &mut self.encoded, t, to, index, self.saturate)
-                    },
+                let ((ahead, wrote), work) = rayon::join(
+                    || rayon::join(map_ahead, write_back),
+                    || encode_parallel(bytes, &mut self.encoded, t, to, index, self.saturate),
                 );
                 wrote.map_err(SafetensorsError::Write)?;
-                read.map_err(io)?;
+                window = ahead.map_err(io)?;
                 self.written += self.pending.len() as u64;
                 index += work?;
                 std::mem::swap(&mut self.pending, &mut self.encoded);
             }
-            std::mem::swap(&mut self.raw, &mut self.next);
+            drop(this);
             self.start_writeback()?;
             self.done += n as u64;
             progress(self.done, self.total);
+            at = next_at;
             current = following;
         }
         self.write_pending()
@@ -307,15 +313,48 @@ fn advise_sequential(file: &File) {
 #[cfg(not(target_os = "linux"))]
 fn advise_sequential(_file: &File) {}
 
-/// Read exactly `n` bytes into the front of `buf` (resized when it is shorter).
-fn read_into(src: &mut File, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
-    if buf.len() < n {
-        buf.resize(n, 0);
+/// Alignment of a window's start: a multiple of every page size Linux and macOS use
+/// (4, 16 and 64 KiB), as mmap's offset must be.
+const WINDOW_ALIGN: u64 = 64 << 10;
+
+/// One chunk of the input, mapped read-only: `len` bytes at file offset `at`.
+struct Window {
+    map: Mmap,
+    /// Bytes between the aligned start of the mapping and `at`.
+    skip: usize,
+}
+
+impl Window {
+    /// Map `len` bytes at `at` of `file` (whose validated size is `size`), pages
+    /// populated. A range past `size` is refused before mapping, so no access can fall
+    /// beyond the end the header was checked against.
+    fn map(file: &File, size: u64, at: u64, len: usize) -> std::io::Result<Window> {
+        let end = at.checked_add(len as u64).filter(|&e| e <= size);
+        if end.is_none() || len == 0 {
+            return Err(std::io::Error::other(
+                "a chunk lies outside the file the header was validated against",
+            ));
+        }
+        let base = at - at % WINDOW_ALIGN;
+        let skip = usize::try_from(at - base).map_err(std::io::Error::other)?;
+        // SAFETY: a read-only private view of a file tlio opened read-only and never
+        // writes (outputs are new files renamed into place). Another process truncating
+        // the input during the conversion could fault on access: the documented risk
+        // of every memory-mapped reader (see `mmap.rs`).
+        #[allow(unsafe_code, reason = "memory-mapping an input window; see SAFETY")]
+        let map = unsafe {
+            MmapOptions::new()
+                .offset(base)
+                .len(skip + len)
+                .populate()
+                .map(file)?
+        };
+        Ok(Window { map, skip })
     }
-    let chunk = buf
-        .get_mut(..n)
-        .ok_or_else(|| std::io::Error::other("a chunk is larger than the conversion buffer"))?;
-    src.read_exact(chunk)
+
+    fn bytes(&self) -> &[u8] {
+        self.map.get(self.skip..).unwrap_or_default()
+    }
 }
 
 /// Source bytes of one parallel piece (a multiple of every element size): small

@@ -1167,3 +1167,37 @@ fn integer_encoding_takes_exactly_its_range() {
         }
     }
 }
+
+/// `convert` maps the input a chunk-sized window at a time: a tensor over several
+/// windows, starting at an offset no page boundary falls on, and small tensors around
+/// it, convert to the bytes `write` gives the same values in the target dtype.
+#[test]
+fn convert_across_windows_at_unaligned_offsets_equals_write() {
+    use super::convert::{convert, CONVERT_CHUNK};
+    let n = CONVERT_CHUNK / 4 * 2 + 777;
+    let big: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
+    let odd: Vec<f32> = (0..13).map(|i| i as f32 / 3.0).collect();
+    let ints = [1u8, 2, 3, 4, 5, 6, 7, 8];
+    let m = meta(&[("k", "an odd-length value")]);
+    let src = to_vec(
+        &[
+            f32s("a.big", Dtype::F32, &[n as u64], &big),
+            f32s("b.odd", Dtype::F32, &[13], &odd),
+            raw("c.ints", Dtype::I32, &[2], &ints),
+        ],
+        &m,
+    );
+    let want = to_vec(
+        &[
+            f32s("a.big", Dtype::BF16, &[n as u64], &big),
+            f32s("b.odd", Dtype::BF16, &[13], &odd),
+            raw("c.ints", Dtype::I32, &[2], &ints),
+        ],
+        &m,
+    );
+    let (dir, input) = roundtrip_file(&src);
+    let output = dir.path().join("out.safetensors");
+    let report = convert(&input, &output, Dtype::BF16, &|_| true, &mut |_, _| {}).unwrap();
+    assert_eq!((report.converted, report.copied), (2, 1));
+    assert!(std::fs::read(&output).unwrap() == want);
+}
