@@ -40,7 +40,7 @@ pub enum GenerateCommand {
 const MAN_EXAMPLES: &str = "\
 Examples:
   tlio generate man -o man
-  tlio generate man -o ~/.local/share/man/man1 && man tlio-st-inspect";
+  tlio generate man -o ~/.local/share/man/man1   # then add ~/.local/share/man to MANPATH";
 
 const COMPLETIONS_EXAMPLES: &str = "\
 Examples:
