@@ -118,17 +118,20 @@ pub fn stdin_closed_error() -> io::Error {
 /// directory is named with what it is ("not a directory but a FIFO"), where the system
 /// only says "File exists" and leaves the user to guess which component is wrong.
 pub fn create_dir_all(path: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(path).map_err(|e| name_non_directory(path, e))
+    std::fs::create_dir_all(path).map_err(|e| match e.kind() {
+        // mkdir of a path that is a FIFO or file fails with EEXIST.
+        io::ErrorKind::AlreadyExists => not_a_directory(path).unwrap_or(e),
+        _ => name_non_directory(path, e),
+    })
 }
 
 /// `err`, from an operation on `path`, with the component of `path` that exists but is
-/// not a directory named as what it is, when that is the failure (`ENOTDIR`, or
-/// `EEXIST` from a mkdir): the system's text names no component.
+/// not a directory named as what it is, when that is the failure (`ENOTDIR`): the
+/// system's text names no component. Other errors (an `EEXIST` of a file created
+/// exclusively among them) are returned as they are.
 pub fn name_non_directory(path: &Path, err: io::Error) -> io::Error {
     match err.kind() {
-        io::ErrorKind::NotADirectory | io::ErrorKind::AlreadyExists => {
-            not_a_directory(path).unwrap_or(err)
-        }
+        io::ErrorKind::NotADirectory => not_a_directory(path).unwrap_or(err),
         _ => err,
     }
 }
