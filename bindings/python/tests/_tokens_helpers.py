@@ -149,10 +149,10 @@ def cli_windows(
     shards: Sequence[Path], seq_len: int, batch: int, seed: int, batches: int,
     cursor: Optional[Path] = None,
 ) -> List[Dict]:
-    """`tlio tokens windows`'s JSON lines."""
+    """`tlio tokens windows`'s JSON lines; with `cursor`, `seed` is not passed (the
+    cursor holds the generator's state, and the CLI refuses the two together)."""
     args = ["tokens", "windows", *map(str, shards), "--seq-len", str(seq_len),
-            "--batch", str(batch), "--seed", str(seed), "--batches", str(batches)]
-    if cursor is not None:
-        args += ["--cursor", str(cursor)]
+            "--batch", str(batch), "--batches", str(batches)]
+    args += ["--cursor", str(cursor)] if cursor is not None else ["--seed", str(seed)]
     out = tlio(*args)
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
