@@ -182,7 +182,7 @@ struct Codec {
 
 impl Stream<'_> {
     /// Copy or re-encode tensor `t` (whose data starts at file offset `start`) as `to`,
-    /// a chunk at a time; the next chunk is read while the current one is converted
+    /// a chunk at a time; the next window is mapped while the current one is converted
     /// and written.
     fn tensor(
         &mut self,
