@@ -197,7 +197,8 @@ const PACK_BLOCK: usize = 64;
 /// so the bits are those of 1.5 * 2^23 plus the integer, whose low four bits are the
 /// integer's two's-complement nibble. NaN (impossible for finite weights and a
 /// positive finite scale) would give some nibble, never undefined behaviour.
-fn nibble(x: f32) -> u8 {
+#[inline(always)]
+pub(super) fn nibble(x: f32) -> u8 {
     const MAGIC: f32 = 12_582_912.0;
     ((x.clamp(-8.0, QMAX) + MAGIC).to_bits() & 0x0F) as u8
 }

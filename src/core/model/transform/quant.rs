@@ -7,6 +7,7 @@
 //! error, never dequantized; a value the target cannot hold names its tensor and index.
 
 use super::super::int4::{dequantize_row, quantize_row, row_scales, QuantFailure, SCALES_SUFFIX};
+use super::super::int4_kernel::quantize_raw;
 use super::super::{Model, ModelError};
 use super::plan::{OutTensor, Quant};
 use super::read::{entry, Files};
@@ -125,14 +126,19 @@ fn quantize_pieces(
         .par_chunks(piece * size.max(1))
         .enumerate()
         .map(|(k, bytes)| {
-            let mut vals = Vec::with_capacity(piece);
-            decode_f32(dtype, bytes, &mut vals);
             let (mut s, mut p) = (Vec::new(), Vec::new());
             // The scales pass needs no values: only the qweight pass packs them.
-            let done = if scales_only {
-                row_scales(&vals, g, &mut s)
-            } else {
-                quantize_row(&vals, g, &mut s, &mut p)
+            let done = match quantize_raw(bytes, dtype, g, !scales_only, &mut s, &mut p) {
+                Some(done) => done,
+                None => {
+                    let mut vals = Vec::with_capacity(piece);
+                    decode_f32(dtype, bytes, &mut vals);
+                    if scales_only {
+                        row_scales(&vals, g, &mut s)
+                    } else {
+                        quantize_row(&vals, g, &mut s, &mut p)
+                    }
+                }
             };
             done.map_err(|(col, f)| (col + k * piece, f))
                 .map(|()| (s, p))
