@@ -8,7 +8,7 @@
 #      onto tmpfs (TMPFS, no disk)                 vs  cat in > TMPFS/x
 #      safetensors + ml_dtypes in Python (onto tmpfs)
 #   2. `st quantize --int4` of a 1 GiB BF16 file (16 x [4096, 8192] `_proj.weight`s),
-#      durable and onto tmpfs, against dd / cat of its input;
+#      durable and onto tmpfs, against dd / cat of its input and the rule in numpy;
 #   3. a 4-shard F32 model directory (the file of 1 split in four) -> BF16, durable
 #      and onto tmpfs, against dd / cat of its shards.
 #   Then the inspect of a sparse file whose header claims 20 GB (wall time).
@@ -60,6 +60,22 @@ PY_CONVERT='import sys, ml_dtypes
 from safetensors.numpy import load_file, save_file
 save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in load_file(sys.argv[1]).items()}, sys.argv[2])'
 
+# What a Python user writes for int4-g32-sym: the rule in numpy, a tensor at a time
+# (its tensors equal tlio's; checked below).
+PY_QUANTIZE='import sys, ml_dtypes, numpy as np
+from safetensors.numpy import load_file, save_file
+out = {}
+for k, v in load_file(sys.argv[1]).items():
+    w = v.astype(np.float32).reshape(v.shape[0], -1, 32)
+    s = (np.abs(w).max(axis=2) / np.float32(7)).astype(np.float16)
+    sf = s.astype(np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(sf == 0, 0, np.clip(np.rint(w / sf), -8, 7)).astype(np.int8)
+    q = q.reshape(v.shape[0], -1).view(np.uint8) & 0x0F
+    out[k + ".qweight"] = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    out[k + ".scales"] = s
+save_file(out, sys.argv[2], metadata={"quant": "int4-g32-sym"})'
+
 # The jobs: NAME and a command run by bash -c (outputs removed after each run).
 JOBS=(
     "convert_disk|$TLIO -q st convert $IN -o $WORK/o.st --dtype BF16"
@@ -71,6 +87,7 @@ JOBS=(
     "q_dd_fsync|dd if=$Q_IN of=$WORK/q.dd bs=1M conv=fsync status=none"
     "quantize_tmpfs|$TLIO -q st quantize $Q_IN -o $SHM/q.st --int4"
     "q_cat_tmpfs|cat $Q_IN > $SHM/q.cat"
+    "q_python_tmpfs|$PY -c '$PY_QUANTIZE' $Q_IN $SHM/q.py"
     "dir_disk|$TLIO -q st convert $DIR -o $WORK/d.out --dtype BF16"
     "dir_dd_fsync|for f in $DIR/*.safetensors; do dd if=\$f of=$WORK/d.dd.\$(basename \$f) bs=1M conv=fsync status=none; done"
     "dir_tmpfs|$TLIO -q st convert $DIR -o $SHM/d.out --dtype BF16"
@@ -112,7 +129,7 @@ END {
     for (i = 1; i <= n; i++) { k = order[i]; W[k] = med(w[k])
         printf "%-22s %8.2f %8.2f %8.2f %9.0f %6.2f\n", k, W[k], med(u[k]), med(s[k]), med(m[k]) / 1024, med(l[k]) }
     printf "\nratios (goal): convert_disk/dd_fsync %.2f (<= 0.6), convert_tmpfs/cat_tmpfs %.2f (<= 0.5), convert_tmpfs/python_tmpfs %.2f (<= 0.5)\n", W["convert_disk"] / W["dd_fsync"], W["convert_tmpfs"] / W["cat_tmpfs"], W["convert_tmpfs"] / W["python_tmpfs"]
-    printf "quantize_disk/q_dd_fsync %.2f, quantize_tmpfs/q_cat_tmpfs %.2f; dir_disk/dir_dd_fsync %.2f, dir_tmpfs/dir_cat_tmpfs %.2f\n", W["quantize_disk"] / W["q_dd_fsync"], W["quantize_tmpfs"] / W["q_cat_tmpfs"], W["dir_disk"] / W["dir_dd_fsync"], W["dir_tmpfs"] / W["dir_cat_tmpfs"]
+    printf "quantize_disk/q_dd_fsync %.2f, quantize_tmpfs/q_cat_tmpfs %.2f, quantize_tmpfs/q_python_tmpfs %.2f; dir_disk/dir_dd_fsync %.2f, dir_tmpfs/dir_cat_tmpfs %.2f\n", W["quantize_disk"] / W["q_dd_fsync"], W["quantize_tmpfs"] / W["q_cat_tmpfs"], W["quantize_tmpfs"] / W["q_python_tmpfs"], W["dir_disk"] / W["dir_dd_fsync"], W["dir_tmpfs"] / W["dir_cat_tmpfs"]
 }' "$RES"
 
 # Output bytes: this build against TLIO_BEFORE on the benchmark files.
@@ -127,6 +144,17 @@ if [ -n "${TLIO_BEFORE:-}" ]; then
     rm -f "$WORK"/new.* "$WORK"/old.*
 fi
 "$TLIO" st verify "$IN" >/dev/null
+"$TLIO" -q st quantize "$Q_IN" -o "$WORK/q.tlio" --int4
+"$PY" -c "$PY_QUANTIZE" "$Q_IN" "$WORK/q.py"
+"$PY" - "$WORK/q.tlio" "$WORK/q.py" <<'EOF'
+import sys
+import numpy as np
+from safetensors.numpy import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+same = sorted(a) == sorted(b) and all(np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)) for k in a)
+print("int4 tensors equal to the numpy rule's:", same)
+EOF
+rm -f "$WORK/q.tlio" "$WORK/q.py"
 
 # Inspect reads the header only: a sparse file claiming 20 GB of data.
 SPARSE="$WORK/sparse_20gb.safetensors"
