@@ -37,6 +37,12 @@ pub fn quantize_raw(
         return None;
     }
     let group = group.max(MIN_GROUP as usize);
+    // The fused AVX2 build takes groups of whole 32-weight runs; a group it cannot
+    // finish (an error) is found, with its column, by the passes below.
+    #[cfg(target_arch = "x86_64")]
+    if super::int4_avx2::quantize(raw, dtype, group, pack, scales, packed) == Some(true) {
+        return Some(Ok(()));
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the function only needs AVX2 and FMA, which were detected just now

@@ -25,6 +25,7 @@ pub mod arch;
 mod config;
 pub mod index;
 pub mod int4;
+mod int4_avx2;
 mod int4_kernel;
 pub mod outdir;
 pub mod transform;

@@ -44,7 +44,9 @@ pub(super) fn quantize_entry(
     let keep = !is_scales && numel / q.group.max(1) * 2 <= SCALES_KEPT_MAX;
     let mut kept = Vec::new();
     let (mut raw, mut next) = (Vec::new(), Vec::new());
-    let (mut scales, mut packed, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut scales, mut packed) = (Vec::new(), Vec::new());
+    // The bytes of the chunk before, written while this one is quantized.
+    let (mut bytes, mut pending) = (Vec::new(), Vec::new());
     let len_at = |at: u64| (numel - at).min(step as u64) as usize;
     let mut at = 0u64;
     if at < numel {
@@ -55,50 +57,63 @@ pub(super) fn quantize_entry(
         let n = len_at(at);
         let after = at + n as u64;
         let files_ref = &*files;
-        // The next chunk is read while this one is quantized.
-        let read_ahead = || {
+        let out = &mut sink.out;
+        // Three jobs at once: the next chunk read, the chunk before written, this
+        // chunk quantized (in pieces, which the two threads share once their I/O is
+        // done). Errors keep the order of a serial run: the write, the work, the read.
+        let io = || {
+            let wrote = out.write(&pending);
             if after >= numel {
-                return Ok(());
+                return (wrote, Ok(()));
             }
             next.resize(len_at(after) * size, 0);
-            files_ref.read(q.entry, after * size as u64, &mut next)
+            (
+                wrote,
+                files_ref.read(q.entry, after * size as u64, &mut next),
+            )
         };
         scales.clear();
         packed.clear();
-        let (read, done) = rayon::join(read_ahead, || {
-            quantize_pieces(
-                &raw,
-                (info.dtype, size, g),
-                is_scales,
-                &mut scales,
-                &mut packed,
-            )
-        });
+        let (done, (wrote, read)) = rayon::join(
+            || {
+                quantize_pieces(
+                    &raw,
+                    (info.dtype, size, g),
+                    is_scales,
+                    &mut scales,
+                    &mut packed,
+                )
+            },
+            io,
+        );
+        wrote?;
         done.map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
         read?;
         if is_scales {
             bytes.clear();
-            for s in &scales {
-                bytes.extend_from_slice(&s.to_le_bytes());
-            }
-            sink.write(&bytes)?;
+            scale_bytes(&scales, &mut bytes);
         } else {
-            sink.write(&packed)?;
+            std::mem::swap(&mut bytes, &mut packed);
             if keep {
-                for s in &scales {
-                    kept.extend_from_slice(&s.to_le_bytes());
-                }
+                scale_bytes(&scales, &mut kept);
             }
         }
+        std::mem::swap(&mut pending, &mut bytes);
         std::mem::swap(&mut raw, &mut next);
         at = after;
         // Each source tensor is read twice (scales, then values): count half.
         (sink.tick)((n * size / 2) as u64);
     }
+    sink.write(&pending)?;
     if keep {
         files.scales = Some((q.entry, q.group, kept));
     }
     Ok(())
+}
+
+/// Append the little-endian bytes of the scale bits `scales` to `bytes`.
+fn scale_bytes(scales: &[u16], bytes: &mut Vec<u8>) {
+    bytes.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
 }
 
 /// The most scales bytes the qweight pass keeps for the scales pass (larger scales

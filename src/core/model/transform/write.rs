@@ -68,7 +68,7 @@ pub(super) fn shard_to(
         let now = done.fetch_add(n, Ordering::Relaxed) + n;
         progress(now, total);
     };
-    let mut body = |out: &mut dyn Write| -> Result<(), ModelError> {
+    let mut body = |out: &mut (dyn Write + Send)| -> Result<(), ModelError> {
         for &i in &layout.order {
             if let Some(t) = tensors.get(i) {
                 produce(model, &mut files, t, out, &mut tick)?;
@@ -154,7 +154,7 @@ impl ShardFile {
         )))
     }
 
-    fn out(&mut self) -> &mut dyn Write {
+    fn out(&mut self) -> &mut (dyn Write + Send) {
         match self {
             ShardFile::Atomic(f) => f,
             ShardFile::Plain(w) => w,
@@ -187,7 +187,7 @@ fn write_shard(
     target: &Path,
     atomic: bool,
     header: &[u8],
-    body: &mut dyn FnMut(&mut dyn Write) -> Result<(), ModelError>,
+    body: &mut dyn FnMut(&mut (dyn Write + Send)) -> Result<(), ModelError>,
 ) -> Result<(), ModelError> {
     let mut file = ShardFile::create(target, atomic)?;
     file.out()
@@ -197,15 +197,27 @@ fn write_shard(
     file.finish(target)
 }
 
-/// Where one output tensor's bytes go: its name (for write errors), the writer and
-/// the progress counter.
+/// Where one output tensor's bytes go: the writer (with the tensor's name, for write
+/// errors) and the progress counter.
 pub(super) struct Sink<'s> {
-    name: &'s str,
-    out: &'s mut dyn Write,
+    pub(super) out: Out<'s>,
     pub(super) tick: &'s mut dyn FnMut(u64),
 }
 
+/// The writer of one output tensor: apart from the progress counter so that it can
+/// be handed to another thread (a write overlapping the next chunk's work).
+pub(super) struct Out<'s> {
+    name: &'s str,
+    out: &'s mut (dyn Write + Send),
+}
+
 impl Sink<'_> {
+    pub(super) fn write(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
+        self.out.write(bytes)
+    }
+}
+
+impl Out<'_> {
     pub(super) fn write(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
         self.out
             .write_all(bytes)
@@ -221,12 +233,11 @@ fn produce(
     model: &Model,
     files: &mut Files<'_>,
     t: &OutTensor,
-    out: &mut dyn Write,
+    out: &mut (dyn Write + Send),
     tick: &mut dyn FnMut(u64),
 ) -> Result<(), ModelError> {
     let mut sink = Sink {
-        name: &t.name,
-        out,
+        out: Out { name: &t.name, out },
         tick,
     };
     match t.plan {
