@@ -11,7 +11,6 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use memmap2::{Mmap, MmapOptions};
 
 use super::dtype::Dtype;
 use super::float::{
@@ -19,6 +18,7 @@ use super::float::{
 };
 use super::header::{read_header_from, Header, ReadFailure, TensorInfo};
 use super::kernels::{convert_slice, fast_pair};
+use super::mmap::Window;
 use super::write::{canonical_header, TensorSpec};
 use super::SafetensorsError;
 use crate::atomic::{same_file, AtomicFile};
@@ -312,50 +312,6 @@ fn advise_sequential(file: &File) {
 
 #[cfg(not(target_os = "linux"))]
 fn advise_sequential(_file: &File) {}
-
-/// Alignment of a window's start: a multiple of every page size Linux and macOS use
-/// (4, 16 and 64 KiB), as mmap's offset must be.
-const WINDOW_ALIGN: u64 = 64 << 10;
-
-/// One chunk of the input, mapped read-only: `len` bytes at file offset `at`.
-struct Window {
-    map: Mmap,
-    /// Bytes between the aligned start of the mapping and `at`.
-    skip: usize,
-}
-
-impl Window {
-    /// Map `len` bytes at `at` of `file` (whose validated size is `size`), pages
-    /// populated. A range past `size` is refused before mapping, so no access can fall
-    /// beyond the end the header was checked against.
-    fn map(file: &File, size: u64, at: u64, len: usize) -> std::io::Result<Window> {
-        let end = at.checked_add(len as u64).filter(|&e| e <= size);
-        if end.is_none() || len == 0 {
-            return Err(std::io::Error::other(
-                "a chunk lies outside the file the header was validated against",
-            ));
-        }
-        let base = at - at % WINDOW_ALIGN;
-        let skip = usize::try_from(at - base).map_err(std::io::Error::other)?;
-        // SAFETY: a read-only private view of a file tlio opened read-only and never
-        // writes (outputs are new files renamed into place). Another process truncating
-        // the input during the conversion could fault on access: the documented risk
-        // of every memory-mapped reader (see `mmap.rs`).
-        #[allow(unsafe_code, reason = "memory-mapping an input window; see SAFETY")]
-        let map = unsafe {
-            MmapOptions::new()
-                .offset(base)
-                .len(skip + len)
-                .populate()
-                .map(file)?
-        };
-        Ok(Window { map, skip })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        self.map.get(self.skip..).unwrap_or_default()
-    }
-}
 
 /// Source bytes of one parallel piece (a multiple of every element size): small
 /// enough that a 4 MiB chunk feeds every core, large enough to amortize a task.

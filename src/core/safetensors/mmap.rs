@@ -8,7 +8,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapOptions};
 
 use super::float::{decode_f32, decode_f64, decode_ints};
 use super::header::{read_header_from, Header, ReadFailure, TensorInfo};
@@ -190,5 +190,49 @@ impl MappedFile {
             });
         }
         Ok(out)
+    }
+}
+
+/// Alignment of a window's start: a multiple of every page size Linux and macOS use
+/// (4, 16 and 64 KiB), as mmap's offset must be.
+const WINDOW_ALIGN: u64 = 64 << 10;
+
+/// One chunk of the input, mapped read-only: `len` bytes at file offset `at`.
+pub(crate) struct Window {
+    map: Mmap,
+    /// Bytes between the aligned start of the mapping and `at`.
+    skip: usize,
+}
+
+impl Window {
+    /// Map `len` bytes at `at` of `file` (whose validated size is `size`), pages
+    /// populated. A range past `size` is refused before mapping, so no access can fall
+    /// beyond the end the header was checked against.
+    pub(crate) fn map(file: &File, size: u64, at: u64, len: usize) -> std::io::Result<Window> {
+        let end = at.checked_add(len as u64).filter(|&e| e <= size);
+        if end.is_none() || len == 0 {
+            return Err(std::io::Error::other(
+                "a chunk lies outside the file the header was validated against",
+            ));
+        }
+        let base = at - at % WINDOW_ALIGN;
+        let skip = usize::try_from(at - base).map_err(std::io::Error::other)?;
+        // SAFETY: a read-only private view of a file tlio opened read-only and never
+        // writes (outputs are new files renamed into place). Another process truncating
+        // the input while it is read could fault on access: the documented risk of
+        // every memory-mapped reader (see `map_file`).
+        #[allow(unsafe_code, reason = "memory-mapping an input window; see SAFETY")]
+        let map = unsafe {
+            MmapOptions::new()
+                .offset(base)
+                .len(skip + len)
+                .populate()
+                .map(file)?
+        };
+        Ok(Window { map, skip })
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.map.get(self.skip..).unwrap_or_default()
     }
 }

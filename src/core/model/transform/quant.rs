@@ -43,41 +43,41 @@ pub(super) fn quantize_entry(
     // (a 64th of a BF16 source at group 128): beyond the limit they are recomputed.
     let keep = !is_scales && numel / q.group.max(1) * 2 <= SCALES_KEPT_MAX;
     let mut kept = Vec::new();
-    let (mut raw, mut next) = (Vec::new(), Vec::new());
     let (mut scales, mut packed) = (Vec::new(), Vec::new());
     // The bytes of the chunk before, written while this one is quantized.
     let (mut bytes, mut pending) = (Vec::new(), Vec::new());
     let len_at = |at: u64| (numel - at).min(step as u64) as usize;
     let mut at = 0u64;
-    if at < numel {
-        raw.resize(len_at(at) * size, 0);
-        files.read(q.entry, 0, &mut raw)?;
-    }
-    while at < numel {
+    // The source is mapped a chunk at a time (no copy of it), the next chunk's window
+    // mapped and populated while this one is quantized.
+    let mut window = if at < numel {
+        Some(files.window(q.entry, 0, len_at(at) * size)?)
+    } else {
+        None
+    };
+    while let Some(this) = window.take() {
         let n = len_at(at);
         let after = at + n as u64;
         let files_ref = &*files;
         let out = &mut sink.out;
-        // Three jobs at once: the next chunk read, the chunk before written, this
+        // Three jobs at once: the next chunk mapped, the chunk before written, this
         // chunk quantized (in pieces, which the two threads share once their I/O is
         // done). Errors keep the order of a serial run: the write, the work, the read.
         let io = || {
             let wrote = out.write(&pending);
             if after >= numel {
-                return (wrote, Ok(()));
+                return (wrote, Ok(None));
             }
-            next.resize(len_at(after) * size, 0);
-            (
-                wrote,
-                files_ref.read(q.entry, after * size as u64, &mut next),
-            )
+            let next = files_ref.window(q.entry, after * size as u64, len_at(after) * size);
+            (wrote, next.map(Some))
         };
+        let raw = this.bytes();
         scales.clear();
         packed.clear();
         let (done, (wrote, read)) = rayon::join(
             || {
                 quantize_pieces(
-                    &raw,
+                    raw,
                     (info.dtype, size, g),
                     is_scales,
                     &mut scales,
@@ -88,7 +88,7 @@ pub(super) fn quantize_entry(
         );
         wrote?;
         done.map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
-        read?;
+        window = read?;
         if is_scales {
             bytes.clear();
             scale_bytes(&scales, &mut bytes);
@@ -99,7 +99,6 @@ pub(super) fn quantize_entry(
             }
         }
         std::mem::swap(&mut pending, &mut bytes);
-        std::mem::swap(&mut raw, &mut next);
         at = after;
         // Each source tensor is read twice (scales, then values): count half.
         (sink.tick)((n * size / 2) as u64);

@@ -1,20 +1,25 @@
 //! Positioned reads of a model's tensor data: each shard file opened once, on first
-//! use, and read at an entry's offset.
+//! use, and read at an entry's offset, with `pread` into a caller's buffer or as a
+//! mapped window.
 //!
-//! Invariant: inputs are read with `pread`, never mapped, so memory stays bounded by
-//! the callers' chunk buffers and the pages read are not this process's. Reads take
-//! `&self`, so a chunk can be read ahead while the previous one is worked on.
+//! Invariant: memory stays bounded by the callers' chunks: a window maps one chunk
+//! (pages populated), never a whole file, and is refused past the size the file had
+//! when it was opened. Reads take `&self`, so a chunk can be read ahead while the
+//! previous one is worked on.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::OnceLock;
 
 use super::super::{Entry, Model, ModelError};
+use crate::safetensors::mmap::Window;
 
 /// Open shard files, one handle each, on first use.
 pub(super) struct Files<'a> {
     model: &'a Model,
-    open: Vec<OnceLock<File>>,
+    /// Each shard's handle and its size when opened.
+    open: Vec<OnceLock<(File, u64)>>,
     /// The scales bytes the last qweight pass computed, with the entry and group they
     /// belong to: the scales tensor comes next in file order, and writing it from here
     /// spares reading and quantizing its source a second time.
@@ -32,27 +37,48 @@ impl<'a> Files<'a> {
 
     /// Read `buf.len()` bytes of entry `i`'s data starting `offset` bytes into it.
     pub(super) fn read(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<(), ModelError> {
+        let (file, start, path) = self.locate(i, offset)?;
+        file.0.read_exact_at(buf, start).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Map `len` bytes of entry `i`'s data starting `offset` bytes into it, pages
+    /// populated (no copy: the page cache's own pages).
+    pub(super) fn window(&self, i: usize, offset: u64, len: usize) -> Result<Window, ModelError> {
+        let (file, start, path) = self.locate(i, offset)?;
+        Window::map(&file.0, file.1, start, len).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Entry `i`'s shard file (opened on first use, with its size), the file offset of
+    /// byte `offset` of its data, and the file's path.
+    fn locate(&self, i: usize, offset: u64) -> Result<(&(File, u64), u64, &Path), ModelError> {
         let e = self.model.entry(i).ok_or_else(|| ModelError::Usage {
             detail: format!("no tensor entry {i}"),
         })?;
-        let shard = self
-            .model
-            .shards
-            .get(e.shard)
-            .ok_or_else(|| ModelError::Usage {
-                detail: format!("no shard {}", e.shard),
-            })?;
+        let no_shard = || ModelError::Usage {
+            detail: format!("no shard {}", e.shard),
+        };
+        let shard = self.model.shards.get(e.shard).ok_or_else(no_shard)?;
+        let slot = self.open.get(e.shard).ok_or_else(no_shard)?;
         let io = |source| ModelError::Io {
             path: shard.path.clone(),
             source,
         };
-        let slot = self.open.get(e.shard).ok_or_else(|| ModelError::Usage {
-            detail: format!("no shard {}", e.shard),
-        })?;
-        if slot.get().is_none() {
-            // Two racing first reads may both open; one handle is kept, both are valid.
-            let _ = slot.set(crate::files::open_regular(&shard.path).map_err(io)?);
-        }
+        let file = match slot.get() {
+            Some(f) => f,
+            None => {
+                let f = crate::files::open_regular(&shard.path).map_err(io)?;
+                let size = f.metadata().map_err(io)?.len();
+                // Two racing first uses may both open; one handle is kept, both valid.
+                let _ = slot.set((f, size));
+                slot.get().ok_or_else(no_shard)?
+            }
+        };
         let start = shard
             .header
             .data_start()
@@ -61,10 +87,7 @@ impl<'a> Files<'a> {
             .ok_or_else(|| ModelError::Usage {
                 detail: "offset overflow".to_string(),
             })?;
-        match slot.get() {
-            Some(f) => f.read_exact_at(buf, start).map_err(io),
-            None => Ok(()),
-        }
+        Ok((file, start, &shard.path))
     }
 }
 
