@@ -23,6 +23,8 @@ use std::arch::x86_64::*;
 const LANES: usize = 8;
 /// Weights per packing step: four vectors of nibbles make one 16-byte store.
 const RUN: usize = 32;
+/// BF16 weights per vector in [`run_bf16`]: 16, two to each 32-bit lane.
+const PAIR_LANES: usize = 16;
 /// Groups whose scales are computed together: one vector of amax values.
 const BATCH_GROUPS: usize = 8;
 /// f32's infinity bit pattern (magnitude): an amax at or above it is not finite.
@@ -80,7 +82,7 @@ pub(super) fn quantize(
     let ok = unsafe {
         match dtype {
             Dtype::F32 => run::<32, F32>(raw, per, pack, scales, packed),
-            Dtype::BF16 => run::<16, BF16>(raw, per, pack, scales, packed),
+            Dtype::BF16 => run_bf16(raw, group / PAIR_LANES, pack, scales, packed),
             _ => run::<16, F16>(raw, per, pack, scales, packed),
         }
     };
@@ -118,15 +120,9 @@ fn run<const W: usize, const K: u8>(
                 *m = _mm256_max_epu32(*m, _mm256_and_si256(load::<W, K>(v), abs));
             }
         }
-        let av = reduce_max(lanes);
-        // Magnitudes fit in 31 bits, so the signed compares are the unsigned ones.
-        let inf = _mm256_cmpgt_epi32(av, _mm256_set1_epi32(F32_INF - 1));
-        let s = _mm256_div_ps(_mm256_castsi256_ps(av), seven);
-        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(s);
-        let over = _mm256_cmpgt_epi32(_mm256_cvtepu16_epi32(h), _mm256_set1_epi32(F16_INF - 1));
-        if _mm256_movemask_epi8(_mm256_or_si256(inf, over)) != 0 {
+        let Some(h) = batch_scales(reduce_max(lanes), seven) else {
             return false;
-        }
+        };
         let bits = to_u16(h);
         let groups = batch.len() / per;
         scales.extend_from_slice(bits.get(..groups).unwrap_or_default());
@@ -146,6 +142,101 @@ fn run<const W: usize, const K: u8>(
         }
     }
     true
+}
+
+/// [`run`] for BF16, in pairs: a 32-bit lane holds an even weight (its low half) and
+/// the odd one after it (its high half), so decoding is a shift or a mask, the
+/// magnitudes reduce as 16-bit lanes (16 weights an instruction) and each lane's two
+/// nibbles make one byte in place, leaving one pack and one permute per 32 weights
+/// where [`run`] widens every weight and shuffles four times. `per` is the group's
+/// vectors of 16 weights (even).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn run_bf16(
+    raw: &[u8],
+    per: usize,
+    pack: bool,
+    scales: &mut Vec<u16>,
+    packed: &mut Vec<u8>,
+) -> bool {
+    let (vecs, _) = raw.as_chunks::<32>();
+    let start = packed.len();
+    if pack {
+        packed.resize(start + vecs.len() * PAIR_LANES / 2, 0);
+    }
+    let out = packed.get_mut(start..).unwrap_or_default();
+    let (out, _) = out.as_chunks_mut::<16>();
+    let mut out = out.iter_mut();
+    let abs = _mm256_set1_epi16(0x7FFF);
+    let low = _mm256_set1_epi32(0xFFFF);
+    let seven = _mm256_set1_ps(7.0);
+    for batch in vecs.chunks(per * BATCH_GROUPS) {
+        let mut lanes = [_mm256_setzero_si256(); BATCH_GROUPS];
+        for (m, g) in lanes.iter_mut().zip(batch.chunks_exact(per)) {
+            let mut m16 = _mm256_setzero_si256();
+            for v in g {
+                m16 = _mm256_max_epu16(m16, _mm256_and_si256(load_pairs(v), abs));
+            }
+            // The larger magnitude of each lane's two, as f32 bits.
+            let wide = _mm256_max_epu32(_mm256_and_si256(m16, low), _mm256_srli_epi32::<16>(m16));
+            *m = _mm256_slli_epi32::<16>(wide);
+        }
+        let Some(h) = batch_scales(reduce_max(lanes), seven) else {
+            return false;
+        };
+        let bits = to_u16(h);
+        let groups = batch.len() / per;
+        scales.extend_from_slice(bits.get(..groups).unwrap_or_default());
+        if !pack {
+            continue;
+        }
+        let sf = to_f32(_mm256_cvtph_ps(h));
+        let high = _mm256_set1_epi32(!0xFFFF);
+        for ((g, &s), &b) in batch.chunks_exact(per).zip(&sf).zip(&bits) {
+            let s = _mm256_set1_ps(s);
+            // A zero scale quantizes its group to zeros (w / 0 is no number).
+            let keep = _mm256_set1_epi32(if b == 0 { 0 } else { -1 });
+            let (runs, _) = g.as_chunks::<2>();
+            for (r, o) in runs.iter().zip(&mut out) {
+                let [a, c] = r.each_ref().map(|v| {
+                    let v = load_pairs(v);
+                    let even = nibbles(_mm256_slli_epi32::<16>(v), s, keep);
+                    let odd = nibbles(_mm256_and_si256(v, high), s, keep);
+                    _mm256_or_si256(even, _mm256_slli_epi32::<4>(odd))
+                });
+                // Bytes in 32-bit lanes: 0-3 of a, of c | 4-7 of a, of c after the
+                // packs; the permute puts a's eight before c's.
+                let w = _mm256_packus_epi32(a, c);
+                let w = _mm256_packus_epi16(w, w);
+                let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                *o = to_bytes(_mm256_castsi256_si128(w));
+            }
+        }
+    }
+    true
+}
+
+/// The F16 bits of the scales of the amax vector `av` (f32 bits): amax / 7, rounded
+/// to nearest even; `None` when an amax is not finite or a scale overflows F16.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn batch_scales(av: __m256i, seven: __m256) -> Option<__m128i> {
+    // Magnitudes fit in 31 bits, so the signed compares are the unsigned ones.
+    let inf = _mm256_cmpgt_epi32(av, _mm256_set1_epi32(F32_INF - 1));
+    let s = _mm256_div_ps(_mm256_castsi256_ps(av), seven);
+    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(s);
+    let over = _mm256_cmpgt_epi32(_mm256_cvtepu16_epi32(h), _mm256_set1_epi32(F16_INF - 1));
+    (_mm256_movemask_epi8(_mm256_or_si256(inf, over)) == 0).then_some(h)
+}
+
+/// 16 BF16 weights as 8 32-bit lanes of pairs.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn load_pairs(v: &[u8; 32]) -> __m256i {
+    // SAFETY: `v` holds 32 bytes, which the unaligned 256-bit load reads.
+    #[allow(unsafe_code, reason = "loading a vector from a slice; see SAFETY")]
+    unsafe {
+        _mm256_loadu_si256(v.as_ptr().cast())
+    }
 }
 
 /// The 8 weights of `v` (dtype `K`) as f32 bits.

@@ -11,7 +11,6 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-
 use super::dtype::Dtype;
 use super::float::{
     decode_f32, decode_f64, encode_f32, encode_f64, EncodeError, EncodeFailure, E4M3_MAX,

@@ -38,10 +38,12 @@ impl<'a> Files<'a> {
     /// Read `buf.len()` bytes of entry `i`'s data starting `offset` bytes into it.
     pub(super) fn read(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<(), ModelError> {
         let (file, start, path) = self.locate(i, offset)?;
-        file.0.read_exact_at(buf, start).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        file.0
+            .read_exact_at(buf, start)
+            .map_err(|source| ModelError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
     }
 
     /// Map `len` bytes of entry `i`'s data starting `offset` bytes into it, pages
