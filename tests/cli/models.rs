@@ -459,3 +459,69 @@ fn an_interrupted_directory_conversion_leaves_nothing() {
         assert_eq!(names(d), Vec::<String>::new(), "nothing left behind");
     }
 }
+
+/// A weight that cannot be quantized is named by its row and column (an overflowing
+/// scale by its row and group) wherever it falls: here past the first chunks of a
+/// tensor that spans several, inside one of the pieces quantized in parallel, so the
+/// position survives the pipeline; of two, the first is named; nothing is written.
+#[test]
+fn quantize_names_the_first_bad_weight_of_a_large_tensor_by_row_and_column() {
+    use tlio_core::safetensors::{save, Dtype, Tensor, TensorData};
+    let (rows, cols) = (40u64, 65_536u64);
+    let dir = tmp();
+    // A bad weight: its row, its column, its BF16 bits.
+    type Bad = (u64, u64, u16);
+    // The bad weights of each case and what the message says.
+    let cases: [(&[Bad], &str); 4] = [
+        (
+            &[(33, 1234, 0x7FC0)],
+            "row 33, column 1234: the weight NaN is not finite",
+        ),
+        (
+            &[(21, 4097, 0xFF80)],
+            "row 21, column 4097: the weight -inf is not finite",
+        ),
+        // 999424 / 7 is beyond F16's largest finite value.
+        (
+            &[(38, 650, 0x4974)],
+            "row 38, group 20: the scale 999424/7 overflows F16",
+        ),
+        (
+            &[(33, 60_000, 0x7F80), (33, 1234, 0xFFC0), (39, 5, 0x7FC0)],
+            "row 33, column 1234: the weight NaN is not finite",
+        ),
+    ];
+    for (k, (bad, says)) in cases.iter().enumerate() {
+        let mut raw: Vec<u8> = (0..rows * cols)
+            .flat_map(|i| (0x3E00u16 | (i % 251) as u16).to_le_bytes())
+            .collect();
+        for &(r, c, bits) in *bad {
+            let at = ((r * cols + c) * 2) as usize;
+            raw[at..at + 2].copy_from_slice(&bits.to_le_bytes());
+        }
+        let src = dir.path().join(format!("in{k}.safetensors"));
+        let t = Tensor {
+            name: "model.layers.0.mlp.up_proj.weight".to_string(),
+            dtype: Dtype::BF16,
+            shape: vec![rows, cols],
+            data: TensorData::Raw(raw.into()),
+        };
+        save(&src, &[t], &Default::default()).unwrap();
+        let out = dir.path().join(format!("out{k}.safetensors"));
+        let err = tlio()
+            .args(["-q", "st", "quantize"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .arg("--int4")
+            .assert()
+            .code(1)
+            .get_output()
+            .stderr
+            .clone();
+        let err = String::from_utf8(err).unwrap();
+        assert!(err.contains(says), "{err}");
+        assert!(!out.exists());
+    }
+    assert_eq!(names(dir.path()).len(), cases.len());
+}

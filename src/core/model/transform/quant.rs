@@ -123,9 +123,10 @@ const SCALES_KEPT_MAX: u64 = 16 << 20;
 const PIECE_ELEMS: usize = 64 << 10;
 
 /// The scales (and, unless `scales_only`, the packed values) of the raw weights `raw`
-/// of `dtype` (`size` bytes each), whole groups of `g`: fixed pieces decoded and
-/// quantized in parallel, appended in order, so the bytes never depend on the thread
-/// count; the error is the one of the lowest column.
+/// of `dtype` (`size` bytes each), whole groups of `g`, into `scales` and `packed`
+/// (resized to fit): fixed pieces decoded and quantized in parallel, each into its own
+/// place of the outputs, so the bytes never depend on the thread count and no thread
+/// gathers the pieces afterwards; the error is the one of the lowest column.
 fn quantize_pieces(
     raw: &[u8],
     (dtype, size, g): (Dtype, usize, usize),
@@ -134,36 +135,68 @@ fn quantize_pieces(
     packed: &mut Vec<u8>,
 ) -> Result<(), (usize, QuantFailure)> {
     use rayon::prelude::*;
+    let size = size.max(1);
+    let g = g.max(2);
     let piece = (PIECE_ELEMS / g).max(1) * g;
-    type Piece = Result<(Vec<u16>, Vec<u8>), (usize, QuantFailure)>;
-    let parts: Vec<Piece> = raw
-        .par_chunks(piece * size.max(1))
-        .enumerate()
-        .map(|(k, bytes)| {
-            let (mut s, mut p) = (Vec::new(), Vec::new());
-            // The scales pass needs no values: only the qweight pass packs them.
-            let done = match quantize_raw(bytes, dtype, g, !scales_only, &mut s, &mut p) {
-                Some(done) => done,
-                None => {
-                    let mut vals = Vec::with_capacity(piece);
-                    decode_f32(dtype, bytes, &mut vals);
-                    if scales_only {
-                        row_scales(&vals, g, &mut s)
-                    } else {
-                        quantize_row(&vals, g, &mut s, &mut p)
-                    }
+    let n = raw.len() / size;
+    scales.clear();
+    scales.resize(n / g, 0);
+    packed.clear();
+    let work = |k: usize, bytes: &[u8], s: &mut [u16], p: &mut [u8], b: &mut PieceBuffers| {
+        b.scales.clear();
+        b.packed.clear();
+        // The scales pass needs no values: only the qweight pass packs them.
+        let (bs, bp) = (&mut b.scales, &mut b.packed);
+        let done = match quantize_raw(bytes, dtype, g, !scales_only, bs, bp) {
+            Some(done) => done,
+            None => {
+                b.vals.clear();
+                decode_f32(dtype, bytes, &mut b.vals);
+                if scales_only {
+                    row_scales(&b.vals, g, bs)
+                } else {
+                    quantize_row(&b.vals, g, bs, bp)
                 }
-            };
-            done.map_err(|(col, f)| (col + k * piece, f))
-                .map(|()| (s, p))
-        })
-        .collect();
-    for part in parts {
-        let (s, p) = part?;
-        scales.extend_from_slice(&s);
-        packed.extend_from_slice(&p);
-    }
-    Ok(())
+            }
+        };
+        // The piece's place holds exactly what it made (whole groups, even counts).
+        for (d, x) in s.iter_mut().zip(&b.scales) {
+            *d = *x;
+        }
+        for (d, x) in p.iter_mut().zip(&b.packed) {
+            *d = *x;
+        }
+        done.map_err(|(col, f)| (col + k * piece, f))
+    };
+    let pieces = raw
+        .par_chunks(piece * size)
+        .zip(scales.par_chunks_mut(piece / g));
+    let results: Vec<Result<(), (usize, QuantFailure)>> = if scales_only {
+        pieces
+            .enumerate()
+            .map_init(PieceBuffers::default, |b, (k, (bytes, s))| {
+                work(k, bytes, s, &mut [], b)
+            })
+            .collect()
+    } else {
+        packed.resize(n / 2, 0);
+        pieces
+            .zip(packed.par_chunks_mut(piece / 2))
+            .enumerate()
+            .map_init(PieceBuffers::default, |b, (k, ((bytes, s), p))| {
+                work(k, bytes, s, p, b)
+            })
+            .collect()
+    };
+    results.into_iter().collect()
+}
+
+/// One worker's buffers for its pieces, reused from piece to piece.
+#[derive(Default)]
+struct PieceBuffers {
+    scales: Vec<u16>,
+    packed: Vec<u8>,
+    vals: Vec<f32>,
 }
 
 /// The error for a weight of `tensor` (flat index `flat`) that cannot be quantized.
