@@ -107,6 +107,10 @@ RES="$WORK/results.txt"
 for round in $(seq "$RUNS"); do
     for job in "${JOBS[@]}"; do
         name=${job%%|*}
+        # Warm again before every job, untimed: a kernel that reclaims cold page
+        # cache proactively (DAMON) drops pages of the inputs between rounds, and a
+        # job that met a half-cold input would be timed against the disk.
+        cat "$IN" "$Q_IN" "$DIR"/*.safetensors >/dev/null
         load=$(cut -d' ' -f1 /proc/loadavg)
         /usr/bin/time -f "%e %U %S %M" -o "$WORK/t.txt" bash -c "${job#*|}"
         echo "$name $(cat "$WORK/t.txt") $load" >>"$RES"
