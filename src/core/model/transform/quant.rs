@@ -55,6 +55,9 @@ pub(super) fn quantize_entry(
     } else {
         None
     };
+    // The window quantized last, unmapped by the I/O job of the next step rather than
+    // between steps (an unmap of pages both threads touched waits on the other CPU).
+    let mut spent = None;
     while let Some(this) = window.take() {
         let n = len_at(at);
         let after = at + n as u64;
@@ -63,7 +66,9 @@ pub(super) fn quantize_entry(
         // Three jobs at once: the next chunk mapped, the chunk before written, this
         // chunk quantized (in pieces, which the two threads share once their I/O is
         // done). Errors keep the order of a serial run: the write, the work, the read.
+        let old = spent.take();
         let io = || {
+            drop(old);
             let wrote = out.write(&pending);
             if after >= numel {
                 return (wrote, Ok(None));
@@ -99,6 +104,7 @@ pub(super) fn quantize_entry(
             }
         }
         std::mem::swap(&mut pending, &mut bytes);
+        spent = Some(this);
         at = after;
         // Each source tensor is read twice (scales, then values): count half.
         (sink.tick)((n * size / 2) as u64);
