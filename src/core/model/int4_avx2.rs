@@ -344,7 +344,7 @@ fn to_f32(v: __m256) -> [f32; 8] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::int4::{quantize_row, row_scales};
+    use crate::model::int4_kernel::tests::{by_the_rule, encode};
     use crate::safetensors::kernels::{dec_f16, enc_f16};
     use proptest::prelude::*;
 
@@ -443,27 +443,10 @@ mod tests {
         assert_eq!(got.to_vec(), want);
     }
 
-    fn encode(dtype: Dtype, bits: &[u32]) -> Vec<u8> {
-        match dtype {
-            Dtype::F32 => bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
-            _ => bits
-                .iter()
-                .flat_map(|&b| ((b >> 16) as u16).to_le_bytes())
-                .collect(),
-        }
-    }
-
     /// The kernel against the rule on the same bytes: the same scales and nibbles, or
     /// (where the rule fails) nothing appended.
     fn same_as_the_rule(dtype: Dtype, raw: &[u8], group: usize, pack: bool) {
-        let mut vals = Vec::new();
-        crate::safetensors::float::decode_f32(dtype, raw, &mut vals);
-        let (mut s1, mut p1) = (Vec::new(), Vec::new());
-        let want = if pack {
-            quantize_row(&vals, group, &mut s1, &mut p1)
-        } else {
-            row_scales(&vals, group, &mut s1)
-        };
+        let (want, s1, p1) = by_the_rule(dtype, raw, group, pack);
         // Something already in the outputs stays as it is.
         let (mut s2, mut p2) = (vec![7u16], vec![9u8]);
         let got = quantize(raw, dtype, group, pack, &mut s2, &mut p2).unwrap();

@@ -205,11 +205,13 @@ fn pack_pairs(nibbles: &[u8], packed: &mut Vec<u8>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn encode(dtype: Dtype, bits: &[u32]) -> Vec<u8> {
+    /// Little-endian bytes of `bits` as `dtype` (F32, or the top halves as BF16/F16
+    /// bits), for the kernels' tests here and in `int4_avx2`.
+    pub(crate) fn encode(dtype: Dtype, bits: &[u32]) -> Vec<u8> {
         match dtype {
             Dtype::F32 => bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
             // The top half, so the masks below shape the 16-bit exponent too.
@@ -220,16 +222,27 @@ mod tests {
         }
     }
 
-    /// Both paths on the same bytes: same result, same scales and nibbles.
-    fn same_as_the_rule(dtype: Dtype, raw: &[u8], group: usize, pack: bool) {
+    /// What the rule makes of `raw`: its result, scales and (when `pack`) nibbles.
+    pub(crate) fn by_the_rule(
+        dtype: Dtype,
+        raw: &[u8],
+        group: usize,
+        pack: bool,
+    ) -> (Result<(), (usize, QuantFailure)>, Vec<u16>, Vec<u8>) {
         let mut vals = Vec::new();
         crate::safetensors::float::decode_f32(dtype, raw, &mut vals);
-        let (mut s1, mut p1) = (Vec::new(), Vec::new());
-        let want = if pack {
-            quantize_row(&vals, group, &mut s1, &mut p1)
+        let (mut s, mut p) = (Vec::new(), Vec::new());
+        let r = if pack {
+            quantize_row(&vals, group, &mut s, &mut p)
         } else {
-            row_scales(&vals, group, &mut s1)
+            row_scales(&vals, group, &mut s)
         };
+        (r, s, p)
+    }
+
+    /// Both paths on the same bytes: same result, same scales and nibbles.
+    fn same_as_the_rule(dtype: Dtype, raw: &[u8], group: usize, pack: bool) {
+        let (want, s1, p1) = by_the_rule(dtype, raw, group, pack);
         // The dispatched kernel, then the baseline build of it (which a CPU with AVX2
         // would otherwise never run here).
         let (mut s2, mut p2) = (Vec::new(), Vec::new());
