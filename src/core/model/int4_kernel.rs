@@ -222,13 +222,11 @@ pub(super) mod tests {
         }
     }
 
+    /// The rule's result, scales and packed nibbles.
+    pub(crate) type RuleOutput = (Result<(), (usize, QuantFailure)>, Vec<u16>, Vec<u8>);
+
     /// What the rule makes of `raw`: its result, scales and (when `pack`) nibbles.
-    pub(crate) fn by_the_rule(
-        dtype: Dtype,
-        raw: &[u8],
-        group: usize,
-        pack: bool,
-    ) -> (Result<(), (usize, QuantFailure)>, Vec<u16>, Vec<u8>) {
+    pub(crate) fn by_the_rule(dtype: Dtype, raw: &[u8], group: usize, pack: bool) -> RuleOutput {
         let mut vals = Vec::new();
         crate::safetensors::float::decode_f32(dtype, raw, &mut vals);
         let (mut s, mut p) = (Vec::new(), Vec::new());
