@@ -11,107 +11,93 @@ use super::super::int4_kernel::quantize_raw;
 use super::super::{Model, ModelError};
 use super::plan::{OutTensor, Quant};
 use super::read::{entry, Files};
-use super::write::Sink;
+use super::write::{Out, QuantOuts};
 use super::{shard_err, CHUNK_ELEMS};
 use crate::safetensors::float::{decode_f32, encode_f32, EncodeError, EncodeFailure};
 use crate::safetensors::{Dtype, SafetensorsError};
 
-/// Write the scales (`is_scales`) or the packed values of quantizing `q`, whole
-/// groups at a time.
+/// Write the scales and (or) the packed values of quantizing `q` to `outs`, whole
+/// groups at a time, from one pass over the source.
 pub(super) fn quantize_entry(
     model: &Model,
-    files: &mut Files<'_>,
+    files: &Files<'_>,
     q: Quant,
-    is_scales: bool,
-    sink: &mut Sink<'_>,
+    outs: QuantOuts<'_>,
+    tick: &mut dyn FnMut(u64),
 ) -> Result<(), ModelError> {
     let info = &entry(model, q.entry)?.info;
-    if is_scales {
-        if let Some((e, g, bytes)) = files.scales.take() {
-            if e == q.entry && g == q.group {
-                sink.write(&bytes)?;
-                (sink.tick)(info.byte_len() / 2);
-                return Ok(());
-            }
-        }
-    }
+    let QuantOuts {
+        scales: mut scales_out,
+        packed: mut packed_out,
+    } = outs;
+    let pack = packed_out.is_some();
     let g = q.group as usize;
     let size = q.size;
     let numel = info.numel();
     let step = (CHUNK_ELEMS / g).max(1) * g;
-    // The scales of the qweight pass are kept for the scales pass when they are small
-    // (a 64th of a BF16 source at group 128): beyond the limit they are recomputed.
-    let keep = !is_scales && numel / q.group.max(1) * 2 <= SCALES_KEPT_MAX;
-    let mut kept = Vec::new();
     let (mut scales, mut packed) = (Vec::new(), Vec::new());
     // The bytes of the chunk before, written while this one is quantized.
-    let (mut bytes, mut pending) = (Vec::new(), Vec::new());
-    let len_at = |at: u64| (numel - at).min(step as u64) as usize;
+    let (mut scale_bytes_now, mut pending_scales) = (Vec::new(), Vec::new());
+    let mut pending_packed = Vec::new();
+    // Both halves in one pass read the source once; a half on its own counts half.
+    let share = if scales_out.is_some() && pack { 1 } else { 2 };
     let mut at = 0u64;
-    // The source is mapped a chunk at a time (no copy of it), the next chunk's window
-    // mapped and populated while this one is quantized.
-    let mut window = if at < numel {
-        Some(files.window(q.entry, 0, len_at(at) * size)?)
-    } else {
-        None
-    };
-    // The window quantized last, unmapped by the I/O job of the next step rather than
-    // between steps (an unmap of pages both threads touched waits on the other CPU).
-    let mut spent = None;
-    while let Some(this) = window.take() {
-        let n = len_at(at);
-        let after = at + n as u64;
-        let files_ref = &*files;
-        let out = &mut sink.out;
-        // Three jobs at once: the next chunk mapped, the chunk before written, this
-        // chunk quantized (in pieces, which the two threads share once their I/O is
-        // done). Errors keep the order of a serial run: the write, the work, the read.
-        let old = spent.take();
-        let io = || {
-            drop(old);
-            let wrote = out.write(&pending);
-            if after >= numel {
-                return (wrote, Ok(None));
-            }
-            let next = files_ref.window(q.entry, after * size as u64, len_at(after) * size);
-            (wrote, next.map(Some))
+    while at < numel {
+        let n = (numel - at).min(step as u64) as usize;
+        // Each piece reads its own weights into its worker's buffer (cache-sized, so
+        // the kernel reads them from cache) while the chunk before is written: no
+        // thread waits for a whole chunk to be read, and nothing is mapped (mapping
+        // and unmapping the page cache's pages cost more than copying them).
+        let read = |first: usize, buf: &mut [u8]| {
+            files.read(q.entry, (at + first as u64) * size as u64, buf)
         };
-        let raw = this.bytes();
-        scales.clear();
-        packed.clear();
-        let (done, (wrote, read)) = rayon::join(
+        let (so, po) = (&mut scales_out, &mut packed_out);
+        let (ps, pp) = (&pending_scales, &pending_packed);
+        let write = || -> Result<(), ModelError> {
+            if let Some(o) = so {
+                o.write(ps)?;
+            }
+            if let Some(o) = po {
+                o.write(pp)?;
+            }
+            Ok(())
+        };
+        let (done, wrote) = rayon::join(
             || {
                 quantize_pieces(
-                    raw,
+                    n,
+                    &read,
                     (info.dtype, size, g),
-                    is_scales,
+                    !pack,
                     &mut scales,
                     &mut packed,
                 )
             },
-            io,
+            write,
         );
+        // Errors keep the order of a serial run: the write, then the pieces in order
+        // (each one's read before its weights).
         wrote?;
-        done.map_err(|(col, f)| quant_error(&info.name, q, at + col as u64, f))?;
-        window = read?;
-        if is_scales {
-            bytes.clear();
-            scale_bytes(&scales, &mut bytes);
-        } else {
-            std::mem::swap(&mut bytes, &mut packed);
-            if keep {
-                scale_bytes(&scales, &mut kept);
-            }
+        done.map_err(|e| match e {
+            PieceError::Read(e) => e,
+            PieceError::Weight(col, f) => quant_error(&info.name, q, at + col as u64, f),
+        })?;
+        if scales_out.is_some() {
+            scale_bytes_now.clear();
+            scale_bytes(&scales, &mut scale_bytes_now);
+            std::mem::swap(&mut pending_scales, &mut scale_bytes_now);
         }
-        std::mem::swap(&mut pending, &mut bytes);
-        spent = Some(this);
-        at = after;
-        // Each source tensor is read twice (scales, then values): count half.
-        (sink.tick)((n * size / 2) as u64);
+        if pack {
+            std::mem::swap(&mut pending_packed, &mut packed);
+        }
+        at += n as u64;
+        tick((n * size / share) as u64);
     }
-    sink.write(&pending)?;
-    if keep {
-        files.scales = Some((q.entry, q.group, kept));
+    if let Some(o) = &mut scales_out {
+        o.write(&pending_scales)?;
+    }
+    if let Some(o) = &mut packed_out {
+        o.write(&pending_packed)?;
     }
     Ok(())
 }
@@ -121,43 +107,56 @@ fn scale_bytes(scales: &[u16], bytes: &mut Vec<u8>) {
     bytes.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
 }
 
-/// The most scales bytes the qweight pass keeps for the scales pass (larger scales
-/// tensors are quantized again, so memory stays bounded whatever the tensor).
-const SCALES_KEPT_MAX: u64 = 16 << 20;
-
 /// Weights of one parallel piece of [`quantize_pieces`] (rounded down to whole groups).
 const PIECE_ELEMS: usize = 64 << 10;
 
-/// The scales (and, unless `scales_only`, the packed values) of the raw weights `raw`
-/// of `dtype` (`size` bytes each), whole groups of `g`, into `scales` and `packed`
-/// (resized to fit): fixed pieces decoded and quantized in parallel, each into its own
-/// place of the outputs, so the bytes never depend on the thread count and no thread
-/// gathers the pieces afterwards; the error is the one of the lowest column.
+/// How [`quantize_pieces`] reads a piece: `read(first weight, buffer)` fills the buffer
+/// with the raw weights from that one on.
+type ReadPiece<'r> = dyn Fn(usize, &mut [u8]) -> Result<(), ModelError> + Sync + 'r;
+
+/// Why a piece of [`quantize_pieces`] failed.
+enum PieceError {
+    /// Reading its weights.
+    Read(ModelError),
+    /// A weight it cannot quantize, by its column in the chunk.
+    Weight(usize, QuantFailure),
+}
+
+/// The scales (and, unless `scales_only`, the packed values) of `n` weights of `dtype`
+/// (`size` bytes each), whole groups of `g`, into `scales` and `packed` (resized to
+/// fit): fixed pieces, each read by `read(first weight, buffer)` into its worker's
+/// buffer and quantized in parallel into its own place of the outputs, so the bytes
+/// never depend on the thread count and no thread gathers the pieces afterwards; the
+/// error is the one of the lowest piece (its read first), then the lowest column.
 fn quantize_pieces(
-    raw: &[u8],
+    n: usize,
+    read: &ReadPiece<'_>,
     (dtype, size, g): (Dtype, usize, usize),
     scales_only: bool,
     scales: &mut Vec<u16>,
     packed: &mut Vec<u8>,
-) -> Result<(), (usize, QuantFailure)> {
+) -> Result<(), PieceError> {
     use rayon::prelude::*;
     let size = size.max(1);
     let g = g.max(2);
     let piece = (PIECE_ELEMS / g).max(1) * g;
-    let n = raw.len() / size;
-    scales.clear();
+    // Every place is overwritten by its piece: resizing alone (no clearing) spares
+    // zeroing the buffers at every chunk.
     scales.resize(n / g, 0);
-    packed.clear();
-    let work = |k: usize, bytes: &[u8], s: &mut [u16], p: &mut [u8], b: &mut PieceBuffers| {
+    let work = |k: usize, s: &mut [u16], p: &mut [u8], b: &mut PieceBuffers| {
+        let first = k * piece;
+        let len = piece.min(n.saturating_sub(first));
+        b.raw.resize(len * size, 0);
+        read(first, &mut b.raw).map_err(PieceError::Read)?;
         b.scales.clear();
         b.packed.clear();
         // The scales pass needs no values: only the qweight pass packs them.
         let (bs, bp) = (&mut b.scales, &mut b.packed);
-        let done = match quantize_raw(bytes, dtype, g, !scales_only, bs, bp) {
+        let done = match quantize_raw(&b.raw, dtype, g, !scales_only, bs, bp) {
             Some(done) => done,
             None => {
                 b.vals.clear();
-                decode_f32(dtype, bytes, &mut b.vals);
+                decode_f32(dtype, &b.raw, &mut b.vals);
                 if scales_only {
                     row_scales(&b.vals, g, bs)
                 } else {
@@ -172,34 +171,39 @@ fn quantize_pieces(
         for (d, x) in p.iter_mut().zip(&b.packed) {
             *d = *x;
         }
-        done.map_err(|(col, f)| (col + k * piece, f))
+        done.map_err(|(col, f)| PieceError::Weight(col + first, f))
     };
-    let pieces = raw
-        .par_chunks(piece * size)
-        .zip(scales.par_chunks_mut(piece / g));
-    let results: Vec<Result<(), (usize, QuantFailure)>> = if scales_only {
-        pieces
-            .enumerate()
-            .map_init(PieceBuffers::default, |b, (k, (bytes, s))| {
-                work(k, bytes, s, &mut [], b)
-            })
-            .collect()
+    // Each worker thread keeps its buffers from piece to piece and call to call (a
+    // buffer per piece would be a fresh allocation, its pages faulted in each time).
+    let work = |k: usize, s: &mut [u16], p: &mut [u8]| {
+        BUFFERS.with(|b| match b.try_borrow_mut() {
+            Ok(mut b) => work(k, s, p, &mut b),
+            // A worker runs one piece at a time; this is only for safety's sake.
+            Err(_) => work(k, s, p, &mut PieceBuffers::default()),
+        })
+    };
+    let pieces = scales.par_chunks_mut(piece / g).enumerate();
+    let results: Vec<Result<(), PieceError>> = if scales_only {
+        pieces.map(|(k, s)| work(k, s, &mut [])).collect()
     } else {
         packed.resize(n / 2, 0);
         pieces
             .zip(packed.par_chunks_mut(piece / 2))
-            .enumerate()
-            .map_init(PieceBuffers::default, |b, (k, ((bytes, s), p))| {
-                work(k, bytes, s, p, b)
-            })
+            .map(|((k, s), p)| work(k, s, p))
             .collect()
     };
     results.into_iter().collect()
 }
 
+thread_local! {
+    /// This thread's [`PieceBuffers`].
+    static BUFFERS: std::cell::RefCell<PieceBuffers> = std::cell::RefCell::default();
+}
+
 /// One worker's buffers for its pieces, reused from piece to piece.
 #[derive(Default)]
 struct PieceBuffers {
+    raw: Vec<u8>,
     scales: Vec<u16>,
     packed: Vec<u8>,
     vals: Vec<f32>,
@@ -227,11 +231,12 @@ fn quant_error(tensor: &str, q: Quant, flat: u64, f: QuantFailure) -> ModelError
 /// Write the int4 pair (qweight entry, scales entry, group) as output tensor `t` of
 /// dtype `target`, whole groups at a time.
 pub(super) fn dequantize_pair(
-    files: &mut Files<'_>,
+    files: &Files<'_>,
     t: &OutTensor,
     (q, s, group): (usize, usize, u64),
     target: Dtype,
-    sink: &mut Sink<'_>,
+    mut out: Out<'_>,
+    tick: &mut dyn FnMut(u64),
 ) -> Result<(), ModelError> {
     let numel = crate::safetensors::dtype::numel(&t.shape).unwrap_or(0);
     let g = usize::try_from(group).unwrap_or(usize::MAX).max(2);
@@ -251,9 +256,9 @@ pub(super) fn dequantize_pair(
         dequantize_row(&qbuf, &s16, g, &mut vals);
         enc.clear();
         encode_f32(target, &vals, &mut enc).map_err(|e| encode_error(&t.name, target, at, &e))?;
-        sink.write(&enc)?;
+        out.write(&enc)?;
         at += n as u64;
-        (sink.tick)((n / 2 + groups * 2) as u64);
+        tick((n / 2 + groups * 2) as u64);
     }
     Ok(())
 }

@@ -1,11 +1,8 @@
 //! Positioned reads of a model's tensor data: each shard file opened once, on first
-//! use, and read at an entry's offset, with `pread` into a caller's buffer or as a
-//! mapped window.
+//! use, and read at an entry's offset with `pread` into a caller's buffer.
 //!
-//! Invariant: memory stays bounded by the callers' chunks: a window maps one chunk
-//! (pages populated), never a whole file, and is refused past the size the file had
-//! when it was opened. Reads take `&self`, so a chunk can be read ahead while the
-//! previous one is worked on.
+//! Invariant: memory stays bounded by the callers' buffers, never a whole file. Reads
+//! take `&self`, so several threads read their own pieces at once.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -13,17 +10,12 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use super::super::{Entry, Model, ModelError};
-use crate::safetensors::mmap::Window;
 
 /// Open shard files, one handle each, on first use.
 pub(super) struct Files<'a> {
     model: &'a Model,
-    /// Each shard's handle and its size when opened.
-    open: Vec<OnceLock<(File, u64)>>,
-    /// The scales bytes the last qweight pass computed, with the entry and group they
-    /// belong to: the scales tensor comes next in file order, and writing it from here
-    /// spares reading and quantizing its source a second time.
-    pub(super) scales: Option<(usize, u64, Vec<u8>)>,
+    /// Each shard's handle.
+    open: Vec<OnceLock<File>>,
 }
 
 impl<'a> Files<'a> {
@@ -31,34 +23,22 @@ impl<'a> Files<'a> {
         Files {
             model,
             open: (0..model.shards.len()).map(|_| OnceLock::new()).collect(),
-            scales: None,
         }
     }
 
     /// Read `buf.len()` bytes of entry `i`'s data starting `offset` bytes into it.
     pub(super) fn read(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<(), ModelError> {
         let (file, start, path) = self.locate(i, offset)?;
-        file.0
-            .read_exact_at(buf, start)
+        file.read_exact_at(buf, start)
             .map_err(|source| ModelError::Io {
                 path: path.to_path_buf(),
                 source,
             })
     }
 
-    /// Map `len` bytes of entry `i`'s data starting `offset` bytes into it, pages
-    /// populated (no copy: the page cache's own pages).
-    pub(super) fn window(&self, i: usize, offset: u64, len: usize) -> Result<Window, ModelError> {
-        let (file, start, path) = self.locate(i, offset)?;
-        Window::map(&file.0, file.1, start, len).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-    }
-
-    /// Entry `i`'s shard file (opened on first use, with its size), the file offset of
-    /// byte `offset` of its data, and the file's path.
-    fn locate(&self, i: usize, offset: u64) -> Result<(&(File, u64), u64, &Path), ModelError> {
+    /// Entry `i`'s shard file (opened on first use), the file offset of byte `offset`
+    /// of its data, and the file's path.
+    fn locate(&self, i: usize, offset: u64) -> Result<(&File, u64, &Path), ModelError> {
         let e = self.model.entry(i).ok_or_else(|| ModelError::Usage {
             detail: format!("no tensor entry {i}"),
         })?;
@@ -75,9 +55,8 @@ impl<'a> Files<'a> {
             Some(f) => f,
             None => {
                 let f = crate::files::open_regular(&shard.path).map_err(io)?;
-                let size = f.metadata().map_err(io)?.len();
                 // Two racing first uses may both open; one handle is kept, both valid.
-                let _ = slot.set((f, size));
+                let _ = slot.set(f);
                 slot.get().ok_or_else(no_shard)?
             }
         };

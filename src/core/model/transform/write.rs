@@ -1,13 +1,17 @@
 //! Writing one output shard: convert through the safetensors converter, quantize and
-//! dequantize by streaming each planned tensor (copied, quantized or dequantized) after
-//! the canonical header, into an atomic file or a plain file of the output directory.
+//! dequantize by streaming each planned tensor (copied, quantized or dequantized) to its
+//! place after the canonical header, into an atomic file or a plain file of the output
+//! directory.
 //!
-//! Invariant: a shard's bytes are the planned header then each tensor in the layout's
-//! order, in bounded chunks; a plain shard is synced before its directory is committed.
+//! Invariant: a shard's bytes are the planned header then each tensor at its layout
+//! offset, in bounded chunks, each byte written once by a positioned write (so both
+//! halves of a quantized tensor are written from one pass over its source); a plain
+//! shard is synced before its directory is committed.
 
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use super::super::{Model, ModelError, Storage};
@@ -15,13 +19,10 @@ use super::plan::{plan_shard, planned_result, OutTensor, Plan};
 use super::quant::{dequantize_pair, quantize_entry};
 use super::read::{entry, Files};
 use super::{shard_err, Op, ShardResult, Shared, CHUNK_ELEMS};
-use crate::atomic::AtomicFile;
+use crate::atomic::{AllocAhead, AtomicFile};
 use crate::safetensors::convert::convert_saturating;
-use crate::safetensors::write::{canonical_header, TensorSpec};
+use crate::safetensors::write::{canonical_header, Layout, TensorSpec};
 use crate::safetensors::Dtype;
-
-/// Bytes buffered in front of a plain shard file.
-const PLAIN_BUFFER_BYTES: usize = 1 << 20;
 
 /// Write shard `si` of `model` to `target` as `op` says: atomically when it is the whole
 /// output (`atomic`), as a plain file inside the output directory otherwise.
@@ -58,7 +59,7 @@ pub(super) fn shard_to(
         .collect();
     let layout = canonical_header(&specs, &metadata).map_err(shard_err)?;
     let result = planned_result(&tensors, &layout);
-    let mut files = Files::new(model);
+    let files = Files::new(model);
     let Shared {
         done,
         total,
@@ -68,15 +69,11 @@ pub(super) fn shard_to(
         let now = done.fetch_add(n, Ordering::Relaxed) + n;
         progress(now, total);
     };
-    let mut body = |out: &mut (dyn Write + Send)| -> Result<(), ModelError> {
-        for &i in &layout.order {
-            if let Some(t) = tensors.get(i) {
-                produce(model, &mut files, t, out, &mut tick)?;
-            }
-        }
-        Ok(())
+    let mut body = |file: &File| -> Result<(), ModelError> {
+        let to = Target { file, path: target };
+        write_tensors(model, &files, &tensors, &layout, to, &mut tick)
     };
-    write_shard(target, atomic, &layout.header, &mut body)?;
+    write_shard(target, atomic, &layout, &mut body)?;
     Ok(result)
 }
 
@@ -137,7 +134,7 @@ fn convert_shard(
 /// [`OutDir`](super::super::outdir::OutDir), which makes the whole directory atomic.
 enum ShardFile {
     Atomic(AtomicFile),
-    Plain(BufWriter<File>),
+    Plain(File),
 }
 
 impl ShardFile {
@@ -148,29 +145,23 @@ impl ShardFile {
                 .map_err(|e| shard_err(e.into()));
         }
         let file = File::create(target).map_err(|source| write_err(target, source))?;
-        Ok(ShardFile::Plain(BufWriter::with_capacity(
-            PLAIN_BUFFER_BYTES,
-            file,
-        )))
+        Ok(ShardFile::Plain(file))
     }
 
-    fn out(&mut self) -> &mut (dyn Write + Send) {
+    /// The file written (an atomic file's under its buffer, which positioned writes
+    /// leave empty).
+    fn file(&mut self) -> &File {
         match self {
-            ShardFile::Atomic(f) => f,
-            ShardFile::Plain(w) => w,
+            ShardFile::Atomic(f) => f.writer().get_ref(),
+            ShardFile::Plain(f) => f,
         }
     }
 
-    /// Commit an atomic file; flush and sync a plain one.
+    /// Commit an atomic file; sync a plain one.
     fn finish(self, target: &Path) -> Result<(), ModelError> {
         match self {
             ShardFile::Atomic(f) => f.commit().map_err(|e| shard_err(e.into())),
-            ShardFile::Plain(w) => {
-                let file = w
-                    .into_inner()
-                    .map_err(|e| write_err(target, e.into_error()))?;
-                file.sync_all().map_err(|source| write_err(target, source))
-            }
+            ShardFile::Plain(f) => f.sync_all().map_err(|source| write_err(target, source)),
         }
     }
 }
@@ -182,79 +173,131 @@ fn write_err(target: &Path, source: std::io::Error) -> ModelError {
     }
 }
 
-/// Write `header` then `body` to `target`, atomically or plain (see [`ShardFile`]).
+/// Write `layout`'s header then `body` to `target`, atomically or plain (see
+/// [`ShardFile`]). Every byte goes to its place with a positioned write (the buffer in
+/// front of the file stays empty), so tensors may be written in any order.
 fn write_shard(
     target: &Path,
     atomic: bool,
-    header: &[u8],
-    body: &mut dyn FnMut(&mut (dyn Write + Send)) -> Result<(), ModelError>,
+    layout: &Layout,
+    body: &mut dyn FnMut(&File) -> Result<(), ModelError>,
 ) -> Result<(), ModelError> {
     let mut file = ShardFile::create(target, atomic)?;
-    file.out()
-        .write_all(header)
+    let file_ref = file.file();
+    let ahead = AllocAhead::start(file_ref, layout.file_size());
+    file_ref
+        .write_all_at(&layout.header, 0)
         .map_err(|source| write_err(target, source))?;
-    body(file.out())?;
+    body(file_ref)?;
+    drop(ahead);
     file.finish(target)
 }
 
-/// Where one output tensor's bytes go: the writer (with the tensor's name, for write
-/// errors) and the progress counter.
-pub(super) struct Sink<'s> {
-    pub(super) out: Out<'s>,
-    pub(super) tick: &'s mut dyn FnMut(u64),
-}
-
-/// The writer of one output tensor: apart from the progress counter so that it can
-/// be handed to another thread (a write overlapping the next chunk's work).
-pub(super) struct Out<'s> {
-    name: &'s str,
-    out: &'s mut (dyn Write + Send),
-}
-
-impl Sink<'_> {
-    pub(super) fn write(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
-        self.out.write(bytes)
+/// Write every planned tensor of a shard to `file` at its place in `layout`, in file
+/// order, except that both halves of a quantized tensor come from one pass over its
+/// source (the scales sort before the qweights, so a pass per half would read every
+/// source twice).
+fn write_tensors(
+    model: &Model,
+    files: &Files<'_>,
+    tensors: &[OutTensor],
+    layout: &Layout,
+    to: Target<'_>,
+    tick: &mut dyn FnMut(u64),
+) -> Result<(), ModelError> {
+    let base = layout.header.len() as u64;
+    let place = |i: usize| -> Result<Out<'_>, ModelError> {
+        match layout.offsets.get(i) {
+            Some(&(start, _)) => Ok(Out {
+                to,
+                at: base + start,
+            }),
+            _ => Err(ModelError::Usage {
+                detail: format!("no planned tensor {i}"),
+            }),
+        }
+    };
+    // The output tensors of each quantized source entry: (scales, qweight).
+    let mut halves: HashMap<usize, (Option<usize>, Option<usize>)> = HashMap::new();
+    for (i, t) in tensors.iter().enumerate() {
+        match t.plan {
+            Plan::Scales(q) => halves.entry(q.entry).or_default().0 = Some(i),
+            Plan::Qweight(q) => halves.entry(q.entry).or_default().1 = Some(i),
+            Plan::Copy(_) | Plan::Dequant(..) => {}
+        }
     }
+    let mut written = vec![false; tensors.len()];
+    for &i in &layout.order {
+        let (Some(t), Some(false)) = (tensors.get(i), written.get(i).copied()) else {
+            continue;
+        };
+        match t.plan {
+            Plan::Copy(e) => copy_entry(model, files, e, place(i)?, tick)?,
+            // The planned dtype of a dequantized tensor is the target.
+            Plan::Dequant(q, s, group) => {
+                dequantize_pair(files, t, (q, s, group), t.dtype, place(i)?, tick)?
+            }
+            Plan::Scales(q) | Plan::Qweight(q) => {
+                let (s, w) = halves.get(&q.entry).copied().unwrap_or_default();
+                let outs = QuantOuts {
+                    scales: s.map(place).transpose()?,
+                    packed: w.map(place).transpose()?,
+                };
+                for k in [s, w].into_iter().flatten() {
+                    if let Some(d) = written.get_mut(k) {
+                        *d = true;
+                    }
+                }
+                quantize_entry(model, files, q, outs, tick)?;
+            }
+        }
+        if let Some(d) = written.get_mut(i) {
+            *d = true;
+        }
+    }
+    Ok(())
+}
+
+/// The shard file being written and its path as the user named it (for errors).
+#[derive(Clone, Copy)]
+struct Target<'s> {
+    file: &'s File,
+    path: &'s Path,
+}
+
+/// Where one output tensor's bytes go: the shard and the position of the tensor's next
+/// byte; moved to another thread for a write that overlaps the next chunk's work.
+pub(super) struct Out<'s> {
+    to: Target<'s>,
+    at: u64,
 }
 
 impl Out<'_> {
+    /// Write `bytes` at this tensor's next position.
     pub(super) fn write(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
-        self.out
-            .write_all(bytes)
-            .map_err(|source| ModelError::Write {
-                path: PathBuf::from(self.name),
-                source,
-            })
+        self.to
+            .file
+            .write_all_at(bytes, self.at)
+            .map_err(|source| write_err(self.to.path, source))?;
+        self.at += bytes.len() as u64;
+        Ok(())
     }
 }
 
-/// Write the bytes of output tensor `t`.
-fn produce(
-    model: &Model,
-    files: &mut Files<'_>,
-    t: &OutTensor,
-    out: &mut (dyn Write + Send),
-    tick: &mut dyn FnMut(u64),
-) -> Result<(), ModelError> {
-    let mut sink = Sink {
-        out: Out { name: &t.name, out },
-        tick,
-    };
-    match t.plan {
-        Plan::Copy(i) => copy_entry(model, files, i, &mut sink),
-        Plan::Scales(q) => quantize_entry(model, files, q, true, &mut sink),
-        Plan::Qweight(q) => quantize_entry(model, files, q, false, &mut sink),
-        // The planned dtype of a dequantized tensor is the target.
-        Plan::Dequant(q, s, group) => dequantize_pair(files, t, (q, s, group), t.dtype, &mut sink),
-    }
+/// The outputs of quantizing one source tensor: its scales, its packed values, or both
+/// from one pass.
+pub(super) struct QuantOuts<'s> {
+    pub(super) scales: Option<Out<'s>>,
+    pub(super) packed: Option<Out<'s>>,
 }
 
 /// Copy entry `i`'s bytes in chunks.
 fn copy_entry(
     model: &Model,
-    files: &mut Files<'_>,
+    files: &Files<'_>,
     i: usize,
-    sink: &mut Sink<'_>,
+    mut out: Out<'_>,
+    tick: &mut dyn FnMut(u64),
 ) -> Result<(), ModelError> {
     let len = entry(model, i)?.info.byte_len();
     let mut buf = vec![0u8; CHUNK_ELEMS.min(usize::try_from(len).unwrap_or(CHUNK_ELEMS))];
@@ -268,9 +311,9 @@ fn copy_entry(
             });
         };
         files.read(i, at, chunk)?;
-        sink.write(chunk)?;
+        out.write(chunk)?;
         at += n as u64;
-        (sink.tick)(n as u64);
+        tick(n as u64);
     }
     Ok(())
 }
