@@ -11,7 +11,6 @@
 //! directory is refused, never renamed over. Files are created with mode
 //! `0666 & !umask`, like `cp`. No error message names a temporary path.
 
-mod ahead;
 mod temp;
 
 use std::collections::BTreeSet;
@@ -20,7 +19,6 @@ use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use crate::failure::{Failure, FailureKind};
-pub use ahead::AllocAhead;
 pub use temp::{abandon_all, TempDir};
 use temp::{create_temp, registry, Temp};
 

@@ -20,7 +20,7 @@ use super::kernels::{convert_slice, fast_pair};
 use super::mmap::Window;
 use super::write::{canonical_header, TensorSpec};
 use super::SafetensorsError;
-use crate::atomic::{same_file, AllocAhead, AtomicFile};
+use crate::atomic::{same_file, AtomicFile};
 
 /// Bytes of source data handled per step (a multiple of every element size).
 pub const CONVERT_CHUNK: usize = 4 << 20;
@@ -98,8 +98,6 @@ pub fn convert_saturating(
     let layout = canonical_header(&specs, &header.metadata)?;
 
     let mut out = AtomicFile::create(output)?;
-    // On tmpfs, another core allocates the output's pages ahead of the writer.
-    let alloc = AllocAhead::start(out.writer().get_ref(), layout.file_size());
     out.write_all(&layout.header)
         .map_err(SafetensorsError::Write)?;
     let mut report = ConvertReport {
@@ -129,7 +127,6 @@ pub fn convert_saturating(
         let start = header.data_start() + t.data_offsets.0;
         stream.tensor(t, start, to, progress)?;
     }
-    drop(alloc);
     out.commit()?;
     Ok(report)
 }

@@ -19,7 +19,7 @@ use super::plan::{plan_shard, planned_result, OutTensor, Plan};
 use super::quant::{dequantize_pair, quantize_entry};
 use super::read::{entry, Files};
 use super::{shard_err, Op, ShardResult, Shared, CHUNK_ELEMS};
-use crate::atomic::{AllocAhead, AtomicFile};
+use crate::atomic::AtomicFile;
 use crate::safetensors::convert::convert_saturating;
 use crate::safetensors::write::{canonical_header, Layout, TensorSpec};
 use crate::safetensors::Dtype;
@@ -184,12 +184,10 @@ fn write_shard(
 ) -> Result<(), ModelError> {
     let mut file = ShardFile::create(target, atomic)?;
     let file_ref = file.file();
-    let ahead = AllocAhead::start(file_ref, layout.file_size());
     file_ref
         .write_all_at(&layout.header, 0)
         .map_err(|source| write_err(target, source))?;
     body(file_ref)?;
-    drop(ahead);
     file.finish(target)
 }
 
