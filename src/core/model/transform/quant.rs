@@ -1,10 +1,12 @@
-//! The int4 passes over one tensor: quantize a float tensor into its scales or its
-//! packed values, and dequantize a pair back to floats, whole groups at a time through
-//! the row kernels of [`int4`](super::super::int4).
+//! The int4 passes over one tensor: quantize a float tensor into its scales and its
+//! packed values (one pass over the source for both), and dequantize a pair back to
+//! floats, whole groups at a time through the row kernels of [`int4`](super::super::int4).
 //!
 //! Invariants: each chunk holds whole groups, so a chunk's result does not depend on
-//! where chunks begin; a scale the reader rule forbids (not finite, or negative) is an
-//! error, never dequantized; a value the target cannot hold names its tensor and index.
+//! where chunks begin, nor on the thread count (fixed pieces, each into its own place);
+//! memory is a few chunk buffers and a cache-sized buffer per thread, never a tensor;
+//! a scale the reader rule forbids (not finite, or negative) is an error, never
+//! dequantized; a value the target cannot hold names its tensor and index.
 
 use super::super::int4::{dequantize_row, quantize_row, row_scales, QuantFailure, SCALES_SUFFIX};
 use super::super::int4_kernel::quantize_raw;
