@@ -525,3 +525,95 @@ fn quantize_names_the_first_bad_weight_of_a_large_tensor_by_row_and_column() {
     }
     assert_eq!(names(dir.path()).len(), cases.len());
 }
+
+/// Quantize and convert write the same bytes whatever the thread count, and each
+/// quantized tensor (several chunks and pieces long, both halves from one pass) holds
+/// the scalar rule's scales and nibbles.
+#[test]
+fn quantize_and_convert_bytes_do_not_depend_on_the_thread_count() {
+    use tlio_core::model::int4::{group_scale, quantize_value};
+    use tlio_core::safetensors::{save, Dtype, MappedFile, Tensor, TensorData};
+    let dir = tmp();
+    let (rows, cols) = (40u64, 65_536u64);
+    // Ordinary magnitudes, a zero group, ties and tiny values, from a fixed sequence.
+    let weight = |i: u64| -> f32 {
+        let x = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as f32 / (1u64 << 24) as f32;
+        match i % 1000 {
+            0..=31 if (i / 1000).is_multiple_of(7) => 0.0,
+            _ => (x - 0.5) * 6.0,
+        }
+    };
+    let bf16: Vec<u8> = (0..rows * cols)
+        .flat_map(|i| ((weight(i).to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    let f32s: Vec<u8> = (0..24 * cols)
+        .flat_map(|i| weight(i + 7).to_le_bytes())
+        .collect();
+    let src = dir.path().join("in.safetensors");
+    let tensors = vec![
+        Tensor {
+            name: "model.layers.0.mlp.up_proj.weight".to_string(),
+            dtype: Dtype::BF16,
+            shape: vec![rows, cols],
+            data: TensorData::Raw(bf16.clone().into()),
+        },
+        Tensor {
+            name: "model.layers.0.mlp.down_proj.weight".to_string(),
+            dtype: Dtype::F32,
+            shape: vec![24, cols],
+            data: TensorData::Raw(f32s.into()),
+        },
+        Tensor {
+            name: "model.norm.weight".to_string(),
+            dtype: Dtype::F32,
+            shape: vec![3],
+            data: TensorData::Raw(vec![0u8; 12].into()),
+        },
+    ];
+    save(&src, &tensors, &Default::default()).unwrap();
+    let run = |op: &[&str], threads: &str| -> Vec<u8> {
+        let out = dir.path().join(format!("{}-{threads}.safetensors", op[0]));
+        tlio()
+            .env("RAYON_NUM_THREADS", threads)
+            .args(["-q", "st"])
+            .arg(op[0])
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .args(&op[1..])
+            .assert()
+            .success();
+        std::fs::read(&out).unwrap()
+    };
+    for op in [&["quantize", "--int4"][..], &["convert", "--dtype", "f16"]] {
+        let one = run(op, "1");
+        for threads in ["2", "3"] {
+            assert!(one == run(op, threads), "{op:?} with {threads} threads");
+        }
+    }
+    // The BF16 tensor's halves against the scalar rule, every row.
+    let q = MappedFile::open(&dir.path().join("quantize-1.safetensors")).unwrap();
+    let name = "model.layers.0.mlp.up_proj.weight";
+    let scales = q.tensor_bytes(&format!("{name}.scales")).unwrap();
+    let packed = q.tensor_bytes(&format!("{name}.qweight")).unwrap();
+    let w: Vec<f32> = bf16
+        .chunks_exact(2)
+        .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+        .collect();
+    for (g, group) in w.chunks_exact(32).enumerate() {
+        let s = group_scale(group).unwrap();
+        assert_eq!(
+            scales[g * 2..g * 2 + 2],
+            s.to_le_bytes(),
+            "scale of group {g}"
+        );
+        let mut sf = Vec::new();
+        tlio_core::safetensors::float::decode_f32(Dtype::F16, &s.to_le_bytes(), &mut sf);
+        let sf = sf[0];
+        for (j, pair) in group.chunks_exact(2).enumerate() {
+            let lo = quantize_value(pair[0], sf) as u8 & 0x0F;
+            let hi = quantize_value(pair[1], sf) as u8 & 0x0F;
+            assert_eq!(packed[g * 16 + j], lo | hi << 4, "group {g}, pair {j}");
+        }
+    }
+}

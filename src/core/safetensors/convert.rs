@@ -1,14 +1,15 @@
 //! `convert`: re-encode the float tensors of a file to another float dtype, copying the
 //! rest, into a canonical file written atomically, streaming through fixed buffers.
 //!
-//! Invariants: memory use is a few MiB whatever the file size (the input is mapped one
-//! chunk-sized window at a time, at most two windows alive, so no more of its pages are
-//! ever charged to this process, and none is copied into a buffer first); each value
+//! Invariants: memory use is a few MiB whatever the file size (a copied tensor is mapped
+//! one chunk-sized window at a time, at most two windows alive; a re-encoded one is
+//! read a piece at a time into a cache-sized buffer per thread); each value
 //! is rounded once, from its source value (F64 sources are encoded from f64, every other
 //! float dtype decodes exactly to f32); the output never replaces the input.
 
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::dtype::Dtype;
@@ -171,9 +172,10 @@ struct Stream<'a> {
     synced: u64,
 }
 
-/// The buffers of re-encoding one piece through the scalar codecs.
+/// The buffers of re-encoding one piece: its raw bytes, and the scalar codecs' values.
 #[derive(Default)]
 struct Codec {
+    raw: Vec<u8>,
     encoded: Vec<u8>,
     v32: Vec<f32>,
     v64: Vec<f64>,
@@ -181,8 +183,8 @@ struct Codec {
 
 impl Stream<'_> {
     /// Copy or re-encode tensor `t` (whose data starts at file offset `start`) as `to`,
-    /// a chunk at a time; the next window is mapped while the current one is converted
-    /// and written.
+    /// a chunk at a time: a copy maps the next window while the current one is
+    /// written; a re-encode goes through [`Stream::convert_tensor`].
     fn tensor(
         &mut self,
         t: &TensorInfo,
@@ -195,6 +197,9 @@ impl Stream<'_> {
             path: input.to_path_buf(),
             source,
         };
+        if to != t.dtype {
+            return self.convert_tensor(t, start, to, progress);
+        }
         let mut lengths = chunk_lengths(t.byte_len(), CONVERT_CHUNK);
         let mut at = start;
         let mut current = lengths.next();
@@ -202,45 +207,68 @@ impl Stream<'_> {
             Some(n) => Some(Window::map(self.src, self.size, at, n).map_err(io)?),
             None => None,
         };
-        let mut index = 0u64;
         while let (Some(n), Some(this)) = (current, window.take()) {
             let following = lengths.next();
             let next_at = at + n as u64;
             let (src, size) = (self.src, self.size);
             // The next window is mapped (and its pages faulted in, read from disk if
-            // they must be) while this one is converted and written.
+            // they must be) while this one is written.
             let map_ahead = || {
                 following
                     .map(|m| Window::map(src, size, next_at, m))
                     .transpose()
             };
             let bytes = this.bytes();
-            if to == t.dtype {
-                let (ahead, wrote) = rayon::join(map_ahead, || self.out.write_all(bytes));
-                wrote.map_err(SafetensorsError::Write)?;
-                window = ahead.map_err(io)?;
-                self.written += n as u64;
-            } else {
-                // Three things at once: the next window is mapped, the previous chunk's
-                // output is written, and this chunk is converted (in parallel pieces).
-                let (out, pending) = (&mut *self.out, &self.pending);
-                let write_back = || out.write_all(pending);
-                let ((ahead, wrote), work) = rayon::join(
-                    || rayon::join(map_ahead, write_back),
-                    || encode_parallel(bytes, &mut self.encoded, t, to, index, self.saturate),
-                );
-                wrote.map_err(SafetensorsError::Write)?;
-                window = ahead.map_err(io)?;
-                self.written += self.pending.len() as u64;
-                index += work?;
-                std::mem::swap(&mut self.pending, &mut self.encoded);
-            }
+            let (ahead, wrote) = rayon::join(map_ahead, || self.out.write_all(bytes));
+            wrote.map_err(SafetensorsError::Write)?;
+            window = ahead.map_err(io)?;
+            self.written += n as u64;
             drop(this);
             self.start_writeback()?;
             self.done += n as u64;
             progress(self.done, self.total);
             at = next_at;
             current = following;
+        }
+        Ok(())
+    }
+
+    /// Re-encode tensor `t` (data at file offset `start`) as `to`, a chunk at a time:
+    /// the chunk's pieces read their own bytes with `pread` into cache-sized buffers of
+    /// the threads converting them, while the chunk before is written.
+    fn convert_tensor(
+        &mut self,
+        t: &TensorInfo,
+        start: u64,
+        to: Dtype,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(), SafetensorsError> {
+        let input = self.input;
+        let src = self.src;
+        let mut at = start;
+        let mut index = 0u64;
+        for n in chunk_lengths(t.byte_len(), CONVERT_CHUNK) {
+            let read = |first: usize, buf: &mut [u8]| {
+                src.read_exact_at(buf, at + first as u64)
+                    .map_err(|source| SafetensorsError::Io {
+                        path: input.to_path_buf(),
+                        source,
+                    })
+            };
+            let (out, pending) = (&mut *self.out, &self.pending);
+            let (wrote, work) = rayon::join(
+                || out.write_all(pending),
+                || encode_parallel(n, &read, &mut self.encoded, t, to, index, self.saturate),
+            );
+            // Errors keep the order of a serial run: the write, then the pieces.
+            wrote.map_err(SafetensorsError::Write)?;
+            self.written += self.pending.len() as u64;
+            index += work?;
+            std::mem::swap(&mut self.pending, &mut self.encoded);
+            self.start_writeback()?;
+            self.done += n as u64;
+            progress(self.done, self.total);
+            at += n as u64;
         }
         self.write_pending()
     }
@@ -316,12 +344,19 @@ fn advise_sequential(_file: &File) {}
 /// enough that a 4 MiB chunk feeds every core, large enough to amortize a task.
 const PIECE: usize = 256 << 10;
 
-/// Re-encode the raw `chunk` of `t` to `to` into `encoded`, in fixed pieces converted
-/// in parallel, each into its own place of the output (so the bytes never depend on
-/// the thread count); the first error is the one of the lowest index. Returns the
-/// number of values, the chunk's first being value `index` of the tensor.
+/// How [`encode_parallel`] reads a piece: `read(first byte, buffer)` fills the buffer
+/// with the chunk's bytes from that one on.
+type ReadPiece<'r> = dyn Fn(usize, &mut [u8]) -> Result<(), SafetensorsError> + Sync + 'r;
+
+/// Re-encode the `len` raw bytes of a chunk of `t`, read by `read`, to `to` into
+/// `encoded`, in fixed pieces each read into its thread's buffer and converted in
+/// parallel into its own place of the output (so the bytes never depend on the thread
+/// count); the first error is the one of the lowest piece (its read first), then the
+/// lowest index. Returns the number of values, the chunk's first being value `index`
+/// of the tensor.
 fn encode_parallel(
-    chunk: &[u8],
+    len: usize,
+    read: &ReadPiece<'_>,
     encoded: &mut Vec<u8>,
     t: &TensorInfo,
     to: Dtype,
@@ -335,34 +370,57 @@ fn encode_parallel(
             dtype: to,
         });
     };
-    let count = chunk.len() / fs;
-    encoded.clear();
+    let count = len / fs;
+    // Every byte is overwritten by its piece: resizing alone (no clearing) spares
+    // zeroing the buffer at every chunk.
     encoded.resize(count * ts, 0);
     let fast = !saturate && fast_pair(t.dtype, to);
-    let results: Vec<Result<(), EncodeError>> = chunk
-        .par_chunks(PIECE)
-        .zip(encoded.par_chunks_mut(PIECE / fs * ts))
-        .enumerate()
-        .map_init(Codec::default, |codec, (k, (src, dst))| {
-            let fast = if fast {
-                convert_slice(t.dtype, to, src, dst)
-            } else {
-                None
-            };
-            let r = match fast {
-                Some(r) => r,
-                None => codec.encode(src, dst, t.dtype, to, saturate),
-            };
-            r.map_err(|e| EncodeError {
-                index: e.index + k * (PIECE / fs),
+    let piece_values = PIECE / fs;
+    let work = |k: usize, dst: &mut [u8], codec: &mut Codec| -> Result<(), SafetensorsError> {
+        let first = k * PIECE;
+        codec.raw.resize(dst.len() / ts * fs, 0);
+        read(first, &mut codec.raw)?;
+        let fast = if fast {
+            convert_slice(t.dtype, to, &codec.raw, dst)
+        } else {
+            None
+        };
+        let r = match fast {
+            Some(r) => r,
+            None => {
+                let raw = std::mem::take(&mut codec.raw);
+                let r = codec.encode(&raw, dst, t.dtype, to, saturate);
+                codec.raw = raw;
+                r
+            }
+        };
+        r.map_err(|e| {
+            let e = EncodeError {
+                index: e.index + k * piece_values,
                 ..e
+            };
+            encode_error(t, to, index, e)
+        })
+    };
+    let results: Vec<Result<(), SafetensorsError>> = encoded
+        .par_chunks_mut(piece_values * ts)
+        .enumerate()
+        .map(|(k, dst)| {
+            // Each worker thread keeps its buffers from piece to piece and call to call.
+            CODECS.with(|c| match c.try_borrow_mut() {
+                Ok(mut c) => work(k, dst, &mut c),
+                // A worker runs one piece at a time; this is only for safety's sake.
+                Err(_) => work(k, dst, &mut Codec::default()),
             })
         })
         .collect();
-    if let Some(e) = results.into_iter().find_map(Result::err) {
-        return Err(encode_error(t, to, index, e));
-    }
+    results.into_iter().collect::<Result<(), _>>()?;
     Ok(count as u64)
+}
+
+thread_local! {
+    /// This thread's [`Codec`] buffers.
+    static CODECS: std::cell::RefCell<Codec> = std::cell::RefCell::default();
 }
 
 /// The error of a value of `t` (the chunk's first being value `index`) that `to`
