@@ -71,10 +71,7 @@ pub(super) fn shard_to(
     };
     let mut body = |file: &File| -> Result<(), ModelError> {
         let to = Target { file, path: target };
-        // The whole shard runs on a worker of the thread pool: each chunk's join of
-        // work and write is then a worker's cheap fork, not a job sent to the pool
-        // while the calling thread sleeps and wakes once per chunk.
-        rayon::scope(|_| write_tensors(model, &files, &tensors, &layout, to, &mut tick))
+        write_tensors(model, &files, &tensors, &layout, to, &mut tick)
     };
     write_shard(target, atomic, &layout, &mut body)?;
     Ok(result)
