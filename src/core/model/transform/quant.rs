@@ -95,11 +95,13 @@ pub(super) fn quantize_entry(
         at += n as u64;
         tick((n * size / share) as u64);
     }
-    if let Some(o) = &mut scales_out {
+    if let Some(mut o) = scales_out {
         o.write(&pending_scales)?;
+        o.finish()?;
     }
-    if let Some(o) = &mut packed_out {
+    if let Some(mut o) = packed_out {
         o.write(&pending_packed)?;
+        o.finish()?;
     }
     Ok(())
 }
@@ -262,7 +264,7 @@ pub(super) fn dequantize_pair(
         at += n as u64;
         tick((n / 2 + groups * 2) as u64);
     }
-    Ok(())
+    out.finish()
 }
 
 /// Decode little-endian F16 scale bits into `s16`, refusing what the reader rule

@@ -206,9 +206,10 @@ fn write_tensors(
     let base = layout.header.len() as u64;
     let place = |i: usize| -> Result<Out<'_>, ModelError> {
         match layout.offsets.get(i) {
-            Some(&(start, _)) => Ok(Out {
+            Some(&(start, end)) => Ok(Out {
                 to,
                 at: base + start,
+                end: base + end,
             }),
             _ => Err(ModelError::Usage {
                 detail: format!("no planned tensor {i}"),
@@ -263,22 +264,53 @@ struct Target<'s> {
     path: &'s Path,
 }
 
-/// Where one output tensor's bytes go: the shard and the position of the tensor's next
-/// byte; moved to another thread for a write that overlaps the next chunk's work.
+/// Where one output tensor's bytes go: the shard, the position of the tensor's next
+/// byte and the end of its place; moved to another thread for a write that overlaps
+/// the next chunk's work.
 pub(super) struct Out<'s> {
     to: Target<'s>,
     at: u64,
+    end: u64,
 }
 
 impl Out<'_> {
-    /// Write `bytes` at this tensor's next position.
+    /// Write `bytes` at this tensor's next position, never past its place.
     pub(super) fn write(&mut self, bytes: &[u8]) -> Result<(), ModelError> {
+        let fits = self
+            .at
+            .checked_add(bytes.len() as u64)
+            .is_some_and(|e| e <= self.end);
+        if !fits {
+            return Err(self.misplaced(bytes.len() as u64));
+        }
         self.to
             .file
             .write_all_at(bytes, self.at)
             .map_err(|source| write_err(self.to.path, source))?;
         self.at += bytes.len() as u64;
         Ok(())
+    }
+
+    /// Check that the tensor filled its place exactly (no hole is left in the file).
+    pub(super) fn finish(self) -> Result<(), ModelError> {
+        if self.at == self.end {
+            Ok(())
+        } else {
+            Err(self.misplaced(0))
+        }
+    }
+
+    /// The error of a tensor whose bytes do not fit its planned place (a bug, never
+    /// an input's fault).
+    fn misplaced(&self, more: u64) -> ModelError {
+        ModelError::Usage {
+            detail: format!(
+                "a tensor of {} reached byte {} (+{more}) of a place ending at {}",
+                self.to.path.display(),
+                self.at,
+                self.end
+            ),
+        }
     }
 }
 
@@ -313,5 +345,31 @@ fn copy_entry(
         at += n as u64;
         tick(n as u64);
     }
-    Ok(())
+    out.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tensor's writes land in its place and never past it, and a tensor that stops
+    /// short of its end is an error rather than a hole in the file.
+    #[test]
+    fn a_tensor_fills_its_place_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.safetensors");
+        let file = File::create(&path).unwrap();
+        let to = Target {
+            file: &file,
+            path: &path,
+        };
+        let mut out = Out { to, at: 4, end: 10 };
+        out.write(b"abcd").unwrap();
+        assert!(out.write(b"efg").is_err(), "past the place's end");
+        let short = Out { to, at: 8, end: 10 };
+        assert!(short.finish().is_err(), "stopped short");
+        out.write(b"ef").unwrap();
+        out.finish().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"\0\0\0\0abcdef");
+    }
 }
