@@ -344,7 +344,7 @@ fn to_f32(v: __m256) -> [f32; 8] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::int4_kernel::tests::{by_the_rule, encode};
+    use crate::model::int4_kernel::tests::{by_the_rule, encode, shaped};
     use crate::safetensors::kernels::{dec_f16, enc_f16};
     use proptest::prelude::*;
 
@@ -469,19 +469,7 @@ mod tests {
             pack in any::<bool>(),
         ) {
             require();
-            // Arbitrary bits (NaNs, infinities, overflowing scales), magnitudes that
-            // give ordinary scales, a mix with zero groups, or tiny magnitudes whose
-            // scales are F16 subnormals or zero.
-            let bits: Vec<u32> = bits
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| match small {
-                    0 => b,
-                    1 => b & 0xC7FF_FFFF,
-                    2 => if (i / 40) % 3 == 0 { b & 0x8000_0000 } else { b & 0xBFFF_FFFF },
-                    _ => b & 0x83FF_FFFF,
-                })
-                .collect();
+            let bits = shaped(&bits, small, 40);
             let group = runs * RUN;
             let len = bits.len() - bits.len() % group;
             for dtype in [Dtype::F32, Dtype::BF16, Dtype::F16] {

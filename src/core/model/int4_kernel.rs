@@ -209,6 +209,23 @@ pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The f32 bits of a property test's weights in one of four shapes: `small` 0 keeps
+    /// arbitrary bits (NaNs, infinities, overflowing scales), 1 magnitudes that give
+    /// ordinary scales, 2 a mix with zero runs of `zero_every` weights, 3 tiny
+    /// magnitudes whose scales are F16 subnormals or zero.
+    pub(crate) fn shaped(bits: &[u32], small: u8, zero_every: usize) -> Vec<u32> {
+        bits.iter()
+            .enumerate()
+            .map(|(i, &b)| match small {
+                0 => b,
+                1 => b & 0xC7FF_FFFF,
+                2 if (i / zero_every.max(1)).is_multiple_of(3) => b & 0x8000_0000,
+                2 => b & 0xBFFF_FFFF,
+                _ => b & 0x83FF_FFFF,
+            })
+            .collect()
+    }
+
     /// Little-endian bytes of `bits` as `dtype` (F32, or the top halves as BF16/F16
     /// bits), for the kernels' tests here and in `int4_avx2`.
     pub(crate) fn encode(dtype: Dtype, bits: &[u32]) -> Vec<u8> {
@@ -278,17 +295,7 @@ pub(super) mod tests {
             g_half in 1usize..40,
             pack in any::<bool>(),
         ) {
-            // Arbitrary bits (NaNs, infinities, overflowing scales), or magnitudes that
-            // give ordinary scales, or a mix with zero groups.
-            let bits: Vec<u32> = bits
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| match small {
-                    0 => b,
-                    1 => b & 0xC7FF_FFFF,
-                    _ => if (i / 8) % 3 == 0 { b & 0x8000_0000 } else { b & 0xBFFF_FFFF },
-                })
-                .collect();
+            let bits = shaped(&bits, small, 8);
             let group = g_half * 2;
             let len = bits.len() - bits.len() % group;
             for dtype in [Dtype::F32, Dtype::BF16, Dtype::F16] {

@@ -80,10 +80,7 @@ pub fn convert_saturating(
             path: output.to_path_buf(),
         });
     }
-    let io = |source| SafetensorsError::Io {
-        path: input.to_path_buf(),
-        source,
-    };
+    let io = read_err(input);
     let mut src = crate::files::open_regular(input).map_err(io)?;
     let size = src.metadata().map_err(io)?.len();
     advise_sequential(&src);
@@ -130,6 +127,14 @@ pub fn convert_saturating(
     }
     out.commit()?;
     Ok(report)
+}
+
+/// The error of a failed read of `input`.
+fn read_err(input: &Path) -> impl Fn(std::io::Error) -> SafetensorsError + Copy + Sync + '_ {
+    move |source| SafetensorsError::Io {
+        path: input.to_path_buf(),
+        source,
+    }
 }
 
 /// Each tensor with the dtype it is written as: `target` for the selected float
@@ -192,14 +197,10 @@ impl Stream<'_> {
         to: Dtype,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<(), SafetensorsError> {
-        let input = self.input;
-        let io = |source| SafetensorsError::Io {
-            path: input.to_path_buf(),
-            source,
-        };
         if to != t.dtype {
             return self.convert_tensor(t, start, to, progress);
         }
+        let io = read_err(self.input);
         let mut lengths = chunk_lengths(t.byte_len(), CONVERT_CHUNK);
         let mut at = start;
         let mut current = lengths.next();
@@ -243,17 +244,13 @@ impl Stream<'_> {
         to: Dtype,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<(), SafetensorsError> {
-        let input = self.input;
+        let io = read_err(self.input);
         let src = self.src;
         let mut at = start;
         let mut index = 0u64;
         for n in chunk_lengths(t.byte_len(), CONVERT_CHUNK) {
             let read = |first: usize, buf: &mut [u8]| {
-                src.read_exact_at(buf, at + first as u64)
-                    .map_err(|source| SafetensorsError::Io {
-                        path: input.to_path_buf(),
-                        source,
-                    })
+                src.read_exact_at(buf, at + first as u64).map_err(io)
             };
             let (out, pending) = (&mut *self.out, &self.pending);
             let (wrote, work) = rayon::join(
