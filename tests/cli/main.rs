@@ -62,6 +62,26 @@ pub fn tlio() -> Command {
     cmd
 }
 
+/// Make `cmd` see a full disk: no file it writes may grow past `bytes` (writes beyond
+/// fail with EFBIG, SIGXFSZ being ignored so the write fails instead of killing it).
+pub fn cap_file_size(cmd: &mut std::process::Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A fresh temporary directory for one test.
 pub fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary directory")

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::errors::assert_one_error_line;
-use crate::{fixture, tlio, tmp};
+use crate::{cap_file_size, fixture, tlio, tmp};
 
 /// A copy of the sharded llama fixture at `dir/name`.
 fn sharded(dir: &Path, name: &str) -> PathBuf {
@@ -216,7 +216,6 @@ fn zero_group_and_zero_jobs_are_refused_when_parsing_naming_the_flag() {
 
 #[test]
 fn a_write_failure_names_the_output_the_user_gave_not_a_temporary_path() {
-    use std::os::unix::process::CommandExt;
     let d = tmp();
     let m = sharded(d.path(), "m");
     for op in [&["convert", "--dtype", "f64"][..], &["quantize", "--int4"]] {
@@ -228,22 +227,7 @@ fn a_write_failure_names_the_output_the_user_gave_not_a_temporary_path() {
             .arg(&out_dir)
             .args(&op[1..])
             .env_remove("FAILPOINTS");
-        // A full disk, as the process sees it: no file may grow past 2 KiB (EFBIG;
-        // SIGXFSZ ignored so the write fails instead of killing the process).
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-                let lim = libc::rlimit {
-                    rlim_cur: 2048,
-                    rlim_max: 2048,
-                };
-                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        cap_file_size(&mut cmd, 2048);
         let out = cmd.output().unwrap();
         assert_one_error_line(&out, 2, op[0]);
         let err = stderr(&out);

@@ -8,7 +8,8 @@
 
 use std::path::Path;
 
-use super::{fixture, tlio, tmp};
+use super::errors::assert_one_error_line;
+use super::{cap_file_size, fixture, tlio, tmp};
 
 /// A file from its header text (written as is, no padding) and data bytes.
 fn file(json: &str, data: &[u8]) -> Vec<u8> {
@@ -817,4 +818,42 @@ fn diff_tells_an_infinite_difference_from_equal_values() {
         text.contains("4 changed (dtype or shape), 0 differ (same dtype and shape, other values)"),
         "{text}"
     );
+}
+
+#[test]
+fn a_write_failure_midway_through_a_large_convert_is_the_error_and_leaves_nothing() {
+    use tlio_core::safetensors::convert::CONVERT_CHUNK;
+    let dir = tmp();
+    let input = dir.path().join("in.safetensors");
+    let output = dir.path().join("out.safetensors");
+    // Four chunks of F32 become four 1 MiB chunks of F8_E4M3, the last holding a value
+    // beyond 448. With files capped at 1.5 MiB the second chunk's write fails while
+    // the reading side may already have reached the bad value: the write, coming
+    // first in the file, is the error reported.
+    let n = CONVERT_CHUNK;
+    let mut w: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 0.25).collect();
+    w[n - 1] = 449.0;
+    write_f32(&input, &[("w", &w)], &[]);
+    let before = std::fs::read(&input).unwrap();
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("tlio"));
+    cmd.args(["-q", "st", "convert"])
+        .arg(&input)
+        .arg(&output)
+        .args(["--dtype", "F8_E4M3"])
+        .env_remove("FAILPOINTS");
+    cap_file_size(&mut cmd, 3 << 19);
+    let out = cmd.output().unwrap();
+    assert_one_error_line(&out, 2, "capped convert");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}: write failed", output.display())),
+        "{err}"
+    );
+    assert!(!err.contains("index"), "{err}");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["in.safetensors"], "no output, no temporary file");
+    assert_eq!(std::fs::read(&input).unwrap(), before);
 }

@@ -1,9 +1,12 @@
 //! `convert`: re-encode the float tensors of a file to another float dtype, copying the
-//! rest, into a canonical file written atomically, streaming through fixed buffers.
+//! rest, into a canonical file written atomically, streaming through fixed buffers: one
+//! thread reads and converts chunk after chunk (the pieces of a chunk in parallel), a
+//! second writes them, a bounded queue between the two.
 //!
-//! Invariants: memory use is a few MiB whatever the file size (a copied tensor is mapped
-//! one chunk-sized window at a time, at most two windows alive; a re-encoded one is
-//! read a piece at a time into a cache-sized buffer per thread); each value
+//! Invariants: memory use is a few MiB whatever the file size (at most
+//! `WRITE_DEPTH + 2` chunks alive, a copied one as a mapped window, a re-encoded one
+//! as a buffer the writer hands back, its pieces read into a cache-sized buffer per
+//! thread); chunks are written in file order whatever the thread count; each value
 //! is rounded once, from its source value (F64 sources are encoded from f64, every other
 //! float dtype decodes exactly to f32); the output never replaces the input.
 
@@ -103,28 +106,23 @@ pub fn convert_saturating(
         bytes_out: layout.file_size(),
         ..ConvertReport::default()
     };
-    let mut stream = Stream {
-        src: &src,
-        size,
-        out: &mut out,
-        input,
-        saturate,
-        encoded: Vec::new(),
-        pending: Vec::new(),
-        done: 0,
-        total: header.data_len(),
-        written: 0,
-        synced: 0,
-    };
-    for &(t, to) in layout.in_file_order(&plan)? {
+    let plan = layout.in_file_order(&plan)?;
+    for &&(t, to) in &plan {
         if to == t.dtype {
             report.copied += 1;
         } else {
             report.converted += 1;
         }
-        let start = header.data_start() + t.data_offsets.0;
-        stream.tensor(t, start, to, progress)?;
     }
+    let feed = Feed {
+        src: &src,
+        size,
+        input,
+        saturate,
+        done: 0,
+        total: header.data_len(),
+    };
+    feed.run(&mut out, &plan, header.data_start(), progress)?;
     out.commit()?;
     Ok(report)
 }
@@ -158,23 +156,37 @@ fn plan_dtypes<'h>(
     Ok(plan)
 }
 
-/// The source, the output and the fixed buffers one conversion streams through.
-struct Stream<'a> {
+/// What the writer thread writes next: a re-encoded chunk (its buffer goes back to be
+/// refilled) or a mapped window of a copied tensor.
+enum Block {
+    Encoded(Vec<u8>),
+    Mapped(Window),
+}
+
+impl Block {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Block::Encoded(v) => v,
+            Block::Mapped(w) => w.bytes(),
+        }
+    }
+}
+
+/// Blocks queued between the thread reading and converting and the one writing: the
+/// two overlap without waiting for each other at every chunk, and at most
+/// `WRITE_DEPTH + 2` chunks are alive (queued, being written, being filled).
+const WRITE_DEPTH: usize = 2;
+
+/// The source side of one conversion: it reads and re-encodes chunks in order and
+/// queues them for the writer.
+struct Feed<'a> {
     src: &'a File,
-    /// The input's size when its header was validated: no window reaches past it.
+    /// The input's size when its header was validated: no read reaches past it.
     size: u64,
-    out: &'a mut AtomicFile,
     input: &'a Path,
     saturate: bool,
-    encoded: Vec<u8>,
-    /// The previous chunk's output, written while the current chunk is converted.
-    pending: Vec<u8>,
     done: u64,
     total: u64,
-    /// Output bytes handed to the kernel so far, and how many of them writeback was
-    /// started for.
-    written: u64,
-    synced: u64,
 }
 
 /// The buffers of re-encoding one piece: its raw bytes, and the scalar codecs' values.
@@ -186,62 +198,54 @@ struct Codec {
     v64: Vec<f64>,
 }
 
-impl Stream<'_> {
-    /// Copy or re-encode tensor `t` (whose data starts at file offset `start`) as `to`,
-    /// a chunk at a time: a copy maps the next window while the current one is
-    /// written; a re-encode goes through [`Stream::convert_tensor`].
+impl Feed<'_> {
+    /// Write the data of the tensors of `plan` (each with the dtype it is written as;
+    /// the file's data starting at `data_start`) to `out`, after its header: this
+    /// thread reads and converts, a scoped thread writes. Errors keep the order of a
+    /// serial run: a failed write stops the reading, and a failed read or conversion
+    /// reports the writer's error first when it failed on an earlier chunk.
+    fn run(
+        mut self,
+        out: &mut AtomicFile,
+        plan: &[&(&TensorInfo, Dtype)],
+        data_start: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(), SafetensorsError> {
+        std::thread::scope(|s| {
+            let (queue, queued) = std::sync::mpsc::sync_channel::<Block>(WRITE_DEPTH);
+            let (recycle, recycled) = std::sync::mpsc::channel::<Vec<u8>>();
+            let writer = s.spawn(move || write_blocks(out, queued, recycle));
+            let mut fed = Ok(());
+            for &&(t, to) in plan {
+                let start = data_start + t.data_offsets.0;
+                fed = self.tensor(t, start, to, &queue, &recycled, progress);
+                if fed.is_err() {
+                    break;
+                }
+            }
+            // Closing the queue ends the writer once it has written what was queued.
+            drop(queue);
+            let wrote = writer
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            match (wrote, fed) {
+                (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+                (Ok(()), Ok(())) => Ok(()),
+            }
+        })
+    }
+
+    /// Queue tensor `t` (whose data starts at file offset `start`) as `to`, a chunk
+    /// at a time: a copied chunk as a mapped window, a re-encoded one through
+    /// [`encode_parallel`] into a buffer the writer handed back. A closed queue (the
+    /// writer failed) ends the feed quietly: the writer's error is the one reported.
     fn tensor(
         &mut self,
         t: &TensorInfo,
         start: u64,
         to: Dtype,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<(), SafetensorsError> {
-        if to != t.dtype {
-            return self.convert_tensor(t, start, to, progress);
-        }
-        let io = read_err(self.input);
-        let mut lengths = chunk_lengths(t.byte_len(), CONVERT_CHUNK);
-        let mut at = start;
-        let mut current = lengths.next();
-        let mut window = match current {
-            Some(n) => Some(Window::map(self.src, self.size, at, n).map_err(io)?),
-            None => None,
-        };
-        while let (Some(n), Some(this)) = (current, window.take()) {
-            let following = lengths.next();
-            let next_at = at + n as u64;
-            let (src, size) = (self.src, self.size);
-            // The next window is mapped (and its pages faulted in, read from disk if
-            // they must be) while this one is written.
-            let map_ahead = || {
-                following
-                    .map(|m| Window::map(src, size, next_at, m))
-                    .transpose()
-            };
-            let bytes = this.bytes();
-            let (ahead, wrote) = rayon::join(map_ahead, || self.out.write_all(bytes));
-            wrote.map_err(SafetensorsError::Write)?;
-            window = ahead.map_err(io)?;
-            self.written += n as u64;
-            drop(this);
-            self.start_writeback()?;
-            self.done += n as u64;
-            progress(self.done, self.total);
-            at = next_at;
-            current = following;
-        }
-        Ok(())
-    }
-
-    /// Re-encode tensor `t` (data at file offset `start`) as `to`, a chunk at a time:
-    /// the chunk's pieces read their own bytes with `pread` into cache-sized buffers of
-    /// the threads converting them, while the chunk before is written.
-    fn convert_tensor(
-        &mut self,
-        t: &TensorInfo,
-        start: u64,
-        to: Dtype,
+        queue: &std::sync::mpsc::SyncSender<Block>,
+        recycled: &std::sync::mpsc::Receiver<Vec<u8>>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<(), SafetensorsError> {
         let io = read_err(self.input);
@@ -249,52 +253,52 @@ impl Stream<'_> {
         let mut at = start;
         let mut index = 0u64;
         for n in chunk_lengths(t.byte_len(), CONVERT_CHUNK) {
-            let read = |first: usize, buf: &mut [u8]| {
-                src.read_exact_at(buf, at + first as u64).map_err(io)
+            let block = if to == t.dtype {
+                Block::Mapped(Window::map(src, self.size, at, n).map_err(io)?)
+            } else {
+                let read = |first: usize, buf: &mut [u8]| {
+                    src.read_exact_at(buf, at + first as u64).map_err(io)
+                };
+                let mut buf = recycled.try_recv().unwrap_or_default();
+                index += encode_parallel(n, &read, &mut buf, t, to, index, self.saturate)?;
+                Block::Encoded(buf)
             };
-            let (out, pending) = (&mut *self.out, &self.pending);
-            let (wrote, work) = rayon::join(
-                || out.write_all(pending),
-                || encode_parallel(n, &read, &mut self.encoded, t, to, index, self.saturate),
-            );
-            // Errors keep the order of a serial run: the write, then the pieces.
-            wrote.map_err(SafetensorsError::Write)?;
-            self.written += self.pending.len() as u64;
-            index += work?;
-            std::mem::swap(&mut self.pending, &mut self.encoded);
-            self.start_writeback()?;
+            if queue.send(block).is_err() {
+                return Ok(());
+            }
             self.done += n as u64;
             progress(self.done, self.total);
             at += n as u64;
         }
-        self.write_pending()
-    }
-
-    /// Write the output still held back for overlap, if any.
-    fn write_pending(&mut self) -> Result<(), SafetensorsError> {
-        if !self.pending.is_empty() {
-            self.out
-                .write_all(&self.pending)
-                .map_err(SafetensorsError::Write)?;
-            self.written += self.pending.len() as u64;
-            self.pending.clear();
-        }
         Ok(())
     }
+}
 
-    /// Start writeback of what was written since the last call once it is large, so
-    /// the final fsync finds little left to do. A hint only: durability still comes
-    /// from the fsync of the commit.
-    fn start_writeback(&mut self) -> Result<(), SafetensorsError> {
-        if self.written - self.synced < WRITEBACK_STEP {
-            return Ok(());
+/// The writer thread: write every queued block to `out` in order, starting writeback
+/// every [`WRITEBACK_STEP`] bytes so the final fsync finds little left to do (a hint
+/// only: durability comes from the fsync of the commit), and hand encoded buffers back.
+fn write_blocks(
+    out: &mut AtomicFile,
+    queued: std::sync::mpsc::Receiver<Block>,
+    recycle: std::sync::mpsc::Sender<Vec<u8>>,
+) -> Result<(), SafetensorsError> {
+    let (mut written, mut synced) = (0u64, 0u64);
+    for block in queued {
+        let bytes = block.bytes();
+        out.write_all(bytes).map_err(SafetensorsError::Write)?;
+        written += bytes.len() as u64;
+        if written - synced >= WRITEBACK_STEP {
+            let w = out.writer();
+            w.flush().map_err(SafetensorsError::Write)?;
+            sync_range(w.get_ref(), synced);
+            synced = written;
         }
-        let w = self.out.writer();
-        w.flush().map_err(SafetensorsError::Write)?;
-        sync_range(w.get_ref(), self.synced);
-        self.synced = self.written;
-        Ok(())
+        if let Block::Encoded(buf) = block {
+            // The feed may have finished already; the buffer is then just freed.
+            let _ = recycle.send(buf);
+        }
     }
+    Ok(())
 }
 
 /// Output bytes between two writeback starts.
