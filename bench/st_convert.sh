@@ -10,7 +10,8 @@
 #   2. `st quantize --int4` of a 1 GiB BF16 file (16 x [4096, 8192] `_proj.weight`s),
 #      durable and onto tmpfs, against dd / cat of its input and the rule in numpy;
 #   3. a 4-shard F32 model directory (the file of 1 split in four) -> BF16, durable
-#      and onto tmpfs, against dd / cat of its shards.
+#      and onto tmpfs, against dd / cat of its shards and safetensors + ml_dtypes
+#      shard by shard (then the index and config.json).
 #   Then the inspect of a sparse file whose header claims 20 GB (wall time).
 #
 # Usage: PYTHON=python-with-numpy-safetensors-ml_dtypes bench/st_convert.sh [WORKDIR]
@@ -76,6 +77,23 @@ for k, v in load_file(sys.argv[1]).items():
     out[k + ".scales"] = s
 save_file(out, sys.argv[2], metadata={"quant": "int4-g32-sym"})'
 
+# A model directory the same way: every shard, then the index and config.json.
+PY_DIR='import json, os, shutil, sys, ml_dtypes
+from safetensors.numpy import load_file, save_file
+src, dst = sys.argv[1:3]
+os.makedirs(dst)
+index = json.load(open(os.path.join(src, "model.safetensors.index.json")))
+total = 0
+for name in sorted(set(index["weight_map"].values())):
+    t = {k: v.astype(ml_dtypes.bfloat16) for k, v in load_file(os.path.join(src, name)).items()}
+    total += sum(v.nbytes for v in t.values())
+    save_file(t, os.path.join(dst, name))
+index["metadata"]["total_size"] = total
+json.dump(index, open(os.path.join(dst, "model.safetensors.index.json"), "w"))
+config = json.load(open(os.path.join(src, "config.json")))
+config["torch_dtype"] = "bfloat16"
+json.dump(config, open(os.path.join(dst, "config.json"), "w"))'
+
 # The jobs: NAME and a command run by bash -c (outputs removed after each run).
 JOBS=(
     "convert_disk|$TLIO -q st convert $IN -o $WORK/o.st --dtype BF16"
@@ -92,6 +110,7 @@ JOBS=(
     "dir_dd_fsync|for f in $DIR/*.safetensors; do dd if=\$f of=$WORK/d.dd.\$(basename \$f) bs=1M conv=fsync status=none; done"
     "dir_tmpfs|$TLIO -q st convert $DIR -o $SHM/d.out --dtype BF16"
     "dir_cat_tmpfs|cat $DIR/*.safetensors > $SHM/d.cat"
+    "dir_python_tmpfs|$PY -c '$PY_DIR' $DIR $SHM/d.py"
 )
 if [ -n "${TLIO_BEFORE:-}" ]; then
     JOBS+=(
@@ -133,7 +152,8 @@ END {
     for (i = 1; i <= n; i++) { k = order[i]; W[k] = med(w[k])
         printf "%-22s %8.2f %8.2f %8.2f %9.0f %6.2f\n", k, W[k], med(u[k]), med(s[k]), med(m[k]) / 1024, med(l[k]) }
     printf "\nratios (goal): convert_disk/dd_fsync %.2f (<= 0.6), convert_tmpfs/cat_tmpfs %.2f (<= 0.5), convert_tmpfs/python_tmpfs %.2f (<= 0.5)\n", W["convert_disk"] / W["dd_fsync"], W["convert_tmpfs"] / W["cat_tmpfs"], W["convert_tmpfs"] / W["python_tmpfs"]
-    printf "quantize_disk/q_dd_fsync %.2f, quantize_tmpfs/q_cat_tmpfs %.2f, quantize_tmpfs/q_python_tmpfs %.2f; dir_disk/dir_dd_fsync %.2f, dir_tmpfs/dir_cat_tmpfs %.2f\n", W["quantize_disk"] / W["q_dd_fsync"], W["quantize_tmpfs"] / W["q_cat_tmpfs"], W["quantize_tmpfs"] / W["q_python_tmpfs"], W["dir_disk"] / W["dir_dd_fsync"], W["dir_tmpfs"] / W["dir_cat_tmpfs"]
+    printf "quantize_disk/q_dd_fsync %.2f, quantize_tmpfs/q_cat_tmpfs %.2f, quantize_tmpfs/q_python_tmpfs %.2f\n", W["quantize_disk"] / W["q_dd_fsync"], W["quantize_tmpfs"] / W["q_cat_tmpfs"], W["quantize_tmpfs"] / W["q_python_tmpfs"]
+    printf "dir_disk/dir_dd_fsync %.2f, dir_tmpfs/dir_cat_tmpfs %.2f, dir_tmpfs/dir_python_tmpfs %.2f\n", W["dir_disk"] / W["dir_dd_fsync"], W["dir_tmpfs"] / W["dir_cat_tmpfs"], W["dir_tmpfs"] / W["dir_python_tmpfs"]
 }' "$RES"
 
 # Output bytes: this build against TLIO_BEFORE on the benchmark files.
@@ -142,10 +162,12 @@ if [ -n "${TLIO_BEFORE:-}" ]; then
         tag=$([ "$b" = "$TLIO" ] && echo new || echo old)
         "$b" -q st convert "$IN" -o "$WORK/$tag.bf16" --dtype BF16
         "$b" -q st quantize "$Q_IN" -o "$WORK/$tag.int4" --int4
+        "$b" -q st convert "$DIR" -o "$WORK/$tag.dir" --dtype BF16
     done
     cmp "$WORK/new.bf16" "$WORK/old.bf16" && cmp "$WORK/new.int4" "$WORK/old.int4" &&
-        echo "outputs identical to TLIO_BEFORE's (BF16 convert, int4 quantize)"
-    rm -f "$WORK"/new.* "$WORK"/old.*
+        diff -r "$WORK/new.dir" "$WORK/old.dir" &&
+        echo "outputs identical to TLIO_BEFORE's (BF16 convert, int4 quantize, the directory)"
+    rm -rf "$WORK"/new.* "$WORK"/old.*
 fi
 "$TLIO" st verify "$IN" >/dev/null
 "$TLIO" -q st quantize "$Q_IN" -o "$WORK/q.tlio" --int4
