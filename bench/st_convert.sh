@@ -78,7 +78,7 @@ for k, v in load_file(sys.argv[1]).items():
 save_file(out, sys.argv[2], metadata={"quant": "int4-g32-sym"})'
 
 # A model directory the same way: every shard, then the index and config.json.
-PY_DIR='import json, os, shutil, sys, ml_dtypes
+PY_DIR='import json, os, sys, ml_dtypes
 from safetensors.numpy import load_file, save_file
 src, dst = sys.argv[1:3]
 os.makedirs(dst)
