@@ -25,7 +25,7 @@ use tlio_core::checkpoint::{
 use tlio_core::safetensors::{self as st, Dtype, Tensor, TensorData};
 
 use crate::errors::{core_err, guard, one_line};
-use crate::safetensors::{hold, HeldTensor, Item};
+use crate::safetensors::{hold, with_path, HeldTensor, Item};
 use crate::tokens::count_arg;
 
 /// A checkpoint error as the Python exception python.md names, in the words of a Python
@@ -90,12 +90,15 @@ impl Named<'_> {
 /// checkpoint's F32 is never reached by a silent conversion).
 fn f32_array<'py>(value: &Bound<'py, PyAny>, name: String, what: &str) -> PyResult<Named<'py>> {
     let arr = value.cast::<PyArrayDyn<f32>>().map_err(|_| {
-        let dtype = value
-            .getattr("dtype")
-            .map(|d| d.to_string())
-            .unwrap_or_else(|_| value.get_type().to_string());
+        // A numpy scalar (np.float32(1.0)) has the dtype float32 but is no array: name
+        // its type, or the message would read "is float32, not float32".
+        let is_array = value.is_instance_of::<numpy::PyUntypedArray>();
+        let what_it_is = match value.getattr("dtype") {
+            Ok(d) if is_array => format!("an array of {}", d.str().map(|s| s.to_string()).unwrap_or_default()),
+            _ => format!("a {}", value.get_type().name().map(|n| n.to_string()).unwrap_or_default()),
+        };
         PyValueError::new_err(format!(
-            "{what} {name:?} is {dtype}, not float32: checkpoint files hold F32 arrays"
+            "{what} {name:?} is {what_it_is}, not a float32 numpy array: checkpoint files hold F32 arrays"
         ))
     })?;
     let shape: Vec<u64> = arr.shape().iter().map(|&d| d as u64).collect();
@@ -172,6 +175,13 @@ fn write_file(
         .map_err(io::Error::other)
 }
 
+/// Refuses tensors that the writer would refuse (the reserved name `__metadata__`, a
+/// duplicate, a size that does not fit) before the step directory exists: a
+/// `ValueError` naming the file, never an `OSError` half-way through the save.
+fn check_payload(dir: &Path, file: &str, tensors: &[Tensor<'_>]) -> PyResult<()> {
+    st::write::check_tensors(tensors).map_err(|e| with_path(&dir.join(file), core_err(e)))
+}
+
 /// The optimizer's state from its JSON, checked against the arrays and the model.
 fn optimizer_meta(
     json: &str,
@@ -240,6 +250,8 @@ fn save(
         };
         let model_tensors = tensors(&model)?;
         let opt_tensors = tensors(&opt)?;
+        check_payload(&dir, checkpoint::MODEL_NAME, &model_tensors)?;
+        check_payload(&dir, checkpoint::OPTIMIZER_NAME, &opt_tensors)?;
         // The cheap checks, before anything is written (core checks them all again).
         let prepared = (|| -> Result<_, CheckpointError> {
             let mut state = TrainerState::from_json_with_defaults(state_json.as_bytes())?;
@@ -320,6 +332,10 @@ fn save_tensors(
         };
         let model_tensors = held_tensors(&model_held)?;
         let opt_tensors = opt_held.as_deref().map(held_tensors).transpose()?;
+        check_payload(&dir, checkpoint::MODEL_NAME, &model_tensors)?;
+        if let Some(t) = &opt_tensors {
+            check_payload(&dir, checkpoint::OPTIMIZER_NAME, t)?;
+        }
         let mut model_meta = model_meta;
         model_meta.insert(FORMAT_KEY.to_string(), FORMAT_VALUE.to_string());
         let opt_meta = match (&opt_tensors, opt_state_json) {

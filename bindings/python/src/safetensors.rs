@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use numpy::{
     IntoPyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
 };
-use pyo3::exceptions::{PyFileNotFoundError, PyValueError};
+use pyo3::exceptions::{PyFileNotFoundError, PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 use tlio_core::model::Model;
 use tlio_core::safetensors::float::{decode_f32, first_f32_overflow};
@@ -175,9 +175,17 @@ fn decode<'py>(
         let bytes = data
             .as_slice()
             .map_err(|e| PyValueError::new_err(format!("tensor {tensor:?}: {e}")))?;
+        // One float32 per stored element; reserved fallibly, so that a tensor larger
+        // than the memory available is a MemoryError, never an abort of the process.
+        let count = (bytes.len() / d.size().unwrap_or(1).max(1)).saturating_mul(d.lanes());
+        let mut out: Vec<f32> = Vec::new();
+        out.try_reserve_exact(count).map_err(|_| {
+            PyMemoryError::new_err(format!(
+                "tensor {tensor:?}: cannot allocate {} bytes to decode it",
+                count.saturating_mul(4)
+            ))
+        })?;
         let (ok, values) = py.detach(|| {
-            let mut out =
-                Vec::with_capacity(bytes.len().saturating_mul(4) / d.size().unwrap_or(1).max(1));
             let ok = decode_f32(d, bytes, &mut out);
             (ok, out)
         });

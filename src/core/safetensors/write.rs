@@ -299,6 +299,19 @@ fn check_data(t: &Tensor<'_>) -> Result<(), SafetensorsError> {
     Ok(())
 }
 
+/// Every check the writer makes before its first byte (the reserved name, duplicate
+/// names, sizes, and each tensor's data against its dtype and shape), so that a caller
+/// that creates files or directories first (a checkpoint step) can refuse bad tensors
+/// before it touches the disk.
+pub fn check_tensors(tensors: &[Tensor<'_>]) -> Result<(), SafetensorsError> {
+    let specs: Vec<TensorSpec<'_>> = tensors
+        .iter()
+        .map(|t| TensorSpec::new(&t.name, t.dtype, &t.shape))
+        .collect();
+    checked_sizes(&specs)?;
+    tensors.iter().try_for_each(check_data)
+}
+
 /// Write `tensors` and `metadata` canonically to `out`, streaming the data; returns the
 /// number of bytes written. On an error part of the file may have been written: use
 /// [`save`] for an output that appears whole or not at all.
@@ -408,6 +421,31 @@ pub fn save_unsynced(
 mod unsynced_tests {
     use super::*;
     use std::borrow::Cow;
+
+    /// `check_tensors` refuses what `write` refuses, before any byte: the reserved name,
+    /// a duplicate name and data of the wrong length; it accepts a valid set.
+    #[test]
+    fn check_tensors_refuses_what_the_writer_refuses() {
+        let one = |name: &str, data: &'static [u8]| Tensor {
+            name: name.into(),
+            dtype: Dtype::U8,
+            shape: vec![2],
+            data: TensorData::Raw(Cow::Borrowed(data)),
+        };
+        assert!(check_tensors(&[one("a", &[1, 2]), one("b", &[3, 4])]).is_ok());
+        assert!(matches!(
+            check_tensors(&[one("__metadata__", &[1, 2])]),
+            Err(SafetensorsError::ReservedName)
+        ));
+        assert!(matches!(
+            check_tensors(&[one("a", &[1, 2]), one("a", &[3, 4])]),
+            Err(SafetensorsError::DuplicateTensor { .. })
+        ));
+        assert!(matches!(
+            check_tensors(&[one("a", &[1])]),
+            Err(SafetensorsError::DataLength { .. })
+        ));
+    }
 
     /// The unsynced writer writes the same bytes as the durable one and leaves no
     /// temporary file behind.

@@ -13,6 +13,7 @@ tlio-core's; this module maps numpy dtypes to safetensors dtypes and builds arra
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from collections.abc import Mapping
@@ -68,15 +69,42 @@ _DECODED = {"BF16": np.dtype("<u2"), "F8_E4M3": np.dtype("u1"), "F8_E5M2": np.dt
 _FROM_F32 = ("BF16", "F16", "F8_E4M3", "F8_E5M2")
 _F8 = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
 
-# How load_safetensors makes writable arrays of numpy-native dtypes: "copy" reads each
-# tensor once into a fresh array; "cow" maps the file privately (copy-on-write) and
-# hands out arrays over that mapping. bench/python_safetensors.py measures both; see
-# docs/python.md for the figures and why "cow" is the default.
-_LOAD_STRATEGY = "cow"
+# load_safetensors reads each tensor into memory it owns (one pread per tensor, the GIL
+# released), never a private map of the file: a private map's untouched pages still
+# show later writes to the file, and a file truncated underneath kills the process with
+# SIGBUS. bench/python_safetensors.py measures it against the package's reader.
 
 
 def _fail(path: Any, message: str) -> ValueError:
     return ValueError(f"{os.fspath(path)}: {message}")
+
+
+def _empty(path: str, name: str, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A fresh array for one tensor, its failures naming the file and the tensor.
+
+    numpy refuses more than 64 dimensions and sizes past its index range with a bare
+    ValueError; an allocation beyond the memory available (RAM, swap, a resource limit)
+    is an OSError with errno ENOMEM, as the system reports it, but naming the file.
+    """
+    try:
+        return np.empty(shape, dtype)
+    except MemoryError:
+        nbytes = _numel(shape) * dtype.itemsize
+        raise OSError(
+            errno.ENOMEM,
+            f"{path}: tensor {name!r}: cannot allocate {nbytes} bytes to load it "
+            f"({os.strerror(errno.ENOMEM)})",
+        ) from None
+    except ValueError as e:
+        raise _fail(path, f"tensor {name!r}: shape {list(shape)} has no numpy array ({e})") from None
+
+
+def _shaped(path: str, name: str, a: np.ndarray, shape: Tuple[int, ...]) -> np.ndarray:
+    """``a`` reshaped to the tensor's shape, numpy's refusals naming the file and tensor."""
+    try:
+        return a.reshape(shape)
+    except ValueError as e:
+        raise _fail(path, f"tensor {name!r}: shape {list(shape)} has no numpy array ({e})") from None
 
 
 def _numpy_source(path: Any, name: str, a: np.ndarray) -> Optional[str]:
@@ -250,33 +278,65 @@ def load_safetensors(
     complex64, the rest to their numpy type. ``raw=True`` gives BF16 as uint16 bits and
     8-bit floats as uint8 codes, so re-saving writes the same bytes; the raw-only dtypes
     (FNUZ, E8M0, F6, F4) load only with ``raw=True``, as a flat uint8 array of their bytes.
+
+    The arrays own their memory: nothing that happens to the file afterwards (rewritten
+    in place, truncated, deleted) changes them.
     """
     path = os.fspath(path)
     rows, meta, size = _st.header(path)
     out: Dict[str, np.ndarray] = {}
-    cow = _map(path, size, mmap.ACCESS_COPY) if _LOAD_STRATEGY == "cow" else None
-    # BF16/F8 decode from the stored bytes; reading a private map copies nothing.
-    ro = cow if cow is not None else _map(path, size, mmap.ACCESS_READ)
     with open(path, "rb") as f:
         fd = f.fileno()
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            raise _fail(path, f"the file changed size while being read ({size} then {actual} bytes)")
         for name, dtype, shape, start, end in rows:
             shape = tuple(shape)
             if dtype in _DECODED and not raw:
-                codes = _codes_view(ro, name, dtype, start, end)
-                out[name] = _st.decode(dtype, name, codes).reshape(shape)
+                codes = _empty(path, name, (end - start,), np.dtype("u1"))
+                _read_into(fd, codes, start, path)
+                out[name] = _shaped(path, name, _decode(path, dtype, name, codes), shape)
                 continue
             np_dtype = _NATIVE.get(dtype) or (_DECODED.get(dtype) if raw else None)
             if np_dtype is None:
                 if not raw:
                     raise _raw_only(path, name, dtype)
                 np_dtype, shape = np.dtype("u1"), (end - start,)
-            if cow is not None and start % np_dtype.itemsize == 0 and end > start:
-                a = np.frombuffer(cow, np_dtype, _numel(shape), start).reshape(shape)
-            else:
-                a = np.empty(shape, np_dtype)
-                _read_into(fd, a, start, path)
+            a = _empty(path, name, shape, np_dtype)
+            _read_into(fd, a, start, path)
             out[name] = a
     return out, dict(meta)
+
+
+def _decode(path: str, dtype: str, name: str, codes: np.ndarray) -> np.ndarray:
+    """BF16/F8 codes decoded to float32 (a fresh array), failures naming the file."""
+    try:
+        return _st.decode(dtype, name, codes)
+    except MemoryError:
+        raise OSError(
+            errno.ENOMEM,
+            f"{path}: tensor {name!r}: cannot allocate {codes.size * 4} bytes to decode it "
+            f"({os.strerror(errno.ENOMEM)})",
+        ) from None
+
+
+def _check_unshrunk(mm: Any, path: str, size: int) -> None:
+    """Refuse to hand out a view of a file that is now shorter than when it was opened.
+
+    The views are a live map of the file: a page past the file's new end faults
+    (SIGBUS), so a file truncated or rewritten in place underneath (``open(p, "wb")``,
+    ``cp`` over it) is refused here, with the file named, before a new view is made.
+    Views made earlier cannot be guarded: docs/python.md says so.
+    """
+    if mm is None:
+        return
+    now = mm.size()  # fstat of the mapped file itself, not of whatever the path names now
+    if now < size:
+        raise _fail(
+            path,
+            f"the file shrank from {size} to {now} bytes since it was opened (it was "
+            "rewritten in place); open it again",
+        )
 
 
 class SafetensorsFile:
@@ -285,6 +345,12 @@ class SafetensorsFile:
     ``get_tensor`` returns read-only numpy views into the memory map (their ``base`` is
     the map, which they keep alive), or a decoded float32 copy for BF16 and F8. Use it
     as a context manager, or call ``close()``; a closed file refuses new reads.
+
+    The views are a live map of the file, by design (that is what makes them free):
+    a file replaced by renaming (every tlio writer, ``safetensors``' own) leaves them
+    intact, but one rewritten in place shows through them, and one truncated
+    underneath makes a read of a view past the new end a SIGBUS. ``get_tensor``
+    refuses a file that shrank since it was opened with ``ValueError``.
     """
 
     def __init__(self, path: "os.PathLike[str] | str") -> None:
@@ -353,18 +419,20 @@ class SafetensorsFile:
         shape = tuple(shape)
         path = self._shards[shard][0]
         mm = self._shard_map(shard)
+        _check_unshrunk(mm, path, self._shards[shard][1])
         if dtype in _DECODED and not raw:
-            return _st.decode(dtype, name, _codes_view(mm, name, dtype, start, end)).reshape(shape)
+            codes = _codes_view(mm, name, dtype, start, end)
+            return _shaped(path, name, _decode(path, dtype, name, codes), shape)
         np_dtype = _NATIVE.get(dtype) or (_DECODED.get(dtype) if raw else None)
         if np_dtype is None:
             if not raw:
                 raise _raw_only(path, name, dtype)
             np_dtype, shape = np.dtype("u1"), (end - start,)
         if end == start:
-            a = np.zeros(shape, np_dtype)
+            a = _empty(path, name, shape, np_dtype)
             a.flags.writeable = False
             return a
-        return np.frombuffer(mm, np_dtype, _numel(shape), start).reshape(shape)
+        return _shaped(path, name, np.frombuffer(mm, np_dtype, _numel(shape), start), shape)
 
     def close(self) -> None:
         """Refuse further reads; the map lives on while views of it do."""
