@@ -10,8 +10,11 @@ Invariants: no pickle anywhere; the rules (protocol, layout checks, the step cho
 are the core's, this module only converts between torch tensors and numpy arrays. A
 tensor travels as its raw little-endian bytes (BF16 as uint16 bits, 8-bit floats as
 uint8 codes), so what is loaded is the very bits that were saved. Tied tensors (one
-storage under several ``state_dict()`` names) are stored once, under the first name,
-and the metadata key ``tied`` of model.safetensors maps each other name to it.
+storage through one view, and one Parameter, under several ``state_dict()`` names) are
+stored once, under the first name, and the metadata key ``tied`` of model.safetensors
+maps each other name to it. ``load`` checks the whole step against the model, the
+optimizer (``tlio._torch_optim``) and the stream before it applies anything, so a
+refused load changes nothing.
 Under torch.distributed both are collectives (``tlio._torch_dist``): rank 0 writes,
 every rank returns the same path, and every rank loads the step rank 0 chose.
 torch's own generator state is not saved: a loop that needs bitwise dropout across a
@@ -22,12 +25,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
 
 from tlio._tlio import checkpoint as _core
+from tlio import _torch_optim
 from tlio._torch_dist import collective_load, collective_save
 from tlio.checkpoint import EXTRA_KEYS, Checkpoint, _integer, _json, _rng
 from tlio.safetensors import load_safetensors, read_header
@@ -63,14 +67,41 @@ _FROM_ST = {st: (dt, raw) for dt, (st, raw) in _DTYPES.items()}
 
 
 
+def _refuse_dtensor(name: str, t: torch.Tensor) -> None:
+    """Refuse a DTensor (FSDP2, tensor parallel): its storage is one rank's local shard,
+    not the tensor, and this module saves whole tensors from rank 0 only."""
+    if type(t).__name__ == "DTensor":
+        raise ValueError(
+            f"tensor {name!r} is a DTensor (sharded by FSDP2 or tensor parallel): tlio.torch saves "
+            "whole tensors only (gather the state to full tensors first)"
+        )
+
+
+def _refuse_kind(name: str, t: torch.Tensor, whose: str = "tensor") -> None:
+    """Refuse a tensor that has no plain bytes to store or to load into, naming it and why:
+    a DTensor, a meta tensor (no data), a nested tensor, a sparse or other non-strided
+    layout. torch itself would fail later with an unrelated message ("invalid python
+    storage", "cannot access storage"), or silently copy nothing into a meta tensor."""
+    _refuse_dtensor(name, t)
+    what = f"{whose} {name!r}"
+    if t.is_nested:
+        raise ValueError(f"{what} is a nested tensor: tlio.torch stores dense tensors only")
+    if t.layout != torch.strided:
+        raise ValueError(f"{what} has layout {t.layout}: tlio.torch stores dense (strided) tensors only")
+    if t.is_meta:
+        raise ValueError(f"{what} is on the meta device and holds no data (materialize it first)")
+
+
 def _item(name: str, t: torch.Tensor) -> Tuple[tuple, torch.Tensor]:
     """One tensor as a raw-bytes item for the core writer, and the CPU tensor whose
-    memory it borrows (kept alive by the caller until the write returns)."""
+    memory it borrows (kept alive by the caller until the write returns). A conjugate
+    or negative view is written as the values it shows (resolved), as torch.save does."""
+    _refuse_kind(name, t)
     try:
         st, raw = _DTYPES[t.dtype]
     except KeyError:
         raise ValueError(f"tensor {name!r} has dtype {t.dtype}, which tlio.torch cannot store") from None
-    c = t.detach().cpu().contiguous()
+    c = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
     if raw is np.uint16 or raw is np.uint8 and t.dtype != torch.uint8:
         bits = c.view(torch.int16 if raw is np.uint16 else torch.uint8).numpy().view(raw)
     else:
@@ -100,19 +131,29 @@ def _tensor(name: str, arr: np.ndarray, st: str, shape: Tuple[int, ...]) -> torc
     return t
 
 
-def _storage_key(t: torch.Tensor) -> tuple:
-    """What makes two state_dict entries the same tensor (a tie): same storage, offset,
-    shape, strides and dtype."""
-    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+def _tie_key(t: torch.Tensor, param: Optional[torch.nn.Parameter]) -> tuple:
+    """What makes two state_dict entries the same tensor (a tie): the same storage (its
+    identity, not its address: every empty storage has address 0) seen through the same
+    view (offset, shape, strides, dtype, conjugate and negative bits), and, for
+    parameters, the same Parameter. Two distinct Parameters over one storage are two
+    parameters (each with its own optimizer state), so they are stored separately."""
+    # ``_cdata`` is the address of the StorageImpl that every view of one storage
+    # shares; it cannot be reused while the state_dict holds these tensors.
+    return (
+        t.device, t.untyped_storage()._cdata, t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+        t.dtype, t.is_conj(), t.is_neg(), None if param is None else id(param),
+    )
 
 
 def _model_items(model: torch.nn.Module):
     sd = model.state_dict()
+    params = dict(model.named_parameters(remove_duplicate=False))
     items, keep_alive, tied, first = [], [], {}, {}
     for name, t in sd.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"state_dict entry {name!r} is {type(t).__name__}, not a tensor")
-        key = _storage_key(t)
+        _refuse_kind(name, t)
+        key = _tie_key(t, params.get(name))
         if key in first:
             tied[name] = first[key]
             continue
@@ -253,51 +294,68 @@ def _retie(model: torch.nn.Module, tied: Mapping[str, str]) -> None:
             setattr(model.get_submodule(owner) if owner else model, leaf, params[first])
 
 
-def _load_optimizer(model, optimizer, tensors, meta, path) -> Dict[str, Any]:
+def _model_state(path: str, sd: Dict[str, torch.Tensor], meta: Mapping[str, str]) -> Dict[str, str]:
+    """Fill ``sd`` with the tied names of model.safetensors; returns the ties."""
     try:
-        doc = json.loads(meta["state"])
-    except (KeyError, ValueError):
-        raise ValueError(f"{path}: metadata `state` is missing or not JSON") from None
-    want = TYPE_PREFIX + type(optimizer).__name__
-    if doc.get("type") != want:
-        raise ValueError(f"{path}: the checkpoint holds a {doc.get('type')!r} state, the optimizer is {want!r}")
-    names = _param_names(model)
-    index: Dict[str, int] = {}
-    current: List[List[str]] = []
-    for g in optimizer.param_groups:
-        group = []
-        for p in g["params"]:
-            name = names.get(id(p))
-            if name is None:
-                raise ValueError(
-                    f"the optimizer holds a parameter of shape {tuple(p.shape)} that the model does not name"
-                )
-            index.setdefault(name, len(index))
-            group.append(name)
-        current.append(group)
-    saved = doc["param_groups"]
-    if [g["params"] for g in saved] != current:
+        tied = json.loads(meta.get(TIED_KEY, "{}"))
+    except ValueError:
+        tied = None
+    if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
+        raise ValueError(f"{path}: metadata `{TIED_KEY}` is not a JSON object of names")
+    for other, first in tied.items():
+        if first not in sd:
+            raise ValueError(f"{path}: {other!r} is tied to {first!r}, which is not stored")
+        if other in sd:
+            raise ValueError(f"{path}: {other!r} is both stored and tied to {first!r}")
+    for other, first in tied.items():
+        sd[other] = sd[first]
+    return tied
+
+
+def _check_model(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], path: str) -> None:
+    """Everything a strict ``load_state_dict`` checks, and the dtype it does not (it casts
+    silently), before anything is copied: the same names, and each tensor's shape and dtype."""
+    want = model.state_dict()
+    missing = [k for k in want if k not in sd]
+    unexpected = [k for k in sd if k not in want]
+    if missing or unexpected:
         raise ValueError(
-            f"{path}: the optimizer's param groups {current} are not the saved ones {[g['params'] for g in saved]}"
+            f"{path} does not match the model's state_dict: missing {missing}, unexpected {unexpected}"
         )
-    state: Dict[int, Dict[str, Any]] = {}
-    for name, entries in doc["state"].items():
-        if name not in index:
-            raise ValueError(f"{path}: state for {name!r}, which the optimizer does not hold")
-        state.setdefault(index[name], {}).update(entries)
-    for full, t in tensors.items():
-        name, _, key = full.rpartition(".")
-        if name not in index:
-            raise ValueError(f"{path}: tensor {full!r} is for a parameter the optimizer does not hold")
-        state.setdefault(index[name], {})[key] = t
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in saved]
-    tuples = [{k for k, v in g.items() if isinstance(v, tuple)} for g in optimizer.param_groups]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
-    for g, keys in zip(optimizer.param_groups, tuples):
-        for k in keys:
-            if isinstance(g.get(k), list):
-                g[k] = tuple(g[k])
-    return doc
+    for name, t in want.items():
+        _refuse_kind(name, t, "the model's tensor")
+        got = sd[name]
+        if got.dtype != t.dtype:
+            raise ValueError(
+                f"{path}: tensor {name!r} is {got.dtype} in the checkpoint and {t.dtype} in the model "
+                "(tlio.torch never casts; convert the model to the saved dtype, or the state yourself)"
+            )
+        if got.shape != t.shape:
+            raise ValueError(
+                f"{path}: tensor {name!r} has shape {list(got.shape)} in the checkpoint "
+                f"and {list(t.shape)} in the model"
+            )
+
+
+def _apply(model, sd, tied, optimizer, opt_state, stream, cursor) -> None:
+    """Apply a checked load: the stream first (its ``restore`` checks the cursor against
+    the stream and changes nothing when it refuses), then the optimizer, then the model.
+    Should torch still fail (a module's own load hook), what was applied is put back."""
+    old_cursor = stream.cursor() if stream is not None else None
+    old_opt = optimizer.state_dict() if optimizer is not None else None
+    if stream is not None:
+        stream.restore(cursor)
+    try:
+        if optimizer is not None:
+            optimizer.load_state_dict(opt_state)
+        model.load_state_dict(sd)
+    except BaseException:
+        if optimizer is not None:
+            optimizer.load_state_dict(old_opt)
+        if stream is not None:
+            stream.restore(old_cursor)
+        raise
+    _retie(model, tied)
 
 
 @collective_load
@@ -314,7 +372,10 @@ def load(
 
     The model gets ``load_state_dict`` (strict) with every tensor in its saved dtype and
     its ties restored as the same Parameter; the optimizer gets its state and param
-    groups matched by parameter name; the stream its cursor. Returns a
+    groups matched by parameter name (a group by its set of names); the stream its
+    cursor. Everything is checked first (names, shapes, dtypes, never a cast; the
+    optimizer's class, JSON, hyper-parameters and state tensors; the cursor): a refused
+    load raises ``ValueError`` and changes nothing. Returns a
     ``tlio.checkpoint.Checkpoint`` whose ``model`` is the loaded state dict (torch
     tensors) and ``opt`` the optimizer JSON (or ``None``). Nothing valid:
     ``FileNotFoundError``.
@@ -329,29 +390,26 @@ def load(
         step = _integer("step", step)
     path, n, state_json, rng, config, skipped = _core.load_step(os.fspath(dir), step)
     state = json.loads(state_json)
-    sd, meta = _read(os.path.join(path, MODEL_FILE))
-    try:
-        tied = json.loads(meta.get(TIED_KEY, "{}"))
-    except ValueError:
-        raise ValueError(f"{path}/{MODEL_FILE}: metadata `{TIED_KEY}` is not JSON") from None
-    for other, first in tied.items():
-        if first not in sd:
-            raise ValueError(f"{path}/{MODEL_FILE}: {other!r} is tied to {first!r}, which is not stored")
-        sd[other] = sd[first]
-    model.load_state_dict(sd)
-    _retie(model, tied)
-    opt = None
-    opt_path = os.path.join(path, OPTIMIZER_FILE)
+    model_path = os.path.join(path, MODEL_FILE)
+    sd, meta = _read(model_path)
+    tied = _model_state(model_path, sd, meta)
+    # Everything is checked before anything is applied: a failed load changes nothing.
+    _check_model(model, sd, model_path)
+    opt = opt_state = None
     if optimizer is not None:
+        opt_path = os.path.join(path, OPTIMIZER_FILE)
         if not os.path.exists(opt_path):
             raise ValueError(f"{path} has no {OPTIMIZER_FILE} to restore the optimizer from")
         tensors, ometa = _read(opt_path)
-        opt = _load_optimizer(model, optimizer, tensors, ometa, opt_path)
+        want = TYPE_PREFIX + type(optimizer).__name__
+        opt_state, opt = _torch_optim.plan(optimizer, _param_names(model), tensors, ometa, opt_path, want)
+    cursor = None
     if stream is not None:
         cursor = state.get("data_cursor")
         if cursor is None or rng is None:
             raise ValueError(f"{path} holds no data_cursor and rng_state to restore the stream from")
-        stream.restore({**cursor, "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}})
+        cursor = {**cursor, "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}}
+    _apply(model, sd, tied, optimizer, opt_state, stream, cursor)
     return Checkpoint(
         path=path,
         step=n,
