@@ -131,7 +131,7 @@ def _tensor(name: str, arr: np.ndarray, st: str, shape: Tuple[int, ...]) -> torc
     return t
 
 
-def _tie_key(t: torch.Tensor, param: Optional[torch.nn.Parameter]) -> tuple:
+def _storage_key(t: torch.Tensor, param: Optional[torch.nn.Parameter] = None) -> tuple:
     """What makes two state_dict entries the same tensor (a tie): the same storage (its
     identity, not its address: every empty storage has address 0) seen through the same
     view (offset, shape, strides, dtype, conjugate and negative bits), and, for
@@ -153,7 +153,7 @@ def _model_items(model: torch.nn.Module):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"state_dict entry {name!r} is {type(t).__name__}, not a tensor")
         _refuse_kind(name, t)
-        key = _tie_key(t, params.get(name))
+        key = _storage_key(t, params.get(name))
         if key in first:
             tied[name] = first[key]
             continue
@@ -335,6 +335,15 @@ def _check_model(model: torch.nn.Module, sd: Mapping[str, torch.Tensor], path: s
                 f"{path}: tensor {name!r} has shape {list(got.shape)} in the checkpoint "
                 f"and {list(t.shape)} in the model"
             )
+
+
+def _load_optimizer(model, optimizer, tensors, meta, path) -> Dict[str, Any]:
+    """Check the optimizer file whole against ``optimizer`` (``tlio._torch_optim.plan``),
+    then load it; returns the file's JSON. A refusal leaves the optimizer unchanged."""
+    want = TYPE_PREFIX + type(optimizer).__name__
+    opt_state, doc = _torch_optim.plan(optimizer, _param_names(model), tensors, meta, path, want)
+    optimizer.load_state_dict(opt_state)
+    return doc
 
 
 def _apply(model, sd, tied, optimizer, opt_state, stream, cursor) -> None:
