@@ -1,8 +1,9 @@
 //! Errors look the same everywhere: for every command, a bad flag, a missing file and a
 //! corrupt input each give exactly one line on stderr starting `tlio: error:`, nothing
-//! on stdout, and the exit code of cli.md (2 usage/operational, 1 invalid input).
+//! on stdout, and the exit code of cli.md (2 usage/operational, 1 invalid input); a
+//! range is checked while parsing, and even an uncaught panic is one line.
 
-use super::{leaf_commands, tlio, tmp};
+use super::{leaf_commands, run_without_panic, stderr_text, tlio, tmp};
 
 /// Assert the one-line error contract on a finished command.
 pub fn assert_one_error_line(out: &std::process::Output, code: i32, what: &str) {
@@ -305,4 +306,70 @@ fn train_missing_and_corrupt_inputs_are_one_line() {
         !d.join("run/final.json").exists(),
         "no final line after an error"
     );
+}
+
+#[test]
+fn zero_group_and_zero_jobs_are_refused_when_parsing_naming_the_flag() {
+    // The input does not exist: a range error must come before any read.
+    let missing = "missing.safetensors";
+    let cases: [&[&str]; 4] = [
+        &[
+            "st", "quantize", missing, "-o", "q", "--int4", "--group", "0",
+        ],
+        &[
+            "st", "convert", missing, "-o", "c", "--dtype", "bf16", "--jobs", "0",
+        ],
+        &[
+            "st", "quantize", missing, "-o", "q", "--int4", "--jobs", "0",
+        ],
+        &["st", "dequantize", missing, "-o", "d", "--jobs", "0"],
+    ];
+    for args in cases {
+        let flag = args[args.len() - 2];
+        let out = tlio().args(args).output().unwrap();
+        assert_one_error_line(&out, 2, flag);
+        assert!(
+            !stderr_text(&out).contains(missing),
+            "{args:?}: {}",
+            stderr_text(&out)
+        );
+    }
+}
+
+#[test]
+fn an_uncaught_panic_is_one_error_line_without_the_hook_text() {
+    // The failpoint crate's `panic` action is a panic no core call catches.
+    let dir = tmp();
+    let shard = dir.path().join("s.bin");
+    let input = dir.path().join("t.txt");
+    std::fs::write(&input, "abcabcabcabcabcabcabcabcabcabcabcabc").unwrap();
+    let (code, err) = run_without_panic(
+        tlio()
+            .args(["tokens", "pack"])
+            .arg(&input)
+            .arg("-o")
+            .arg(&shard),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = run_without_panic(
+        tlio()
+            .env("FAILPOINTS", "train/after-step=panic(boom)")
+            .args([
+                "train",
+                "bigram",
+                "--max-steps",
+                "3",
+                "--seq-len",
+                "4",
+                "--batch",
+                "2",
+                "-o",
+            ])
+            .arg(dir.path().join("ck"))
+            .arg(&shard),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("tlio: error: internal error"), "{err}");
+    assert!(err.contains("boom"), "{err}");
 }

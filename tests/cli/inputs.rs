@@ -2,12 +2,14 @@
 //! blocking and checked to be a regular file on the open descriptor, so a FIFO (or a
 //! symlink to one) anywhere a command takes a path is one error line, never a hang.
 //! The walk covers every leaf command, so a new command is covered as soon as it exists.
+//! A closed standard input is refused, never read as an empty one.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::errors::assert_one_error_line;
 use crate::{fixture, leaf_commands, tlio, tmp};
 
 /// How long a command may take to refuse a FIFO; a hang is killed after it.
@@ -385,5 +387,29 @@ fn a_fifo_shard_of_a_model_directory_is_refused_without_hanging() {
                 "{argv:?}: {stderr}"
             );
         }
+    }
+}
+
+#[test]
+fn a_closed_standard_input_is_refused_not_packed() {
+    let d = tmp();
+    let bin = assert_cmd::cargo::cargo_bin("tlio");
+    for from in [&[][..], &["--from", "u16le", "--vocab-size", "10"][..]] {
+        let out = std::process::Command::new("sh")
+            .current_dir(d.path())
+            .arg("-c")
+            .arg("exec \"$0\" \"$@\" <&-")
+            .arg(&bin)
+            .args(["tokens", "pack", "-", "-o", "t.bin"])
+            .args(from)
+            .output()
+            .unwrap();
+        assert_one_error_line(&out, 2, "closed standard input");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("standard input is closed"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!d.path().join("t.bin").exists());
     }
 }

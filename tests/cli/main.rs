@@ -20,21 +20,21 @@
 use assert_cmd::Command;
 
 mod ckpt;
+mod compressed;
 mod demo;
 mod errors;
 mod generate;
 mod grammar;
 mod hardening;
-mod hardening_tokens;
 mod inputs;
 mod models;
 mod output;
 mod readme;
-mod round2;
-mod round2_small;
 mod shapes;
 mod snapshots;
 mod st;
+mod temporaries;
+mod tokenizers;
 mod tokens;
 mod train;
 
@@ -125,4 +125,55 @@ pub fn leaf_commands() -> Vec<Vec<String>> {
         .filter(|p| !all.iter().any(|q| q.len() > p.len() && q.starts_with(p)))
         .cloned()
         .collect()
+}
+
+/// A copy of the sharded llama fixture (fixtures/models/llama-sharded) at `dir/name`.
+pub fn sharded_model(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let m = dir.join(name);
+    std::fs::create_dir(&m).unwrap();
+    for e in std::fs::read_dir(fixture("models/llama-sharded")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), m.join(e.file_name())).unwrap();
+    }
+    m
+}
+
+/// A finished command's stderr as text.
+pub fn stderr_text(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Run; returns (exit code, stderr), after checking no panic text was printed.
+pub fn run_without_panic(cmd: &mut Command) -> (Option<i32>, String) {
+    let out = cmd.output().unwrap();
+    let err = stderr_text(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("RUST_BACKTRACE"), "{err}");
+    (out.status.code(), err)
+}
+
+/// The ids of a version-1 or -2 shard (u16 or u32 by the version word).
+pub fn shard_ids(path: &std::path::Path) -> Vec<u32> {
+    let bytes = std::fs::read(path).unwrap();
+    let wide = bytes[4] != 1;
+    let body = &bytes[1024..];
+    if wide {
+        body.chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    } else {
+        body.chunks(2)
+            .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
+            .collect()
+    }
+}
+
+/// `tokens pack --from text --tokenizer TOKENIZER INPUT -o OUT`, not yet run.
+pub fn pack_text(input: &std::path::Path, tokenizer: &str, out: &std::path::Path) -> Command {
+    let mut cmd = tlio();
+    cmd.args(["tokens", "pack", "--from", "text", "--tokenizer", tokenizer])
+        .arg(input)
+        .arg("-o")
+        .arg(out);
+    cmd
 }

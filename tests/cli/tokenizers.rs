@@ -1,44 +1,12 @@
-//! Issue 21's tokenizer and memory reproducers: no crate's panic text reaches the
-//! user, o200k packs long whitespace runs, a tokenizer.json neither pads nor
-//! truncates a packed document, and one huge word is refused within bounded memory.
+//! Packing text through tokenizers: o200k packs long whitespace runs, one huge word and
+//! an over-long document are refused with their limits, a tokenizer.json's padding and
+//! truncation never apply to packing, a normalizer the library panics on is one error
+//! line, and a JSONL line that repeats its field packs the last value.
 
+use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{fixture, tlio, tmp};
-
-/// Run; returns (exit code, stderr), after checking no panic text was printed.
-fn run(cmd: &mut assert_cmd::Command) -> (Option<i32>, String) {
-    let out = cmd.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!err.contains("panicked"), "{err}");
-    assert!(!err.contains("RUST_BACKTRACE"), "{err}");
-    (out.status.code(), err)
-}
-
-/// The ids of a version-1 or -2 shard (u16 or u32 by the version word).
-fn ids(path: &Path) -> Vec<u32> {
-    let bytes = std::fs::read(path).unwrap();
-    let wide = bytes[4] != 1;
-    let body = &bytes[1024..];
-    if wide {
-        body.chunks(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    } else {
-        body.chunks(2)
-            .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
-            .collect()
-    }
-}
-
-fn pack(input: &Path, tokenizer: &str, out: &Path) -> assert_cmd::Command {
-    let mut cmd = tlio();
-    cmd.args(["tokens", "pack", "--from", "text", "--tokenizer", tokenizer])
-        .arg(input)
-        .arg("-o")
-        .arg(out);
-    cmd
-}
+use super::{fixture, pack_text as pack, run_without_panic as run, shard_ids as ids, tlio, tmp};
 
 #[test]
 fn o200k_packs_a_million_spaces_tabs_or_no_break_spaces() {
@@ -202,102 +170,26 @@ fn padding_and_truncation_of_a_tokenizer_json_do_not_apply_to_packing() {
 }
 
 #[test]
-fn an_uncaught_panic_is_one_error_line_without_the_hook_text() {
-    // The failpoint crate's `panic` action is a panic no core call catches.
-    let dir = tmp();
-    let shard = dir.path().join("s.bin");
-    let input = dir.path().join("t.txt");
-    std::fs::write(&input, "abcabcabcabcabcabcabcabcabcabcabcabc").unwrap();
-    let (code, err) = run(tlio()
-        .args(["tokens", "pack"])
-        .arg(&input)
-        .arg("-o")
-        .arg(&shard));
-    assert_eq!(code, Some(0), "{err}");
-    let (code, err) = run(tlio()
-        .env("FAILPOINTS", "train/after-step=panic(boom)")
-        .args([
-            "train",
-            "bigram",
-            "--max-steps",
-            "3",
-            "--seq-len",
-            "4",
-            "--batch",
-            "2",
-            "-o",
-        ])
-        .arg(dir.path().join("ck"))
-        .arg(&shard));
-    assert_eq!(code, Some(2), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("tlio: error: internal error"), "{err}");
-    assert!(err.contains("boom"), "{err}");
-}
-
-/// A skippable zstd frame (RFC 8878) of `len` bytes.
-fn skippable(len: u32) -> Vec<u8> {
-    let mut v = 0x184D_2A50u32.to_le_bytes().to_vec();
-    v.extend(len.to_le_bytes());
-    v.extend(std::iter::repeat_n(7u8, len as usize));
-    v
-}
-
-#[test]
-fn a_zstd_stream_with_skippable_frames_decodes_as_zstd_dc_does() {
-    let dir = tmp();
-    let frame = |t: &str| {
-        ruzstd::encoding::compress_to_vec(t.as_bytes(), ruzstd::encoding::CompressionLevel::Fastest)
-    };
-    let mut bytes = skippable(8);
-    bytes.extend(frame("hello "));
-    bytes.extend(skippable(0));
-    bytes.extend(frame("world"));
-    bytes.extend(skippable(3));
-    let input = dir.path().join("s.txt.zst");
-    std::fs::write(&input, &bytes).unwrap();
-    let out = dir.path().join("s.bin");
-    let (code, err) = run(&mut pack(&input, "gpt2", &out));
-    assert_eq!(code, Some(0), "{err}");
-    // The end-of-text, then "hello world" exactly as gpt2 encodes it.
-    assert_eq!(ids(&out), [50256, 31373, 995]);
-}
-
-#[test]
-fn corrupt_or_truncated_gzip_and_zstd_are_bad_data_in_one_readable_line() {
-    let dir = tmp();
-    let gz = {
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        std::io::Write::write_all(&mut e, "hello world ".repeat(100).as_bytes()).unwrap();
-        e.finish().unwrap()
-    };
-    let zst = ruzstd::encoding::compress_to_vec(
-        "hello world ".repeat(100).as_bytes(),
-        ruzstd::encoding::CompressionLevel::Fastest,
-    );
-    let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("trunc.txt.gz", gz.get(..20).unwrap().to_vec()),
-        ("bad.txt.gz", b"garbage garbage".to_vec()),
-        ("trunc.txt.zst", zst.get(..10).unwrap().to_vec()),
-        ("short.txt.zst", zst.get(..3).unwrap().to_vec()),
-        ("empty.txt.zst", Vec::new()),
-        ("bad.txt.zst", b"garbage garbage".to_vec()),
-        ("skip.txt.zst", skippable(100).get(..50).unwrap().to_vec()),
-    ];
-    for (name, bytes) in cases {
-        let input = dir.path().join(name);
-        std::fs::write(&input, bytes).unwrap();
-        let out = dir.path().join("o.bin");
-        let (code, err) = run(&mut pack(&input, "gpt2", &out));
-        assert_eq!(code, Some(1), "{name}: {err}");
-        assert_eq!(err.lines().count(), 1, "{name}: {err}");
-        assert!(
-            err.contains(name) && err.contains("not valid"),
-            "{name}: {err}"
-        );
-        for debug in ["Error {", "kind:", "MagicNumber", "SkipFrame", "(Error"] {
-            assert!(!err.contains(debug), "{name}: {err}");
-        }
-        assert!(!out.exists(), "{name}");
+fn a_jsonl_line_that_repeats_the_field_packs_its_last_value() {
+    let d = tmp();
+    fs::write(
+        d.path().join("two.jsonl"),
+        "{\"text\":\"first\",\"text\":\"last one\"}\n",
+    )
+    .unwrap();
+    fs::write(d.path().join("one.jsonl"), "{\"text\":\"last one\"}\n").unwrap();
+    for name in ["two", "one"] {
+        tlio()
+            .current_dir(d.path())
+            .args(["-q", "tokens", "pack"])
+            .arg(format!("{name}.jsonl"))
+            .args(["--from", "jsonl", "--tokenizer", "gpt2", "-o"])
+            .arg(format!("{name}.bin"))
+            .assert()
+            .success();
     }
+    assert_eq!(
+        fs::read(d.path().join("two.bin")).unwrap(),
+        fs::read(d.path().join("one.bin")).unwrap()
+    );
 }
