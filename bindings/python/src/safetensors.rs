@@ -16,16 +16,27 @@ use numpy::{
 };
 use pyo3::exceptions::{PyFileNotFoundError, PyMemoryError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use tlio_core::model::Model;
 use tlio_core::safetensors::float::{decode_f32, first_f32_overflow};
-use tlio_core::safetensors::write::save_unsynced;
-use tlio_core::safetensors::{read_header, save, Dtype, Tensor, TensorData, TensorInfo};
+use tlio_core::safetensors::slice::{Index, SlicePlan};
+use tlio_core::safetensors::write::{save_unsynced_with_metadata, write_with_metadata};
+use tlio_core::safetensors::{
+    parse_header, read_header, save, Dtype, Tensor, TensorData, TensorInfo,
+};
 
 use crate::errors::{core_err, guard};
 
 /// One tensor of a header as Python sees it: name, dtype, shape, and its byte range
 /// `[start, end)` from the start of the file holding it.
 type TensorRow = (String, &'static str, Vec<u64>, u64, u64);
+
+/// A file's header as Python sees it: tensors, metadata, file size, and whether the
+/// header has a `__metadata__` key.
+type FileHeader = (Vec<TensorRow>, BTreeMap<String, String>, u64, bool);
+
+/// The header of bytes in memory: tensors, metadata (`None` without the key), size.
+type BytesHeader = (Vec<TensorRow>, Option<BTreeMap<String, String>>, u64);
 
 /// A core error raised as its Python exception, with the file named in front when the
 /// core's message does not name it already.
@@ -73,31 +84,18 @@ fn dtypes() -> Vec<(&'static str, u64, Option<usize>, bool, bool)> {
 }
 
 /// The header of one file: tensors in file order (byte ranges from the start of the
-/// file), the metadata, and the file size. Reads the header and the size only.
+/// file), the metadata, the file size, and whether the header has a `__metadata__`
+/// key (an empty one included). Reads the header and the size only.
 #[pyfunction]
-fn header(
-    py: Python<'_>,
-    path: PathBuf,
-) -> PyResult<(Vec<TensorRow>, BTreeMap<String, String>, u64)> {
+fn header(py: Python<'_>, path: PathBuf) -> PyResult<FileHeader> {
     guard(|| {
         let h = py
             .detach(|| read_header(&path))
             .map_err(|e| at_path(&path, e))?;
         let start = h.data_start();
-        let rows = h
-            .tensors()
-            .iter()
-            .map(|t| {
-                (
-                    t.name.clone(),
-                    t.dtype.name(),
-                    t.shape.clone(),
-                    start.saturating_add(t.data_offsets.0),
-                    start.saturating_add(t.data_offsets.1),
-                )
-            })
-            .collect();
-        Ok((rows, h.metadata, h.file_size))
+        let rows = h.tensors().iter().map(|t| row(t, start)).collect();
+        let present = h.has_metadata();
+        Ok((rows, h.metadata, h.file_size, present))
     })
 }
 
@@ -270,14 +268,16 @@ pub(crate) fn tensor<'a>(
 }
 
 /// Writes `items` and `meta` canonically and atomically to `path` through tlio-core;
-/// `durable` adds the fsyncs of the file and its directory. The GIL is released while
-/// encoding and writing.
+/// `durable` adds the fsyncs of the file and its directory. `meta=None` writes no
+/// `__metadata__`; an empty dict writes an empty one unless `durable` (the chapter's
+/// writer omits it). The GIL is released while encoding and writing. A directory that
+/// does not exist is a `FileNotFoundError`, as Python's own `open` makes it.
 #[pyfunction]
 fn save_file(
     py: Python<'_>,
     path: PathBuf,
     items: Vec<Item<'_>>,
-    meta: BTreeMap<String, String>,
+    meta: Option<BTreeMap<String, String>>,
     durable: bool,
 ) -> PyResult<()> {
     guard(|| {
@@ -287,14 +287,117 @@ fn save_file(
             .map(|(name, dtype, shape, h)| tensor(name, *dtype, shape, h))
             .collect::<PyResult<Vec<_>>>()
             .map_err(|e| with_path(&path, e))?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.is_dir() {
+                return Err(PyFileNotFoundError::new_err((
+                    libc_enoent(),
+                    format!("{}: no such directory: {}", path.display(), dir.display()),
+                )));
+            }
+        }
         py.detach(|| {
             if durable {
-                save(&path, &tensors, &meta)
+                save(&path, &tensors, &meta.unwrap_or_default())
             } else {
-                save_unsynced(&path, &tensors, &meta)
+                save_unsynced_with_metadata(&path, &tensors, meta.as_ref())
             }
         })
         .map_err(|e| at_path(&path, e))
+    })
+}
+
+/// ENOENT, the errno of a missing file or directory.
+fn libc_enoent() -> i32 {
+    std::io::Error::from(std::io::ErrorKind::NotFound)
+        .raw_os_error()
+        .unwrap_or(2)
+}
+
+/// The bytes of a safetensors file holding `items` and `meta` (`None`: no
+/// `__metadata__`; an empty dict: an empty one), built in memory.
+#[pyfunction]
+fn serialize<'py>(
+    py: Python<'py>,
+    items: Vec<Item<'py>>,
+    meta: Option<BTreeMap<String, String>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    guard(|| {
+        let held = hold(items)?;
+        let tensors = held
+            .iter()
+            .map(|(name, dtype, shape, h)| tensor(name, *dtype, shape, h))
+            .collect::<PyResult<Vec<_>>>()?;
+        let mut out = Vec::new();
+        py.detach(|| write_with_metadata(&mut out, &tensors, meta.as_ref()))
+            .map_err(core_err)?;
+        Ok(PyBytes::new(py, &out))
+    })
+}
+
+/// The header of a safetensors file given as bytes, as `header` gives it for a file
+/// (byte ranges from the start of `data`), with every reader rule checked.
+#[pyfunction]
+fn header_of_bytes(data: &[u8]) -> PyResult<BytesHeader> {
+    guard(|| {
+        let h = parse_header(data).map_err(core_err)?;
+        let start = h.data_start();
+        let rows = h.tensors().iter().map(|t| row(t, start)).collect();
+        let meta = h.has_metadata().then(|| h.metadata.clone());
+        Ok((rows, meta, h.file_size))
+    })
+}
+
+/// One tensor of a header with its byte range from the start of the file.
+fn row(t: &TensorInfo, start: u64) -> TensorRow {
+    (
+        t.name.clone(),
+        t.dtype.name(),
+        t.shape.clone(),
+        start.saturating_add(t.data_offsets.0),
+        start.saturating_add(t.data_offsets.1),
+    )
+}
+
+/// One index of a `get_slice(name)[...]` as Python hands it over: `("at", i)`,
+/// `("range", start, stop, step)` or `("ellipsis",)`.
+type PyIndex = (String, Option<i64>, Option<i64>, Option<i64>);
+
+/// Part of one tensor: the core's read plan for `indices` over the tensor's stored
+/// bytes `data` (a view of the map; only the plan's runs are read), as the result's
+/// shape and a fresh uint8 array of its bytes. A bad index is a `ValueError` in the
+/// package's words.
+#[pyfunction]
+fn slice<'py>(
+    py: Python<'py>,
+    dtype: &str,
+    tensor: &str,
+    shape: Vec<u64>,
+    indices: Vec<PyIndex>,
+    data: PyReadonlyArray1<'py, u8>,
+) -> PyResult<(Vec<u64>, Bound<'py, PyArray1<u8>>)> {
+    guard(|| {
+        let d = dtype_arg(dtype, tensor)?;
+        let idx = indices
+            .iter()
+            .map(|(kind, a, b, c)| match kind.as_str() {
+                "at" => Ok(Index::At(a.unwrap_or(0))),
+                "range" => Ok(Index::Range {
+                    start: *a,
+                    stop: *b,
+                    step: *c,
+                }),
+                "ellipsis" => Ok(Index::Ellipsis),
+                other => Err(PyValueError::new_err(format!(
+                    "unknown index kind {other:?}"
+                ))),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let plan = SlicePlan::new(d, &shape, &idx).map_err(core_err)?;
+        let bytes = data
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(format!("tensor {tensor:?}: {e}")))?;
+        let out = py.detach(|| plan.gather(bytes)).map_err(core_err)?;
+        Ok((plan.shape, out.into_pyarray(py)))
     })
 }
 
@@ -357,5 +460,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model, m)?)?;
     m.add_function(wrap_pyfunction!(decode, m)?)?;
     m.add_function(wrap_pyfunction!(save_file, m)?)?;
+    m.add_function(wrap_pyfunction!(serialize, m)?)?;
+    m.add_function(wrap_pyfunction!(header_of_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(slice, m)?)?;
     Ok(())
 }

@@ -22,6 +22,7 @@ pub mod float;
 pub mod header;
 pub mod kernels;
 pub mod mmap;
+pub mod slice;
 pub mod stats;
 pub mod verify;
 pub mod write;

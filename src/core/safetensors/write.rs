@@ -99,6 +99,15 @@ pub fn canonical_header(
     specs: &[TensorSpec<'_>],
     metadata: &BTreeMap<String, String>,
 ) -> Result<Layout, SafetensorsError> {
+    header_with(specs, (!metadata.is_empty()).then_some(metadata))
+}
+
+/// [`canonical_header`] where `None` omits `__metadata__` and `Some` writes it even when
+/// empty (`"__metadata__":{}`), as the reference library does for `metadata={}`.
+fn header_with(
+    specs: &[TensorSpec<'_>],
+    metadata: Option<&BTreeMap<String, String>>,
+) -> Result<Layout, SafetensorsError> {
     let sizes = checked_sizes(specs)?;
     let (placed, data_len) = place(specs, &sizes)?;
     let header = frame(header_json(&placed, metadata))?;
@@ -181,13 +190,13 @@ fn place<'s, 'a>(
     Ok((placed, cursor))
 }
 
-/// The compact header JSON: `__metadata__` first (omitted when empty), then the
-/// tensors in file order.
-fn header_json(placed: &[Placed<'_, '_>], metadata: &BTreeMap<String, String>) -> Vec<u8> {
+/// The compact header JSON: `__metadata__` first (when given), then the tensors in
+/// file order.
+fn header_json(placed: &[Placed<'_, '_>], metadata: Option<&BTreeMap<String, String>>) -> Vec<u8> {
     let mut json = Vec::with_capacity(64 + placed.len() * 96);
     json.push(b'{');
     let mut first = true;
-    if !metadata.is_empty() {
+    if let Some(metadata) = metadata {
         json.extend_from_slice(b"\"__metadata__\":{");
         for (k, (key, value)) in metadata.iter().enumerate() {
             if k > 0 {
@@ -316,9 +325,20 @@ pub fn check_tensors(tensors: &[Tensor<'_>]) -> Result<(), SafetensorsError> {
 /// number of bytes written. On an error part of the file may have been written: use
 /// [`save`] for an output that appears whole or not at all.
 pub fn write<W: Write>(
-    mut out: W,
+    out: W,
     tensors: &[Tensor<'_>],
     metadata: &BTreeMap<String, String>,
+) -> Result<u64, SafetensorsError> {
+    write_with_metadata(out, tensors, (!metadata.is_empty()).then_some(metadata))
+}
+
+/// [`write`] where `None` omits `__metadata__` and `Some` writes it even when empty:
+/// the reference library's `metadata=None` against `metadata={}`, for callers that
+/// promise its bytes for both.
+pub fn write_with_metadata<W: Write>(
+    mut out: W,
+    tensors: &[Tensor<'_>],
+    metadata: Option<&BTreeMap<String, String>>,
 ) -> Result<u64, SafetensorsError> {
     for t in tensors {
         if t.name == METADATA_KEY {
@@ -329,7 +349,7 @@ pub fn write<W: Write>(
         .iter()
         .map(|t| TensorSpec::new(&t.name, t.dtype, &t.shape))
         .collect();
-    let layout = canonical_header(&specs, metadata)?;
+    let layout = header_with(&specs, metadata)?;
     for t in tensors {
         check_data(t)?;
     }
@@ -398,6 +418,15 @@ pub fn save_unsynced(
     tensors: &[Tensor<'_>],
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), SafetensorsError> {
+    save_unsynced_with_metadata(path, tensors, (!metadata.is_empty()).then_some(metadata))
+}
+
+/// [`save_unsynced`] with [`write_with_metadata`]'s choice of an empty `__metadata__`.
+pub fn save_unsynced_with_metadata(
+    path: &Path,
+    tensors: &[Tensor<'_>],
+    metadata: Option<&BTreeMap<String, String>>,
+) -> Result<(), SafetensorsError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -408,7 +437,7 @@ pub fn save_unsynced(
         .tempfile_in(dir)
         .map_err(SafetensorsError::Write)?;
     let mut out = std::io::BufWriter::with_capacity(UNSYNCED_BUFFER_BYTES, temp);
-    write(&mut out, tensors, metadata)?;
+    write_with_metadata(&mut out, tensors, metadata)?;
     let temp = out
         .into_inner()
         .map_err(|e| SafetensorsError::Write(e.into_error()))?;
@@ -421,6 +450,27 @@ pub fn save_unsynced(
 mod unsynced_tests {
     use super::*;
     use std::borrow::Cow;
+
+    /// `Some(empty)` writes `"__metadata__":{}`, `None` and `write` omit it.
+    #[test]
+    fn empty_metadata_is_written_only_when_asked() {
+        let t = [Tensor {
+            name: "a".into(),
+            dtype: Dtype::F32,
+            shape: vec![2],
+            data: TensorData::Raw(Cow::Borrowed(&[0; 8])),
+        }];
+        let empty = BTreeMap::new();
+        let mut with = Vec::new();
+        write_with_metadata(&mut with, &t, Some(&empty)).unwrap();
+        let mut without = Vec::new();
+        write(&mut without, &t, &empty).unwrap();
+        assert!(with.windows(17).any(|w| w == b"\"__metadata__\":{}"));
+        assert!(!without.windows(12).any(|w| w == b"__metadata__"));
+        let mut none = Vec::new();
+        write_with_metadata(&mut none, &t, None).unwrap();
+        assert_eq!(none, without);
+    }
 
     /// `check_tensors` refuses what `write` refuses, before any byte: the reserved name,
     /// a duplicate name and data of the wrong length; it accepts a valid set.

@@ -28,7 +28,15 @@ import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
-import torch
+try:
+    import torch
+except ModuleNotFoundError as _e:
+    if _e.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "tlio.torch needs torch, which is not installed: pip install 'tlio[torch]' (or pip install torch)",
+        name="torch",
+    ) from None
 
 from tlio._tlio import checkpoint as _core
 from tlio import _torch_optim

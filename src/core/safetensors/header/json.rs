@@ -30,6 +30,8 @@ pub(super) struct RawTensor {
 pub(super) struct RawHeader {
     pub(super) tensors: Vec<RawTensor>,
     pub(super) metadata: BTreeMap<String, String>,
+    /// Whether the header has a `__metadata__` key (an empty object included).
+    pub(super) metadata_present: bool,
 }
 
 /// Parse `text` (a header that starts with `{`) by the strict rules; trailing
@@ -134,7 +136,12 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                 });
             }
         }
-        Ok(RawHeader { tensors, metadata })
+        let metadata_present = seen.contains(METADATA_KEY);
+        Ok(RawHeader {
+            tensors,
+            metadata,
+            metadata_present,
+        })
     }
 }
 

@@ -70,6 +70,8 @@ pub struct Header {
     pub file_size: u64,
     /// Positions into `tensors`, sorted by tensor name.
     by_name: Vec<usize>,
+    /// Whether the header has a `__metadata__` key, an empty object included.
+    metadata_present: bool,
 }
 
 impl Header {
@@ -92,7 +94,14 @@ impl Header {
             header_len,
             file_size,
             by_name,
+            metadata_present: false,
         }
+    }
+
+    /// Whether the header has a `__metadata__` key (`"__metadata__":{}` included), the
+    /// distinction the reference library's `metadata()` makes between `None` and `{}`.
+    pub fn has_metadata(&self) -> bool {
+        self.metadata_present || !self.metadata.is_empty()
     }
 
     /// Offset of the data buffer in the file: 8 + N.
@@ -318,7 +327,9 @@ fn validate(
             .then(a.name.as_bytes().cmp(b.name.as_bytes()))
     });
     check_tiling(&tensors, data_len)?;
-    Ok(Header::new(tensors, raw.metadata, header_len, file_size))
+    let mut header = Header::new(tensors, raw.metadata, header_len, file_size);
+    header.metadata_present = raw.metadata_present;
+    Ok(header)
 }
 
 /// Rule 4 for one entry: a byte count that fits and matches its offsets.

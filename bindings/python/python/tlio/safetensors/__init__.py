@@ -1,5 +1,15 @@
 """safetensors files for every dtype of the safetensors library 0.8, over tlio's core.
 
+Two interfaces over the same core:
+
+- the chapter's names, below (``save_safetensors``, ``read_header``,
+  ``load_safetensors``, ``safe_open(path)``);
+- a drop-in for the ``safetensors`` package: ``tlio.safetensors.numpy`` and
+  ``tlio.safetensors.torch`` (``save_file``, ``load_file``, ``save``, ``load``, and for
+  torch ``save_model``, ``load_model``), ``safe_open(path, framework=..., device=...)``
+  with ``get_slice``, and ``SafetensorError``. One changed import switches a program
+  (``from tlio.safetensors.torch import save_file, load_file``).
+
 The rules (dtype names, the five reader rules and the stricter ones, rounding to nearest
 even, the F8_E4M3 range, the canonical writer, the model and index checks) are
 tlio-core's; this module maps numpy dtypes to safetensors dtypes and builds arrays.
@@ -32,7 +42,14 @@ __all__ = [
     "load_safetensors",
     "safe_open",
     "SafetensorsFile",
+    "SafetensorError",
 ]
+
+
+class SafetensorError(ValueError):
+    """A malformed file, a bad index or a misuse, where the ``safetensors`` package raises
+    its own ``SafetensorError``. It is a ``ValueError``, so ``except ValueError`` (the
+    chapter's interface raises ``ValueError``) catches it too."""
 
 _DTYPES = _st.dtypes()  # (name, bits, size or None, encodable, decodable), rank order
 
@@ -212,7 +229,8 @@ def save_safetensors(
             raise _fail(path, f"tensor {name!r}: a numpy array is needed, got {type(a).__name__}")
         dtype, mode = _plan(path, name, a, dtypes.get(name))
         items.append((name, dtype, [int(n) for n in a.shape], _flat(a, mode), mode))
-    _st.save_file(path, items, dict(meta), bool(durable))
+    # An empty mapping writes no __metadata__ (python.md), with or without fsyncs.
+    _st.save_file(path, items, dict(meta) or None, bool(durable))
 
 
 def read_header(
@@ -222,7 +240,7 @@ def read_header(
 
     Reads the header and the file size only, and enforces all five reader rules.
     """
-    rows, meta, _size = _st.header(os.fspath(path))
+    rows, meta, _size, _ = _st.header(os.fspath(path))
     return {name: (dtype, tuple(shape)) for name, dtype, shape, _, _ in rows}, dict(meta)
 
 
@@ -283,7 +301,7 @@ def load_safetensors(
     in place, truncated, deleted) changes them.
     """
     path = os.fspath(path)
-    rows, meta, size = _st.header(path)
+    rows, meta, size, _ = _st.header(path)
     out: Dict[str, np.ndarray] = {}
     with open(path, "rb") as f:
         fd = f.fileno()
@@ -358,10 +376,12 @@ class SafetensorsFile:
         p = self._path
         if os.path.isdir(p) or p.endswith(".index.json"):
             shards, entries, meta = _st.model(p)
+            self._has_meta = bool(meta)
             self._shards = [(sp, sz) for sp, sz in shards]
             self._entries = {row[0]: (row, shard) for row, shard in entries}
         else:
-            rows, meta, size = _st.header(p)
+            rows, meta, size, has_meta = _st.header(p)
+            self._has_meta = has_meta
             self._shards = [(p, size)]
             self._entries = {row[0]: (row, 0) for row in rows}
         self._meta = dict(meta)
@@ -446,10 +466,23 @@ class SafetensorsFile:
         self._maps = [None] * len(self._shards)
 
 
-def safe_open(path: "os.PathLike[str] | str") -> SafetensorsFile:
+def safe_open(
+    path: "os.PathLike[str] | str", framework: Optional[str] = None, device: Any = "cpu"
+) -> Any:
     """Open a safetensors file, a ``model.safetensors.index.json`` or a model directory.
 
     The index is checked against its shards as ``tlio model`` checks it; a shard that is
     missing or invalid is a ``ValueError`` naming it.
+
+    Without ``framework``: the chapter's ``SafetensorsFile`` (read-only numpy views).
+    With ``framework="np"|"numpy"|"pt"|"torch"``: the ``safetensors`` package's
+    interface (sorted ``keys()``, ``metadata()`` that is ``None`` without metadata,
+    writable zero-copy ``get_tensor``, ``get_slice``), raising ``SafetensorError``.
     """
-    return SafetensorsFile(path)
+    if framework is None:
+        if device != "cpu":
+            raise ValueError(f"{os.fspath(path)}: device={device!r} needs a framework (pt)")
+        return SafetensorsFile(path)
+    from tlio.safetensors._compat import CompatFile
+
+    return CompatFile(path, framework, device)

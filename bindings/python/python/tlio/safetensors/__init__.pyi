@@ -1,7 +1,7 @@
 """safetensors files for every dtype of the safetensors library 0.8, over tlio's core."""
 
 import os
-from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -57,5 +57,35 @@ class SafetensorsFile:
     def close(self) -> None:
         """Refuse further reads; existing views keep the map alive."""
 
+@overload
 def safe_open(path: _Path) -> SafetensorsFile:
     """Open a safetensors file, a ``model.safetensors.index.json`` or a model directory."""
+@overload
+def safe_open(path: _Path, framework: str, device: Any = "cpu") -> "CompatFile":
+    """The ``safetensors`` package's handle (framework "np", "numpy", "pt" or "torch")."""
+
+class SafeSlice:
+    """Part of one tensor, read on indexing: only the bytes of the slice."""
+
+    def get_shape(self) -> List[int]: ...
+    def get_dtype(self) -> str: ...
+    def __getitem__(self, key: Any) -> Any: ...
+
+class CompatFile:
+    """``safe_open(path, framework=...)``: the ``safetensors`` package's interface."""
+
+    def __enter__(self) -> "CompatFile": ...
+    def __exit__(self, *exc: object) -> None: ...
+    def keys(self) -> List[str]:
+        """The tensor names, sorted."""
+    def offset_keys(self) -> List[str]:
+        """The tensor names in the order of their data."""
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """The metadata, or ``None`` when the file has no ``__metadata__``."""
+    def get_tensor(self, name: str) -> Any:
+        """A writable zero-copy array or tensor over a private copy-on-write map."""
+    def get_slice(self, name: str) -> SafeSlice: ...
+    def close(self) -> None: ...
+
+class SafetensorError(ValueError):
+    """Where the ``safetensors`` package raises its own error; a ``ValueError``."""

@@ -1,0 +1,297 @@
+"""tlio.safetensors.numpy / .torch and safe_open(framework=...) against the safetensors
+package, side by side: every check runs on both implementations (so the check itself is
+proven against the package), and files cross both ways byte for byte."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import safetensors
+import safetensors.numpy as pkg_np
+import safetensors.torch as pkg_pt
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tlio.safetensors as tst
+import tlio.safetensors.numpy as tl_np
+import tlio.safetensors.torch as tl_pt
+from conftest import MODELS
+
+IMPLS = {
+    "tlio": (tst.safe_open, tl_np, tl_pt, tst.SafetensorError),
+    "package": (safetensors.safe_open, pkg_np, pkg_pt, safetensors.SafetensorError),
+}
+
+TORCH_DTYPES = [
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+    torch.uint16, torch.uint32, torch.uint64,
+    torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
+]
+
+
+def _random(dtype, shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size(),), generator=g, dtype=torch.uint8)
+    if dtype == torch.bool:
+        return (raw % 2).bool().reshape(shape)
+    return raw.view(dtype).reshape(shape)
+
+
+def _same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_packages_serialization_bytes(impl, tmp_path):
+    _, np_mod, pt_mod, _ = IMPLS[impl]
+    want = (
+        b'@\x00\x00\x00\x00\x00\x00\x00{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}}   '
+        b" \x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00"
+    )
+    data = np.zeros((2, 2), np.int32)
+    data[1, 1] = 1
+    assert np_mod.save({"test": data}) == want
+    assert pt_mod.save({"test": torch.from_numpy(data)}) == want
+    np_mod.save_file({"test": data}, tmp_path / "a.safetensors")
+    assert (tmp_path / "a.safetensors").read_bytes() == want
+    # Big-endian arrays are written little-endian; float64 is F64; metadata None vs {}.
+    assert np_mod.save({"test": data.astype(">i4")}) == want
+    assert b'"F64"' in np_mod.save({"x": np.zeros(2)})
+    assert b"__metadata__" not in np_mod.save({"x": data}, metadata=None)
+    assert b'"__metadata__":{}' in np_mod.save({"x": data}, metadata={})
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
+def test_every_torch_dtype_crosses_both_ways_byte_for_byte(dtype, tmp_path):
+    t = {"x": _random(dtype, (3, 4), 1), "y": _random(dtype, (0, 2), 2), "z": _random(dtype, (), 3)}
+    assert tl_pt.save(t, {"k": "v"}) == pkg_pt.save(t, {"k": "v"})
+    a, b = tmp_path / "tlio.safetensors", tmp_path / "pkg.safetensors"
+    tl_pt.save_file(t, a)
+    pkg_pt.save_file(t, b)
+    assert a.read_bytes() == b.read_bytes()
+    for loaded in (tl_pt.load_file(b), pkg_pt.load_file(a), tl_pt.load(b.read_bytes())):
+        for k in t:
+            assert _same(loaded[k], t[k]), k
+
+
+def test_float4_crosses_both_ways(tmp_path):
+    t = {"p": torch.randint(0, 256, (2, 3), dtype=torch.uint8).view(torch.float4_e2m1fn_x2)}
+    assert tl_pt.save(t) == pkg_pt.save(t)
+    p = tmp_path / "f4.safetensors"
+    pkg_pt.save_file(t, p)
+    got = tl_pt.load_file(p)["p"]
+    assert got.dtype == torch.float4_e2m1fn_x2 and got.shape == (2, 3)
+    assert torch.equal(got.view(torch.uint8), t["p"].view(torch.uint8))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_safe_open_reads_as_the_package(impl, tmp_path):
+    open_, _, pt_mod, err = IMPLS[impl]
+    p = tmp_path / "m.safetensors"
+    t = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(2, dtype=torch.bfloat16), "c": torch.zeros(3, dtype=torch.int64)}
+    pt_mod.save_file(t, p)
+    with open_(p, framework="pt") as f:
+        assert f.keys() == ["a", "b", "c"]
+        assert f.metadata() is None
+        x = f.get_tensor("b")
+        assert _same(x, t["b"])
+        x[0, 0] = 42  # writable, and private: the file does not change
+        with pytest.raises(err):
+            f.get_tensor("nope")
+    with pytest.raises(err):
+        f.keys()
+    assert _same(pt_mod.load_file(p)["b"], t["b"])
+    pt_mod.save_file(t, p, metadata={"Something": "more"})
+    with open_(p, framework="np") as f:
+        assert f.metadata() == {"Something": "more"}
+        a = f.get_tensor("c")
+        a[0] = 1
+        assert a.dtype == np.int64
+    with pytest.raises(FileNotFoundError):
+        open_(tmp_path / "missing", framework="pt")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_shared_and_non_contiguous_tensors_are_refused_as_the_package_does(impl, tmp_path):
+    _, _, pt_mod, _ = IMPLS[impl]
+    a = torch.arange(6.0).reshape(2, 3)
+    with pytest.raises(RuntimeError, match="Some tensors share memory"):
+        pt_mod.save_file({"A": a, "B": a[:1]}, tmp_path / "s.safetensors")
+    with pytest.raises(ValueError, match="non contiguous"):
+        pt_mod.save_file({"t": a[:, 1]}, tmp_path / "s.safetensors")
+    with pytest.raises(ValueError, match="sparse"):
+        pt_mod.save_file({"t": torch.sparse_coo_tensor(size=(2, 3))}, tmp_path / "s.safetensors")
+    assert not (tmp_path / "s.safetensors").exists()
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = self.a
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_save_model_keeps_one_of_each_shared_tensor(impl, tmp_path):
+    open_, _, pt_mod, _ = IMPLS[impl]
+    m = Tied()
+    p = tmp_path / "m.safetensors"
+    pt_mod.save_model(m, p)
+    with open_(p, framework="pt") as f:
+        assert f.metadata() == {"b.bias": "a.bias", "b.weight": "a.weight"}
+        assert f.keys() == ["a.bias", "a.weight"]
+    m2 = Tied()
+    assert pt_mod.load_model(m2, p) == (set(), [])
+    assert m2.a.weight is m2.b.weight and torch.equal(m2.a.weight, m.a.weight)
+
+
+def test_save_model_bytes_equal_the_packages(tmp_path):
+    m = Tied()
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    tl_pt.save_model(m, a)
+    pkg_pt.save_model(m, b)
+    # Two metadata keys: the package's order is arbitrary, so compare from the data on.
+    assert len(a.read_bytes()) == len(b.read_bytes())
+    assert tl_pt.load_file(a).keys() == pkg_pt.load_file(b).keys()
+
+
+# --- get_slice ------------------------------------------------------------------------
+
+SHAPE = (5, 4, 3)
+BASE = torch.arange(60, dtype=torch.float32).reshape(SHAPE)
+
+
+def index_strategy():
+    bound = st.one_of(st.none(), st.integers(-7, 5))
+    sl = st.builds(slice, bound, st.one_of(st.none(), st.integers(-7, 5)), st.one_of(st.none(), st.integers(1, 3)))
+    one = st.one_of(st.integers(-5, 4), sl)
+    return st.lists(st.one_of(one, st.just(Ellipsis)), max_size=3).map(tuple)
+
+
+def _numpy_clamps(key):
+    """Whether numpy would accept `key` on SHAPE where the package refuses (a stop past
+    the end, or an integer out of range), to know which answer to expect."""
+    dims = [k for k in key if k is not Ellipsis]
+    if len(dims) > len(SHAPE) or sum(k is Ellipsis for k in key) > 1:
+        return None
+    pos = []
+    i = 0
+    for k in key:
+        if k is Ellipsis:
+            i += len(SHAPE) - len(dims)
+            continue
+        pos.append((i, k))
+        i += 1
+    for d, k in pos:
+        n = SHAPE[d]
+        if isinstance(k, int) and not -n <= k < n:
+            return None
+        if isinstance(k, slice) and k.stop is not None and k.stop > n:
+            return None
+    return True
+
+
+@pytest.fixture(scope="module")
+def slice_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("slice") / "s.safetensors"
+    tl_pt.save_file({"t": BASE, "h": BASE.to(torch.bfloat16)}, p)
+    return p
+
+
+@settings(max_examples=300, deadline=None)
+@given(index_strategy())
+def test_get_slice_equals_plain_indexing(slice_file, key):
+    with tst.safe_open(slice_file, framework="pt") as f:
+        for name in ("t", "h"):
+            s = f.get_slice(name)
+            if _numpy_clamps(key) is None:
+                with pytest.raises(ValueError):
+                    s[key]
+                continue
+            want = BASE.to(s[()].dtype)[key]
+            got = s[key]
+            assert got.shape == want.shape and torch.equal(got, want.contiguous()), key
+    with tst.safe_open(slice_file, framework="np") as f:
+        if _numpy_clamps(key) is not None:
+            np.testing.assert_array_equal(f.get_slice("t")[key], BASE.numpy()[key])
+
+
+@pytest.mark.parametrize("key", [(slice(None, 2),), (slice(2, None), -1), (slice(None), slice(1, 2)), (Ellipsis, 0), ([],), ()])
+def test_get_slice_equals_the_packages(slice_file, key):
+    with tst.safe_open(slice_file, framework="pt") as f, safetensors.safe_open(slice_file, framework="pt") as g:
+        assert f.get_slice("t").get_shape() == g.get_slice("t").get_shape() == list(SHAPE)
+        assert f.get_slice("t").get_dtype() == g.get_slice("t").get_dtype() == "F32"
+        assert torch.equal(f.get_slice("t")[key], g.get_slice("t")[key])
+
+
+def test_get_slice_errors_are_the_packages(slice_file):
+    cases = [
+        ((slice(2, None), -6), "Invalid index -6 for dimension 1 of size 4"),
+        ((slice(None, 20),), "Error during slicing [:20] with shape [5, 4, 3]: "
+         "index 19 out of bounds for tensor dimension #0 of size 5"),
+        ((0, 7), "Error during slicing [0, 7] with shape [5, 4, 3]: "
+         "index 7 out of bounds for tensor dimension #1 of size 4"),
+        (([0, 1],), None),  # the package's wording changed after 0.8; the kind did not
+    ]
+    for open_, err in ((tst.safe_open, tst.SafetensorError), (safetensors.safe_open, safetensors.SafetensorError)):
+        with open_(slice_file, framework="np") as f:
+            s = f.get_slice("t")
+            for key, message in cases:
+                with pytest.raises(err) as e:
+                    s[key]
+                assert message is None or str(e.value) == message
+    assert issubclass(tst.SafetensorError, ValueError)
+
+
+@pytest.mark.parametrize("which", ["dir", "index"])
+def test_get_slice_on_a_sharded_model(which):
+    d = MODELS / "llama-sharded"
+    index = d if which == "dir" else d / "model.safetensors.index.json"
+    whole = tst.safe_open(index)
+    with tst.safe_open(index, framework="np") as f:
+        for name in f.keys():
+            want = whole.get_tensor(name)
+            if want.ndim:
+                np.testing.assert_array_equal(f.get_slice(name)[-1], want[-1])
+
+
+def test_safe_open_without_framework_keeps_the_chapters_views(slice_file):
+    f = tst.safe_open(slice_file)
+    assert isinstance(f, tst.SafetensorsFile) and not f.get_tensor("t").flags.writeable
+    assert f.metadata() == {}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.one_of(st.none(), st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=1)))
+def test_metadata_round_trip_as_the_package(meta):
+    t = {"x": torch.zeros(2)}
+    data = tl_pt.save(t, meta)
+    assert data == pkg_pt.save(t, meta)
+    assert safetensors.deserialize(data) is not None
+
+
+def test_save_file_into_a_missing_directory_is_file_not_found(tmp_path):
+    for save in (
+        lambda p: tl_np.save_file({"x": np.zeros(2, np.float32)}, p),
+        lambda p: tst.save_safetensors(p, {"x": np.zeros(2, np.float32)}),
+        lambda p: tst.save_safetensors(p, {"x": np.zeros(2, np.float32)}, durable=False),
+    ):
+        with pytest.raises(FileNotFoundError):
+            save(tmp_path / "nope" / "x.safetensors")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_import_without_torch_says_how_to_get_it():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "for m in ('tlio.torch', 'tlio.safetensors.torch'):\n"
+        "    try:\n        __import__(m)\n    except ModuleNotFoundError as e:\n        print(e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all("pip install 'tlio[torch]'" in line for line in lines), r
