@@ -13,6 +13,7 @@ not yet written, and one truncated underneath faults (docs/python.md).
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 from typing import Any, Dict, List, Optional
@@ -33,8 +34,9 @@ from tlio.safetensors import (
 _FRAMEWORKS = {"np": "numpy", "numpy": "numpy", "pt": "torch", "torch": "torch"}
 
 
+@functools.lru_cache(maxsize=None)
 def torch_dtypes() -> Dict[str, Any]:
-    """safetensors dtype name -> torch dtype, for those this torch has."""
+    """safetensors dtype name -> torch dtype, for those this torch has (built once)."""
     import torch
 
     names = {
