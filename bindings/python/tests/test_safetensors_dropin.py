@@ -79,6 +79,27 @@ def test_every_torch_dtype_crosses_both_ways_byte_for_byte(dtype, tmp_path):
             assert _same(loaded[k], t[k]), k
 
 
+NUMPY_DTYPES = [np.float64, np.float32, np.float16, np.complex64, np.int64, np.int32, np.int16,
+                np.int8, np.uint64, np.uint32, np.uint16, np.uint8, np.bool_]
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_numpy_dtype_crosses_both_ways_byte_for_byte(dtype, tmp_path):
+    rng = np.random.default_rng(0)
+    size = np.dtype(dtype).itemsize
+    x = rng.integers(0, 256, 6 * size, dtype=np.uint8)
+    x = (x % 2).astype(np.bool_) if dtype == np.bool_ else x.view(dtype)
+    a = {"x": x.reshape(2, 3), "e": np.zeros((0, 3), dtype), "s": np.asarray(x[0])}
+    assert tl_np.save(a, {"k": "v"}) == pkg_np.save(a, {"k": "v"})
+    p, q = tmp_path / "tlio.safetensors", tmp_path / "pkg.safetensors"
+    tl_np.save_file(a, p)
+    pkg_np.save_file(a, q)
+    assert p.read_bytes() == q.read_bytes()
+    for loaded in (tl_np.load_file(q), pkg_np.load_file(p), tl_np.load(q.read_bytes())):
+        for k in a:
+            assert loaded[k].dtype == a[k].dtype and loaded[k].tobytes() == a[k].tobytes(), k
+
+
 def test_float4_crosses_both_ways(tmp_path):
     t = {"p": torch.randint(0, 256, (2, 3), dtype=torch.uint8).view(torch.float4_e2m1fn_x2)}
     assert tl_pt.save(t) == pkg_pt.save(t)
