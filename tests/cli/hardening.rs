@@ -275,23 +275,6 @@ fn outputs_follow_the_umask_and_missing_parents_are_created() {
     }
 }
 
-#[test]
-fn the_next_write_removes_stale_temporary_files_of_dead_processes() {
-    let dir = tmp();
-    let d = dir.path();
-    fs::write(d.join("in.txt"), b"hello").unwrap();
-    // What a kill -9 of an earlier tlio leaves: its pid (one no process can have) and
-    // the target's name.
-    let stale = d.join(".out.bin.tlio-tmp-2147483646-abcdef");
-    fs::write(&stale, vec![0u8; 4096]).unwrap();
-    tlio()
-        .current_dir(d)
-        .args(["-q", "tokens", "pack", "in.txt", "-o", "out.bin"])
-        .assert()
-        .success();
-    assert!(!stale.exists());
-}
-
 /// Start `tokens pack - -o OUT --shard-tokens N` fed `bytes` on stdin; returns once
 /// `want` temporary files exist, with the stdin pipe, which the caller keeps open so
 /// the pack is still waiting for input when it is signalled.

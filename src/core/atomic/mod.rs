@@ -4,9 +4,10 @@
 //! Invariants: at every instant the target path holds either its old content (or
 //! nothing) or the complete new content; on any error, and when the process is
 //! interrupted (see [`abandon_all`]), the temporary file is removed. A temporary name is
-//! `.NAME.tlio-tmp-PID-XXXXXX`: recognisably tlio's, tied to one target and to the
-//! process writing it, so the next write into that directory removes the ones whose
-//! process is gone (what a `kill -9` leaves). A target that is a symlink is followed and
+//! `.NAME.tlio-tmp-PID-XXXXXX`: recognisably tlio's and tied to one target; its writer
+//! holds a lock on it while it lives, so the next write into that directory removes the
+//! ones nobody holds (what a `kill -9` leaves, on this host or another sharing the
+//! directory), never a live writer's. A target that is a symlink is followed and
 //! the file it points to is replaced in its own directory; a device, FIFO, socket or
 //! directory is refused, never renamed over. Files are created with mode
 //! `0666 & !umask`, like `cp`. No error message names a temporary path.
@@ -438,19 +439,62 @@ mod tests {
         assert!(temp_name(Path::new(&long), 1).len() < 255);
     }
 
+    /// Hold the exclusive lock a live writer holds on its temporary entry.
+    fn held_by_a_writer(path: &Path) -> File {
+        let f = File::open(path).unwrap();
+        f.lock().unwrap();
+        f
+    }
+
     #[test]
-    fn stale_temps_of_dead_processes_are_removed() {
+    fn stale_temps_are_judged_by_their_lock_not_their_process_id() {
         let dir = tempfile::tempdir().unwrap();
-        // A pid that cannot exist (above the kernel's maximum) stands for a dead writer.
-        let stale = dir.path().join(".out.bin.tlio-tmp-2147483646-00ff00");
-        let alive = dir
-            .path()
-            .join(format!(".other.tlio-tmp-{}-00ff00", std::process::id()));
-        fs::write(&stale, b"left by kill -9").unwrap();
-        fs::write(&alive, b"ours").unwrap();
-        write_file(&dir.path().join("out.bin"), b"x").unwrap();
-        assert!(!stale.exists());
-        assert!(alive.exists(), "a live process's temporary file stays");
+        let d = dir.path();
+        // A writer in another PID namespace or on another host: the pid in its name is
+        // dead here (above the kernel's maximum) or belongs to an unrelated process
+        // (1), or even to this one; only its lock says whether it is still writing.
+        let live_dead_pid = d.join(".out.bin.tlio-tmp-2147483646-00ff00");
+        let live_our_pid = d.join(format!(".b.tlio-tmp-{}-00ff01", std::process::id()));
+        let live_dir = d.join(".c.tlio-tmp-2147483646-00ff02");
+        let stale_alive_pid = d.join(".d.tlio-tmp-1-00ff03");
+        let stale_dir = d.join(".e.tlio-tmp-1-00ff04");
+        for f in [&live_dead_pid, &live_our_pid, &stale_alive_pid] {
+            fs::write(f, b"partial").unwrap();
+        }
+        for dd in [&live_dir, &stale_dir] {
+            fs::create_dir(dd).unwrap();
+            fs::write(dd.join("part"), b"partial").unwrap();
+        }
+        let _held = [
+            held_by_a_writer(&live_dead_pid),
+            held_by_a_writer(&live_our_pid),
+            held_by_a_writer(&live_dir),
+        ];
+        write_file(&d.join("out.bin"), b"x").unwrap();
+        assert!(live_dead_pid.exists(), "a locked temporary file stays");
+        assert!(live_our_pid.exists());
+        assert!(live_dir.join("part").exists(), "a locked directory stays");
+        assert!(!stale_alive_pid.exists(), "an unlocked one goes, whatever its pid");
+        assert!(!stale_dir.exists());
+    }
+
+    #[test]
+    fn a_writer_holds_the_lock_on_its_temporary_until_the_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = AtomicFile::create(&dir.path().join("out.bin")).unwrap();
+        f.write_all(b"data").unwrap();
+        let temp = dir.path().join(&names(dir.path())[0]);
+        let probe = File::open(&temp).unwrap();
+        assert!(probe.try_lock_shared().is_err(), "locked while written");
+        let ready = f.prepare().unwrap();
+        assert!(probe.try_lock_shared().is_err(), "locked until renamed");
+        ready.publish().unwrap();
+        assert_eq!(names(dir.path()), ["out.bin"]);
+        let t = TempDir::create(&dir.path().join("o"), dir.path()).unwrap();
+        let probe = File::open(t.path()).unwrap();
+        assert!(probe.try_lock_shared().is_err(), "a directory is locked too");
+        drop(t);
+        assert_eq!(names(dir.path()), ["out.bin"]);
     }
 
     #[test]

@@ -1,12 +1,17 @@
 //! The temporary files and directories of atomic writes: their names, the registry of
 //! the live ones (so an interrupted process removes them, see [`abandon_all`]) and the
-//! removal of those that dead tlio processes left behind.
+//! removal of those that dead writers left behind.
 //!
 //! Invariants: a temporary name is `.NAME.tlio-tmp-PID-XXXXXX`, created with `O_EXCL`
 //! (or `mkdir`, for a directory) and registered before it is returned; once
-//! [`abandon_all`] ran, no new temporary file or directory is created; only regular
-//! files and directories whose owner process is gone are removed as stale, never
-//! another live process's.
+//! [`abandon_all`] ran, no new temporary file or directory is created. Liveness is a
+//! lock, never a process id: the writer holds an exclusive `flock` on its temporary
+//! file (or directory) from before it is returned until it is renamed or removed, and
+//! a sweeper removes an entry only while it holds a shared lock on it. A process id
+//! means nothing in another PID namespace or on another host sharing the directory,
+//! while the kernel (or the NFS lock manager) drops a lock exactly when its holder dies,
+//! wherever it ran. An entry whose lock cannot be tested (a file system without locks)
+//! is kept: it might be live.
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
@@ -24,6 +29,51 @@ const MAX_NAME_IN_TEMP: usize = 200;
 const TEMP_MARK: &str = ".tlio-tmp-";
 /// Attempts at a fresh temporary name before giving up.
 const TEMP_ATTEMPTS: u32 = 64;
+
+/// How a fresh temporary entry's lock went.
+enum Claim {
+    /// This process holds the entry's exclusive lock (or locks are unsupported there,
+    /// and the entry is never swept).
+    Held(Option<File>),
+    /// A sweeper got to the entry between its creation and the lock, and removes it:
+    /// try another name.
+    Lost,
+}
+
+/// Take the exclusive lock that marks a fresh temporary entry at `path` (opened as
+/// `handle`) as live, and check that the name still refers to it (a sweeper may have
+/// removed it before the lock was taken). Locks that the file system does not support
+/// leave the entry unlocked, which every sweeper takes for live.
+fn claim(path: &Path, handle: File) -> Claim {
+    match handle.try_lock() {
+        Ok(()) => {
+            if same_entry(path, &handle) {
+                Claim::Held(Some(handle))
+            } else {
+                Claim::Lost
+            }
+        }
+        Err(std::fs::TryLockError::WouldBlock) => Claim::Lost,
+        Err(std::fs::TryLockError::Error(_)) => Claim::Held(None),
+    }
+}
+
+/// Whether `path` (not followed) is the entry `handle` has open: same device and inode.
+fn same_entry(path: &Path, handle: &File) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (fs::symlink_metadata(path), handle.metadata()) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = handle;
+        fs::symlink_metadata(path).is_ok()
+    }
+}
 
 /// One registered temporary entry.
 struct Entry {
@@ -116,13 +166,15 @@ pub struct TempDir {
     id: u64,
     path: PathBuf,
     live: bool,
+    /// The directory, open: its exclusive lock says to every sweeper that it is live.
+    _lock: Option<File>,
 }
 
 impl TempDir {
     /// Create and register a temporary directory for `dest` in `dir`, named as
-    /// temporary files are (`.NAME.tlio-tmp-PID-XXXXXX`, mode 0700), after removing
-    /// what dead tlio processes left in `dir`: a killed writer's directory is swept by
-    /// the next write like its files.
+    /// temporary files are (`.NAME.tlio-tmp-PID-XXXXXX`, mode 0700) and locked as
+    /// they are, after removing what dead writers left in `dir`: a killed writer's
+    /// directory is swept by the next write like its files.
     pub fn create(dest: &Path, dir: &Path) -> Result<TempDir, AtomicError> {
         let mut reg = registry();
         if reg.dying {
@@ -142,11 +194,19 @@ impl TempDir {
             }
             match builder.create(&path) {
                 Ok(()) => {
+                    let lock = match File::open(&path).map(|dir| claim(&path, dir)) {
+                        Ok(Claim::Held(lock)) => lock,
+                        // Removed by a sweeper before the lock: a new name.
+                        Ok(Claim::Lost) => continue,
+                        // Cannot open what was just made: left unlocked, so kept.
+                        Err(_) => None,
+                    };
                     let id = reg.add(path.clone(), true);
                     return Ok(TempDir {
                         id,
                         path,
                         live: true,
+                        _lock: lock,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
@@ -175,6 +235,7 @@ impl TempDir {
             id,
             path,
             live: true,
+            _lock: None,
         })
     }
 
@@ -205,6 +266,10 @@ pub(super) struct Temp {
     pub(super) id: u64,
     pub(super) path: PathBuf,
     pub(super) live: bool,
+    /// A second descriptor of the file's open description, which holds its exclusive
+    /// lock until the file is renamed into place (or removed), however long the
+    /// content's own descriptor lives.
+    _lock: Option<File>,
 }
 
 impl Drop for Temp {
@@ -246,33 +311,11 @@ pub(super) fn temp_owner(name: &OsStr) -> Option<u32> {
     salt_ok.then(|| pid.parse().ok()).flatten()
 }
 
-/// Whether process `pid` still exists (then its temporary files are in use).
-fn process_alive(pid: u32) -> bool {
-    #[cfg(unix)]
-    {
-        let Ok(pid) = libc::pid_t::try_from(pid) else {
-            return false;
-        };
-        if pid <= 0 {
-            return false;
-        }
-        // SAFETY: kill with signal 0 sends nothing; it only checks that the process
-        // exists and may be signalled.
-        #[allow(unsafe_code, reason = "libc::kill has no safe wrapper in std")]
-        let rc = unsafe { libc::kill(pid, 0) };
-        rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = pid;
-        true
-    }
-}
-
-/// Remove the temporary files and directories that earlier, dead tlio processes left in
-/// `dir` (once per directory and process: a pack writing thousands of shards scans
-/// once). A directory is removed with its contents; `remove_dir_all` never follows a
-/// symlink inside it.
+/// Remove the temporary files and directories that dead writers left in `dir` (once
+/// per directory and process: a pack writing thousands of shards scans once). An entry
+/// is dead when a shared lock on it can be taken: its writer, on whatever host or in
+/// whatever PID namespace, held the exclusive lock for as long as it lived. A directory
+/// is removed with its contents; `remove_dir_all` never follows a symlink inside it.
 fn remove_stale(reg: &mut Registry, dir: &Path) {
     if !reg.scanned.insert(dir.to_path_buf()) {
         return;
@@ -280,24 +323,44 @@ fn remove_stale(reg: &mut Registry, dir: &Path) {
     let Ok(listing) = fs::read_dir(dir) else {
         return;
     };
-    let me = std::process::id();
     for entry in listing.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = temp_owner(&name) else {
+        if temp_owner(&entry.file_name()).is_none() {
             continue;
-        };
+        }
         let Ok(kind) = entry.file_type() else {
             continue;
         };
-        if pid == me || process_alive(pid) {
+        if !(kind.is_file() || kind.is_dir()) {
             continue;
         }
-        if kind.is_file() {
-            let _ = fs::remove_file(entry.path());
-        } else if kind.is_dir() {
-            let _ = fs::remove_dir_all(entry.path());
+        let path = entry.path();
+        let Ok(handle) = open_entry(&path) else {
+            continue;
+        };
+        // Held shared while removing, so a writer that created the name a moment ago
+        // and has not locked it yet fails to lock it and takes another name.
+        if handle.try_lock_shared().is_err() || !same_entry(&path, &handle) {
+            continue;
         }
+        let _ = if kind.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
     }
+}
+
+/// Open a stale candidate for its lock: read-only (what a shared lock needs, over NFS
+/// too), never following a symlink, never blocking on a FIFO.
+fn open_entry(path: &Path) -> io::Result<File> {
+    let mut opts = OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    opts.open(path)
 }
 
 /// A distinguishing number for temporary names: time, a counter and the stack address
@@ -333,15 +396,28 @@ pub(super) fn create_temp(
     for attempt in 0..TEMP_ATTEMPTS {
         let path = dir.join(temp_name(dest, salt(attempt)));
         // create_new: O_EXCL, never an existing file or a symlink; mode 0666, which the
-        // umask reduces as for any file a user creates.
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
+        // umask reduces as for any file a user creates. Read and write, so that the
+        // exclusive lock works over NFS too (it becomes a write lock there).
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path);
+        match opened {
             Ok(file) => {
+                let lock = match file.try_clone().map(|dup| claim(&path, dup)) {
+                    Ok(Claim::Held(lock)) => lock,
+                    // Removed by a sweeper before the lock: a new name.
+                    Ok(Claim::Lost) => continue,
+                    Err(_) => None,
+                };
                 let id = reg.add(path.clone(), false);
                 return Ok((
                     Temp {
                         id,
                         path,
                         live: true,
+                        _lock: lock,
                     },
                     file,
                 ));
