@@ -474,7 +474,10 @@ mod tests {
         assert!(live_dead_pid.exists(), "a locked temporary file stays");
         assert!(live_our_pid.exists());
         assert!(live_dir.join("part").exists(), "a locked directory stays");
-        assert!(!stale_alive_pid.exists(), "an unlocked one goes, whatever its pid");
+        assert!(
+            !stale_alive_pid.exists(),
+            "an unlocked one goes, whatever its pid"
+        );
         assert!(!stale_dir.exists());
     }
 
@@ -492,7 +495,10 @@ mod tests {
         assert_eq!(names(dir.path()), ["out.bin"]);
         let t = TempDir::create(&dir.path().join("o"), dir.path()).unwrap();
         let probe = File::open(t.path()).unwrap();
-        assert!(probe.try_lock_shared().is_err(), "a directory is locked too");
+        assert!(
+            probe.try_lock_shared().is_err(),
+            "a directory is locked too"
+        );
         drop(t);
         assert_eq!(names(dir.path()), ["out.bin"]);
     }
