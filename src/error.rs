@@ -252,6 +252,7 @@ registry![
     tlio_core::checkpoint::optimizer::OptimizerError,
     tlio_core::checkpoint::state::StateError,
     tlio_core::checkpoint::verify::Problem,
+    tlio_core::checkpoint::sharded::ShardedError,
     tlio_core::model::ModelError,
     tlio_core::failpoints::FailpointsError,
     tlio_core::optim::OptimError,

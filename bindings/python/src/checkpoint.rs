@@ -30,7 +30,7 @@ use crate::tokens::count_arg;
 
 /// A checkpoint error as the Python exception python.md names, in the words of a Python
 /// call (the core's hints name the CLI's flags).
-fn ckpt_err(py: Python<'_>, err: CheckpointError) -> PyErr {
+pub(crate) fn ckpt_err(py: Python<'_>, err: CheckpointError) -> PyErr {
     match &err {
         CheckpointError::NotFound { .. } => PyFileNotFoundError::new_err(one_line(&err)),
         CheckpointError::Locked { .. } => {

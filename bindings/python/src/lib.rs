@@ -12,6 +12,7 @@ mod checkpoint;
 mod errors;
 mod pcg;
 mod safetensors;
+mod sharded;
 mod tokens;
 
 /// Adds `name` as a submodule of `parent`, filled by `fill`.
@@ -51,6 +52,7 @@ fn _tlio(m: &Bound<'_, PyModule>) -> PyResult<()> {
     add_submodule(m, "pcg", pcg::register)?;
     add_submodule(m, "tokens", tokens::register)?;
     add_submodule(m, "checkpoint", checkpoint::register)?;
+    add_submodule(m, "sharded", sharded::register)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

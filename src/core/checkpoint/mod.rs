@@ -18,6 +18,7 @@ pub mod load;
 pub mod manifest;
 pub mod optimizer;
 pub mod save;
+pub mod sharded;
 pub mod state;
 pub mod verify;
 

@@ -176,7 +176,7 @@ fn copy_from(path: &Path, out: &mut dyn Write) -> io::Result<()> {
 }
 
 /// Write one payload into the tmp directory, fsync it, return its manifest entry.
-fn put(
+pub(crate) fn put(
     fs: &mut dyn FsOps,
     tmp: &Path,
     name: &str,
@@ -219,7 +219,7 @@ fn put(
 }
 
 /// Remove whatever sits at `path` (directory tree, file or symlink), if anything.
-fn clear(fs: &mut dyn FsOps, path: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn clear(fs: &mut dyn FsOps, path: &Path) -> Result<(), CheckpointError> {
     match fs::symlink_metadata(path) {
         Ok(_) => remove_entry(fs, path).map_err(io_at(path)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -227,21 +227,27 @@ fn clear(fs: &mut dyn FsOps, path: &Path) -> Result<(), CheckpointError> {
     }
 }
 
-/// Check everything that can be checked before touching the disk; returns the state
-/// bytes to write.
-fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
-    if req.state.step != req.step {
+/// The trainer state's bytes, after the checks every save makes of its small parts:
+/// the state's step is the step saved, `keep` is at least 1, the config is JSON and
+/// the state names its sha256 (shared by unsharded and sharded saves).
+pub(crate) fn state_bytes(
+    step: u64,
+    state: &mut TrainerState,
+    config: Option<&[u8]>,
+    keep: Option<usize>,
+) -> Result<Vec<u8>, CheckpointError> {
+    if state.step != step {
         return Err(CheckpointError::Request(format!(
-            "the trainer state's step {} is not the step being saved ({})",
-            req.state.step, req.step
+            "the trainer state's step {} is not the step being saved ({step})",
+            state.step
         )));
     }
-    if req.keep == Some(0) {
+    if keep == Some(0) {
         return Err(CheckpointError::Request(
             "keep must be at least 1 (the checkpoint just saved)".into(),
         ));
     }
-    let config_sha = match &req.config {
+    let config_sha = match config {
         Some(bytes) => {
             serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
                 .map_err(|e| CheckpointError::Config(e.to_string()))?;
@@ -249,7 +255,14 @@ fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
         }
         None => None,
     };
-    req.state.bind_config(config_sha.as_deref())?;
+    state.bind_config(config_sha.as_deref())?;
+    Ok(state.to_json()?)
+}
+
+/// Check everything that can be checked before touching the disk; returns the state
+/// bytes to write.
+fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
+    let state = state_bytes(req.step, &mut req.state, req.config.as_deref(), req.keep)?;
     for (name, payload) in [
         (MODEL_NAME, Some(&req.model)),
         (OPTIMIZER_NAME, req.optimizer.as_ref()),
@@ -266,7 +279,7 @@ fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
             }
         }
     }
-    Ok(req.state.to_json()?)
+    Ok(state)
 }
 
 /// Save through `fs` (the seam); see the module documentation for the protocol.
@@ -285,20 +298,22 @@ pub fn save_with(
 fn check_forward(
     dir: &Path,
     listing: &Listing,
-    req: &SaveRequest<'_>,
+    step: u64,
+    overwrite: bool,
+    force: bool,
 ) -> Result<(), CheckpointError> {
-    if req.force {
+    if force {
         return Ok(());
     }
     let Some(latest) = listing.latest().step() else {
         return Ok(());
     };
-    let backwards = req.step < latest || (req.step == latest && !req.overwrite);
+    let backwards = step < latest || (step == latest && !overwrite);
     if backwards && inspect(&dir.join(step_name(latest))).problems.is_empty() {
         return Err(CheckpointError::NotNewer {
-            step: req.step,
+            step,
             latest,
-            hint: if req.step == latest {
+            hint: if step == latest {
                 SaveAnyway::Overwrite
             } else {
                 SaveAnyway::Force
@@ -319,27 +334,11 @@ pub fn save_with_wait(
     fs.create_dir_all(dir).map_err(io_at(dir))?;
     let _lock = DirLock::acquire_waiting(dir, req.lock_wait, SAVE_LOCK_NOTICE, on_wait)?;
 
-    let name = step_name(req.step);
-    let final_path = dir.join(&name);
-    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
-    let listing = list(dir)?;
-    check_forward(dir, &listing, &req)?;
-    let exists = fs::symlink_metadata(&final_path).is_ok();
-    if exists && !req.overwrite {
-        // Only a checkpoint `load` could pick is protected: a directory newer than
-        // LATEST was never declared done, and a broken one holds nothing to keep.
-        let declared = listing.latest().step().is_none_or(|b| req.step <= b);
-        if declared && inspect(&final_path).problems.is_empty() {
-            return Err(CheckpointError::Exists { path: final_path });
-        }
-    }
-
-    // Step 1: a fresh tmp directory with every file, each fsynced.
-    clear(fs, &tmp)?;
-    fs.create_dir(&tmp).map_err(io_at(&tmp))?;
+    let target = prepare(fs, dir, req.step, req.overwrite, req.force)?;
+    let tmp = &target.tmp;
     let written = write_files(
         fs,
-        &tmp,
+        tmp,
         req.step,
         req.model,
         req.optimizer,
@@ -350,23 +349,84 @@ pub fn save_with_wait(
         Ok(files) => files,
         Err(e) => {
             // Best effort: the error that stopped the save matters more.
-            let _ = clear(fs, &tmp);
+            let _ = clear(fs, tmp);
             return Err(e);
         }
     };
+    let removed = publish(fs, dir, req.step, &target, req.keep)?;
+    Ok(SaveReport {
+        path: target.final_path,
+        step: req.step,
+        files,
+        removed,
+    })
+}
 
+/// Where a save writes, found under the lock before step 1.
+#[derive(Debug)]
+pub(crate) struct Target {
+    /// `step-N`.
+    pub final_path: PathBuf,
+    /// `step-N.tmp`, created fresh by [`prepare`].
+    pub tmp: PathBuf,
+    /// Whether something already exists at `final_path` (replaced by exchange).
+    pub exists: bool,
+}
+
+/// The refusals of a save (a step not moving LATEST forward, a complete step without
+/// `overwrite`), then step 1's fresh, empty `step-N.tmp/`. The caller holds the lock.
+pub(crate) fn prepare(
+    fs: &mut dyn FsOps,
+    dir: &Path,
+    step: u64,
+    overwrite: bool,
+    force: bool,
+) -> Result<Target, CheckpointError> {
+    let name = step_name(step);
+    let final_path = dir.join(&name);
+    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
+    let listing = list(dir)?;
+    check_forward(dir, &listing, step, overwrite, force)?;
+    let exists = fs::symlink_metadata(&final_path).is_ok();
+    if exists && !overwrite {
+        // Only a checkpoint `load` could pick is protected: a directory newer than
+        // LATEST was never declared done, and a broken one holds nothing to keep.
+        let declared = listing.latest().step().is_none_or(|b| step <= b);
+        if declared && inspect(&final_path).problems.is_empty() {
+            return Err(CheckpointError::Exists { path: final_path });
+        }
+    }
+    clear(fs, &tmp)?;
+    fs.create_dir(&tmp).map_err(io_at(&tmp))?;
+    Ok(Target {
+        final_path,
+        tmp,
+        exists,
+    })
+}
+
+/// Steps 3 to 5 once the tmp directory holds every file and its manifest: the rename
+/// (or exchange), LATEST, then the cleanup and `keep`. Returns what step 5 removed.
+pub(crate) fn publish(
+    fs: &mut dyn FsOps,
+    dir: &Path,
+    step: u64,
+    target: &Target,
+    keep: Option<usize>,
+) -> Result<Vec<PathBuf>, CheckpointError> {
+    let (tmp, final_path) = (&target.tmp, &target.final_path);
     // Step 3: the directory appears whole under its name.
-    if exists {
-        fs.exchange(&tmp, &final_path).map_err(io_at(&final_path))?;
+    if target.exists {
+        fs.exchange(tmp, final_path).map_err(io_at(final_path))?;
     } else {
-        fs.rename(&tmp, &final_path).map_err(io_at(&final_path))?;
+        fs.rename(tmp, final_path).map_err(io_at(final_path))?;
     }
     fs.fsync_dir(dir).map_err(io_at(dir))?;
 
     // Step 4: LATEST by rename.
     let latest_tmp = dir.join(LATEST_TMP_NAME);
     clear(fs, &latest_tmp)?;
-    let line = format!("{name}\n");
+    let line = format!("{}\n", step_name(step));
     fs.write_file(&latest_tmp, &mut |w: &mut dyn Write| {
         w.write_all(line.as_bytes())
     })
@@ -384,19 +444,14 @@ pub fn save_with_wait(
         remove_entry(fs, &path).map_err(io_at(&path))?;
         removed.push(path);
     }
-    if let Some(keep) = req.keep {
-        for n in plan_keep(dir, &listing, keep, Some(req.step)) {
+    if let Some(keep) = keep {
+        for n in plan_keep(dir, &listing, keep, Some(step)) {
             let path = dir.join(step_name(n));
             remove_entry(fs, &path).map_err(io_at(&path))?;
             removed.push(path);
         }
     }
-    Ok(SaveReport {
-        path: final_path,
-        step: req.step,
-        files,
-        removed,
-    })
+    Ok(removed)
 }
 
 /// Steps 1 and 2 inside the tmp directory.

@@ -95,6 +95,10 @@ pub enum Problem {
         /// The rule and tensor.
         reason: String,
     },
+    /// A sharded step's chunk table, a chunk against its file, or a piece digest
+    /// (the text names the file, the tensor and the piece).
+    #[error("{0}")]
+    Sharded(String),
     /// A file could not be read.
     #[error("cannot read {name}: {reason}")]
     Unreadable {
@@ -124,7 +128,8 @@ impl crate::failure::Failure for Problem {
             | Problem::Symlink(_)
             | Problem::NotAFile(_)
             | Problem::BadJson { .. }
-            | Problem::BadSafetensors { .. } => FailureKind::Invalid,
+            | Problem::BadSafetensors { .. }
+            | Problem::Sharded(_) => FailureKind::Invalid,
         }
     }
 }
@@ -205,6 +210,10 @@ pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspectio
         }
     }
     check_state(&manifest, config_sha.as_deref(), &mut out);
+    if out.problems.is_empty() && super::sharded::open::is_sharded(&manifest) {
+        let found = super::sharded::verify::check_step(step_dir, &manifest);
+        out.problems.extend(found.into_iter().map(Problem::Sharded));
+    }
     out.manifest = Some(manifest);
     if !out.problems.is_empty() {
         out.state = None;
@@ -364,7 +373,13 @@ fn check_manifest_step(step_dir: &Path, manifest: &Manifest, out: &mut Inspectio
             });
         }
     }
-    for required in REQUIRED {
+    // A sharded step holds its tensors in rank files that its chunk table names.
+    let required = if super::sharded::open::is_sharded(manifest) {
+        [super::sharded::SHARDS_NAME, STATE_NAME]
+    } else {
+        REQUIRED
+    };
+    for required in required {
         if manifest.get(required).is_none() {
             out.problems.push(Problem::NotListed(required.into()));
         }

@@ -2,7 +2,8 @@
 
 Modules: ``tlio.safetensors`` (read, write, zero-copy open), ``tlio.pcg`` (the stream's
 generator), ``tlio.tokens`` (token shards and the resumable stream), ``tlio.checkpoint``
-(the atomic checkpoint protocol). ``tlio.torch`` adapts checkpoints and streams to
+(the atomic checkpoint protocol), ``tlio.sharded`` (sharded checkpoints: rank files,
+the chunk table, verified region reads). ``tlio.torch`` adapts checkpoints and streams to
 PyTorch and imports torch only when used.
 
 ``import tlio`` loads the extension module only; each submodule is imported on first
@@ -14,7 +15,7 @@ import importlib as _importlib
 
 from tlio._tlio import __version__
 
-_SUBMODULES = ("safetensors", "pcg", "tokens", "checkpoint", "torch")
+_SUBMODULES = ("safetensors", "pcg", "tokens", "checkpoint", "sharded", "torch")
 
 __all__ = ["__version__", *_SUBMODULES]
 

@@ -1,0 +1,256 @@
+"""tlio.sharded without torch.distributed: several "ranks" (plain function calls) write
+their chunks of numpy tensors as rank files, rank 0 commits the chunk table, and any
+region read back at another sharding is bitwise the region of the saved tensor; corrupt
+pieces, gaps and overlaps are refused with errors that name them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import tlio.checkpoint
+import tlio.sharded as sh
+from safetensors.numpy import load_file
+
+STATE = json.dumps({"step": 0})
+
+
+def state(step: int) -> str:
+    return json.dumps({"step": step, "tokens_seen": 7 * step})
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """The raw bytes of an array, flat."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def row_chunks(shape: Tuple[int, ...], parts: int) -> List[Tuple[List[int], List[int]]]:
+    """Split dimension 0 like torch.chunk (FSDP2's Shard(0)), dropping empty chunks."""
+    if not shape:
+        return [([], [])]
+    if 0 in shape:
+        return [([0] * len(shape), list(shape))]
+    n = shape[0]
+    step = -(-n // parts) if n else 1
+    out = []
+    for start in range(0, n, step):
+        size = min(step, n - start)
+        out.append(([start] + [0] * (len(shape) - 1), [size] + list(shape[1:])))
+    return out or [([0] * len(shape), list(shape))]
+
+
+def col_chunks(shape, parts):
+    """Split the last dimension (tensor parallel's column split)."""
+    if len(shape) < 2 or 0 in shape:
+        return row_chunks(shape, parts)
+    n = shape[-1]
+    step = -(-n // parts)
+    return [
+        ([0] * (len(shape) - 1) + [s], list(shape[:-1]) + [min(step, n - s)])
+        for s in range(0, n, step)
+    ]
+
+
+def region(a: np.ndarray, offsets, sizes) -> np.ndarray:
+    return a[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
+
+
+def save_sharded(ckpt: Path, step: int, tensors: Dict[Tuple[str, str], np.ndarray], ranks: int, split, meta=None, keep=None):
+    """Every rank writes the chunks of rank r (chunk i goes to rank i % ranks)."""
+    save = sh.begin(ckpt, step)
+    per_rank: Dict[int, list] = {r: [] for r in range(ranks)}
+    entries = []
+    for (group, name), arr in sorted(tensors.items()):
+        chunks = []
+        for i, (o, s) in enumerate(split(arr.shape, ranks)):
+            r = i % ranks
+            key = f"{name}@{','.join(map(str, o))}"
+            file = f"{group}-rank{r:05d}.safetensors"
+            data = bits(region(arr, o, s))
+            per_rank[r].append((group, (key, DTYPE[arr.dtype.str], s, data)))
+            chunks.append({"offsets": o, "sizes": s, "file": file, "key": key})
+        entries.append({"group": group, "name": name, "dtype": DTYPE[arr.dtype.str], "shape": list(arr.shape), "chunks": chunks})
+    files = []
+    for r, items in per_rank.items():
+        for group in ("model", "optimizer"):
+            mine = [c for g, c in items if g == group]
+            if mine:
+                files.append(sh.write_rank_file(save.tmp_dir, f"{group}-rank{r:05d}.safetensors", mine))
+    files = json.loads(json.dumps(files))  # what a gather over JSON would hand rank 0
+    return save.commit(files, entries, meta or {}, state(step), None, None, keep)
+
+
+DTYPE = {"<f4": "F32", "<f2": "F16", "<i8": "I64", "|u1": "U8", "<u2": "BF16", "<f8": "F64", "|b1": "BOOL"}
+
+
+def sample_tensors(rng: np.random.Generator) -> Dict[Tuple[str, str], np.ndarray]:
+    return {
+        ("model", "wte"): rng.standard_normal((37, 24)).astype(np.float32),
+        ("model", "ln.bias"): rng.standard_normal(24).astype(np.float16),
+        ("model", "step_count"): np.array(5, np.int64),
+        ("model", "empty"): np.zeros((0, 3), np.float32),
+        ("optimizer", "wte.exp_avg"): rng.standard_normal((37, 24)).astype(np.float32),
+        ("optimizer", "wte.exp_avg_sq"): rng.random((37, 24)).astype(np.float32),
+    }
+
+
+def read_region(step, group, name, dtype, offsets, sizes) -> np.ndarray:
+    out = np.empty(sizes, dtype)
+    step.read(group, name, offsets, sizes, out.reshape(-1).view(np.uint8))
+    return out
+
+
+def test_rank_files_commit_and_read_back_at_other_shardings(tmp_path):
+    rng = np.random.default_rng(1)
+    tensors = sample_tensors(rng)
+    path = save_sharded(tmp_path, 10, tensors, ranks=4, split=row_chunks, meta={"model": {"tied": "{}"}})
+    assert Path(path).name == "step-000010"
+    assert tlio.checkpoint.verify_step_dir(path) == []
+    step = sh.open_step(tmp_path)
+    assert (step.step, step.sharded, step.meta) == (10, True, {"model": {"tied": "{}"}})
+    assert json.loads(step.state_json)["tokens_seen"] == 70
+    listed = step.tensors()
+    for (group, name), arr in tensors.items():
+        assert listed[(group, name)] == (DTYPE[arr.dtype.str], list(arr.shape))
+        # The whole tensor, then every chunk of a 3-way column split and a 2-way row split.
+        whole = read_region(step, group, name, arr.dtype, [0] * arr.ndim, list(arr.shape))
+        assert whole.tobytes() == arr.tobytes()
+        for split in (col_chunks, row_chunks):
+            for o, s in split(arr.shape, 3 if split is col_chunks else 2):
+                got = read_region(step, group, name, arr.dtype, o, s)
+                assert got.tobytes() == np.ascontiguousarray(region(arr, o, s)).tobytes()
+
+
+def test_read_many_fills_every_region_in_one_call(tmp_path):
+    rng = np.random.default_rng(2)
+    tensors = sample_tensors(rng)
+    save_sharded(tmp_path, 3, tensors, ranks=3, split=col_chunks)
+    step = sh.open_step(tmp_path)
+    reads, outs = [], []
+    for (group, name), arr in tensors.items():
+        for o, s in row_chunks(arr.shape, 2):
+            out = np.empty(s, arr.dtype)
+            outs.append((out, region(arr, o, s)))
+            reads.append((group, name, o, s, out.reshape(-1).view(np.uint8)))
+    step.read_many(reads)
+    for out, want in outs:
+        assert out.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 9),
+    save_ranks=st.integers(1, 5),
+    load_parts=st.integers(1, 6),
+    cut=st.sampled_from(["rows", "cols"]),
+)
+def test_any_saved_sharding_reads_back_at_any_other(tmp_path_factory, rows, cols, save_ranks, load_parts, cut):
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    arr = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols) * np.float32(1.5) - 7
+    save_split = row_chunks if cut == "rows" else col_chunks
+    save_sharded(ckpt, 1, {("model", "w"): arr}, ranks=save_ranks, split=save_split)
+    step = sh.open_step(ckpt)
+    load_split = col_chunks if cut == "rows" else row_chunks
+    for o, s in load_split(arr.shape, load_parts):
+        got = read_region(step, "model", "w", np.float32, o, s)
+        assert got.tobytes() == np.ascontiguousarray(region(arr, o, s)).tobytes()
+
+
+def test_an_unsharded_step_reads_through_the_same_calls(tmp_path):
+    model = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    tlio.checkpoint.save_checkpoint(tmp_path, model, None, 5, None, None)
+    step = sh.open_step(tmp_path)
+    assert (step.step, step.sharded) == (5, False)
+    assert step.tensors() == {("model", "w"): ("F32", [3, 4])}
+    got = read_region(step, "model", "w", np.float32, [1, 1], [2, 2])
+    assert got.tobytes() == model["w"][1:3, 1:3].tobytes()
+
+
+def flip_byte(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def test_a_flipped_byte_in_one_rank_file_fails_verify_and_the_read_that_uses_it(tmp_path):
+    arr = np.arange(64, dtype=np.float32).reshape(8, 8)
+    save_sharded(tmp_path, 1, {("model", "w"): arr}, ranks=2, split=row_chunks)
+    path = save_sharded(tmp_path, 2, {("model", "w"): arr + 1}, ranks=2, split=row_chunks)
+    victim = Path(path) / "model-rank00001.safetensors"
+    flip_byte(victim, victim.stat().st_size - 3)
+    problems = tlio.checkpoint.verify_step_dir(path)
+    assert any("model-rank00001.safetensors" in p for p in problems), problems
+    # open_step checks sizes and headers only; the read of the damaged piece fails.
+    step = sh.open_step(tmp_path)
+    assert step.step == 2
+    ok = read_region(step, "model", "w", np.float32, [0, 0], [4, 8])
+    assert ok.tobytes() == (arr + 1)[:4].tobytes()
+    with pytest.raises(ValueError, match=r"model-rank00001\.safetensors: piece 0 .* model/w"):
+        read_region(step, "model", "w", np.float32, [4, 0], [4, 8])
+    # Falling back to the older step, as tlio.torch does after a failed read.
+    older = sh.open_step(tmp_path, step=1)
+    assert read_region(older, "model", "w", np.float32, [0, 0], [8, 8]).tobytes() == arr.tobytes()
+
+
+@pytest.mark.parametrize(
+    "chunks, rule",
+    [
+        ([([0, 0], [2, 4])], "cover 8 of its 16 elements"),
+        ([([0, 0], [3, 4]), ([2, 0], [2, 4])], "overlaps"),
+        ([([0, 0], [2, 4]), ([2, 0], [3, 4])], "outside the shape"),
+    ],
+)
+def test_gaps_overlaps_and_out_of_bounds_chunks_are_refused_and_nothing_is_committed(tmp_path, chunks, rule):
+    arr = np.zeros((5, 4), np.float32)[:4]
+    save = sh.begin(tmp_path, 1)
+    items, entries = [], []
+    for i, (o, s) in enumerate(chunks):
+        key = f"w{i}"
+        items.append((key, "F32", s, bits(np.zeros(s, np.float32))))
+        entries.append({"offsets": o, "sizes": s, "file": "model-rank00000.safetensors", "key": key})
+    table = sh.write_rank_file(save.tmp_dir, "model-rank00000.safetensors", items)
+    tensor = {"group": "model", "name": "w", "dtype": "F32", "shape": list(arr.shape), "chunks": entries}
+    with pytest.raises(ValueError, match=rule):
+        save.commit([table], [tensor], {}, state(1), None, None, None)
+    assert sorted(os.listdir(tmp_path)) == [".lock"]
+    with pytest.raises(FileNotFoundError):
+        sh.open_step(tmp_path)
+
+
+def test_a_second_writer_waits_for_the_lock_and_abort_commits_nothing(tmp_path):
+    save = sh.begin(tmp_path, 1)
+    assert os.path.isdir(save.tmp_dir)
+    save.abort()
+    assert not os.path.exists(save.tmp_dir)
+    save.abort()
+    again = sh.begin(tmp_path, 1)
+    again.abort()
+
+
+def test_rank_file_is_canonical_safetensors_with_its_sha256(tmp_path):
+    save = sh.begin(tmp_path, 1)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(3, dtype=np.int64)
+    table = sh.write_rank_file(save.tmp_dir, "model-rank00000.safetensors", [("b", "I64", [3], bits(b)), ("a", "F32", [2, 3], bits(a))])
+    path = Path(save.tmp_dir) / "model-rank00000.safetensors"
+    import hashlib
+
+    assert table["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert table["size"] == path.stat().st_size
+    loaded = load_file(str(path))
+    assert loaded["a"].tobytes() == a.tobytes() and loaded["b"].tobytes() == b.tobytes()
+    assert set(table["tensors"]) == {"a", "b"}
+    with pytest.raises(ValueError, match="bytes given"):
+        sh.write_rank_file(save.tmp_dir, "model-rank00001.safetensors", [("a", "F32", [2, 2], bits(a))])
+    with pytest.raises(ValueError, match="plain file name"):
+        sh.write_rank_file(save.tmp_dir, "../x.safetensors", [])
+    save.abort()

@@ -1,0 +1,168 @@
+//! The sharded part of verifying a step directory: the chunk table against the data
+//! files' headers (every chunk's key there with its dtype, shape and byte range, every
+//! key of a file claimed by a chunk) and every piece digest. `checkpoint::verify`
+//! calls [`check_step`] after its own checks pass, so `ckpt verify`, `latest`, `gc`
+//! and `load`'s choice all see the same verdict.
+//!
+//! Invariants: the pieces of every chunk are read once each, in parallel, through one
+//! buffer per thread; problems come in table order whatever the threads did.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use super::open::{open_one, Source, StepChunk, StepTensor};
+use super::piece::piece_digest_bytes;
+use super::table::ShardsTable;
+use crate::checkpoint::manifest::Manifest;
+use crate::safetensors::Header;
+
+/// The opened step's tensors from the table, each chunk checked against its file's
+/// header; `headers` maps each data file to its index among the opened files.
+pub(crate) fn step_tensors(
+    table: &ShardsTable,
+    headers: &BTreeMap<&str, (usize, Header)>,
+) -> Result<Vec<StepTensor>, String> {
+    let mut claimed: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut out = Vec::with_capacity(table.tensors.len());
+    for t in &table.tensors {
+        let mut chunks = Vec::with_capacity(t.chunks.len());
+        for c in &t.chunks {
+            let (index, header) = headers.get(c.file.as_str()).ok_or_else(|| {
+                format!(
+                    "{} names {}, which is not listed",
+                    super::SHARDS_NAME,
+                    c.file
+                )
+            })?;
+            let start = header.data_start();
+            let ok = header.get(&c.key).is_some_and(|info| {
+                info.dtype == t.dtype
+                    && info.shape == c.sizes
+                    && start.checked_add(info.data_offsets.0) == Some(c.begin)
+                    && start.checked_add(info.data_offsets.1) == Some(c.end)
+            });
+            if !ok {
+                return Err(format!(
+                    "{}: its header does not hold {:?} as {} {:?} at bytes {}..{}, where {} places the chunk at {:?} of {}",
+                    c.file,
+                    c.key,
+                    t.dtype,
+                    c.sizes,
+                    c.begin,
+                    c.end,
+                    super::SHARDS_NAME,
+                    c.offsets,
+                    t.label()
+                ));
+            }
+            *claimed.entry(c.file.as_str()).or_default() += 1;
+            let pieces = c
+                .pieces
+                .iter()
+                .map(|p| unhex(p).ok_or_else(|| format!("bad piece digest {p:?}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            chunks.push(StepChunk {
+                offsets: c.offsets.clone(),
+                sizes: c.sizes.clone(),
+                file: *index,
+                begin: c.begin,
+                end: c.end,
+                pieces,
+            });
+        }
+        out.push(StepTensor {
+            group: t.group,
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            chunks,
+        });
+    }
+    for (name, (_, header)) in headers {
+        let n = claimed.get(name).copied().unwrap_or(0);
+        if n != header.len() {
+            return Err(format!(
+                "{name} holds {} tensors, {} of which are chunks of {}",
+                header.len(),
+                n,
+                super::SHARDS_NAME
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// 64 lowercase hex digits as 32 bytes.
+fn unhex(s: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    if s.len() != 64 {
+        return None;
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        let pair = s.get(2 * i..2 * i + 2)?;
+        *o = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The sharded problems of a step directory whose other checks passed: the table and
+/// the headers (as `open_step` checks them), then every piece digest. Each problem
+/// names the file, the tensor and the piece.
+pub fn check_step(step_dir: &Path, manifest: &Manifest) -> Vec<String> {
+    let step = match open_one(step_dir, manifest.step) {
+        Ok(s) => s,
+        Err(why) => return vec![why],
+    };
+    let mut jobs = Vec::new();
+    for t in &step.tensors {
+        for c in &t.chunks {
+            let len = c.end.saturating_sub(c.begin);
+            for p in 0..super::table::piece_count(len, step.piece_bytes) {
+                jobs.push((t, c, p));
+            }
+        }
+    }
+    let found: Vec<Option<String>> = jobs
+        .par_iter()
+        .map_init(Vec::new, |buf: &mut Vec<u8>, &(t, c, p)| {
+            check_piece(&step, t, c, p, buf)
+        })
+        .collect();
+    found.into_iter().flatten().collect()
+}
+
+fn check_piece(
+    step: &super::ShardedStep,
+    t: &StepTensor,
+    c: &StepChunk,
+    p: u64,
+    buf: &mut Vec<u8>,
+) -> Option<String> {
+    let file = step.files.get(c.file)?;
+    let Source::File(f) = &file.source else {
+        return None;
+    };
+    let start = p.saturating_mul(step.piece_bytes);
+    let n = step
+        .piece_bytes
+        .min(c.end.saturating_sub(c.begin).saturating_sub(start));
+    let at = c.begin.saturating_add(start);
+    buf.resize(usize::try_from(n).ok()?, 0);
+    if let Err(e) = f.read_exact_at(buf, at) {
+        return Some(format!("cannot read {}: {e}", file.name));
+    }
+    let expected = usize::try_from(p).ok().and_then(|i| c.pieces.get(i))?;
+    (piece_digest_bytes(buf) != *expected).then(|| {
+        format!(
+            "{}: piece {p} (bytes {at}..{}) of {} does not match its {} digest in {}",
+            file.name,
+            at.saturating_add(n),
+            t.label(),
+            super::piece::DIGEST_NAME,
+            super::SHARDS_NAME
+        )
+    })
+}
