@@ -68,6 +68,39 @@ pub fn train_float(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// A byte size as Hugging Face's `max_shard_size` spells it: a number of bytes, or a
+/// number with a decimal (`KB`, `MB`, `GB`, `TB`) or binary (`KiB`, `MiB`, `GiB`,
+/// `TiB`) unit, case-insensitive (`5GB`, `500MiB`, `1000000`). At least one byte.
+pub fn byte_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 5GB, 500MiB or a number of bytes)"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "{s:?} has an unknown unit (KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+            ))
+        }
+    };
+    match n.checked_mul(scale) {
+        Some(0) => Err("a shard size must be at least one byte".to_string()),
+        Some(v) => Ok(v),
+        None => Err(format!("{s:?} is too large")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +157,15 @@ mod tests {
             let shown = v.to_possible_value().map(|p| p.get_name().to_string());
             assert_eq!(shown, Some(Dtype::from(*v).to_string()));
         }
+    }
+
+    #[test]
+    fn byte_sizes_take_decimal_and_binary_units() {
+        assert_eq!(byte_size("5GB"), Ok(5_000_000_000));
+        assert_eq!(byte_size("500MiB"), Ok(500 << 20));
+        assert_eq!(byte_size("1000"), Ok(1000));
+        assert!(byte_size("0").is_err());
+        assert!(byte_size("5 parsecs").is_err());
+        assert!(byte_size("99999999999999999999TB").is_err());
     }
 }

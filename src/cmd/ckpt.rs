@@ -65,6 +65,21 @@ pub enum CkptCommand {
         #[arg(value_name = "DIR")]
         dir: PathBuf,
     },
+    /// Write a step's model as a Hugging Face model directory (model.safetensors, or
+    /// model-0000K-of-0000N.safetensors shards with model.safetensors.index.json),
+    /// consolidating sharded tensors by streaming, atomically; config.json copied.
+    #[command(after_help = EXPORT_EXAMPLES)]
+    Export {
+        /// A step directory (sharded or not).
+        #[arg(value_name = "STEP_DIR")]
+        step_dir: PathBuf,
+        /// The new model directory.
+        #[arg(short = 'o', long = "output", value_name = "MODEL_DIR")]
+        output: PathBuf,
+        /// Largest tensor data per shard file (5GB, 500MiB, bytes); one file without it.
+        #[arg(long, value_name = "SIZE", value_parser = super::args::byte_size)]
+        max_shard_size: Option<u64>,
+    },
     /// Remove stale temporaries, steps newer than LATEST and steps beyond the newest K.
     #[command(after_help = GC_EXAMPLES)]
     Gc {
@@ -97,6 +112,11 @@ Examples:
   tlio ckpt latest run/ckpt
   step=$(tlio ckpt latest run/ckpt) && ls \"$step\"
   tlio --json ckpt latest run/ckpt";
+
+const EXPORT_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt export run/ckpt/step-000500 -o gpt2-final
+  tlio ckpt export \"$(tlio ckpt latest run/ckpt)\" -o gpt2-final --max-shard-size 2GB";
 
 const GC_EXAMPLES: &str = "\
 Examples:
@@ -153,7 +173,57 @@ pub fn run(cmd: CkptCommand, printer: &Printer) -> anyhow::Result<Outcome> {
         CkptCommand::Verify { path } => verify(&path, printer),
         CkptCommand::Latest { dir } => latest(&dir, printer),
         CkptCommand::Gc { dir, keep, dry_run } => gc(&dir, keep, dry_run, printer),
+        CkptCommand::Export {
+            step_dir,
+            output,
+            max_shard_size,
+        } => export(&step_dir, &output, max_shard_size, printer),
     }
+}
+
+fn export(
+    step_dir: &Path,
+    output: &Path,
+    max_shard_size: Option<u64>,
+    printer: &Printer,
+) -> anyhow::Result<Outcome> {
+    let report =
+        checkpoint::sharded::export(step_dir, output, max_shard_size).with_context(|| {
+            format!(
+                "cannot export {} to {}",
+                step_dir.display(),
+                output.display()
+            )
+        })?;
+    if printer.json {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            output: String,
+            files: &'a [String],
+            tensors: usize,
+            tied: usize,
+            data_bytes: u64,
+        }
+        printer.json_line(&Out {
+            output: output.display().to_string(),
+            files: &report.files,
+            tensors: report.tensors,
+            tied: report.tied,
+            data_bytes: report.data_bytes,
+        })?;
+    } else {
+        let mut out = printer.out();
+        writeln!(
+            out,
+            "exported {} tensors ({} bytes, {} tied names not stored twice) to {}: {}",
+            report.tensors,
+            report.data_bytes,
+            report.tied,
+            output.display(),
+            report.files.join(", ")
+        )?;
+    }
+    Ok(Outcome::Success)
 }
 
 fn read(path: &Path) -> anyhow::Result<Vec<u8>> {

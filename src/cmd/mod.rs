@@ -101,7 +101,7 @@ pub use crate::output::ColorChoice;
 /// The command groups.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Atomic, verified training checkpoints: save, verify, latest, gc.
+    /// Atomic, verified training checkpoints: save, verify, latest, gc, export.
     #[command(subcommand, after_help = CKPT_EXAMPLES)]
     Ckpt(ckpt::CkptCommand),
     /// Run the whole mission end to end on built-in data: pack, train, crash, resume,

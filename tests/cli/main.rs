@@ -31,6 +31,7 @@ mod models;
 mod output;
 mod readme;
 mod shapes;
+mod sharded;
 mod snapshots;
 mod st;
 mod temporaries;

@@ -233,7 +233,83 @@ fn meta_text(v: &serde_json::Value) -> String {
     }
 }
 
+/// True when `path` is a sharded checkpoint step (a directory holding shards.json).
+fn is_sharded_step(path: &Path) -> bool {
+    path.join(tlio_core::checkpoint::sharded::SHARDS_NAME)
+        .is_file()
+}
+
+/// `st inspect STEP_DIR` of a sharded step: its global tensors, from the chunk table.
+fn inspect_step(path: &Path, printer: &Printer) -> anyhow::Result<()> {
+    let (step, tensors) = tlio_core::checkpoint::sharded::open::global_tensors(path)
+        .map_err(|e| anyhow::Error::new(e).context(format!("cannot inspect {}", path.display())))?;
+    if printer.json {
+        #[derive(serde::Serialize)]
+        struct T<'a> {
+            group: &'static str,
+            name: &'a str,
+            dtype: &'static str,
+            shape: &'a [u64],
+            chunks: usize,
+            bytes: u64,
+        }
+        #[derive(serde::Serialize)]
+        struct Doc<'a> {
+            step_dir: String,
+            step: u64,
+            tensors: Vec<T<'a>>,
+        }
+        printer.json_line(&Doc {
+            step_dir: path.display().to_string(),
+            step,
+            tensors: tensors
+                .iter()
+                .map(|t| T {
+                    group: t.group.name(),
+                    name: &t.name,
+                    dtype: t.dtype.name(),
+                    shape: &t.shape,
+                    chunks: t.chunks,
+                    bytes: t.bytes,
+                })
+                .collect(),
+        })?;
+        return Ok(());
+    }
+    let total = tensors.iter().fold(0u64, |a, t| a.saturating_add(t.bytes));
+    let mut out = io::BufWriter::new(printer.out());
+    writeln!(
+        out,
+        "{}: sharded checkpoint step {step}, {} global tensors, {total} bytes",
+        path.display(),
+        tensors.len()
+    )?;
+    for t in &tensors {
+        writeln!(
+            out,
+            "  {:<9} {:<40} {:<5} {:<20} {} chunks",
+            t.group.name(),
+            tlio_core::text::escape(&t.name),
+            t.dtype.name(),
+            format!("{:?}", t.shape),
+            t.chunks
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 pub(super) fn inspect(args: &InspectArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    let steps = args.files.iter().filter(|p| is_sharded_step(p)).count();
+    if steps > 0 {
+        if steps != args.files.len() {
+            anyhow::bail!("inspect sharded checkpoint steps and models in separate calls");
+        }
+        for path in &args.files {
+            inspect_step(path, printer)?;
+        }
+        return Ok(Outcome::Success);
+    }
     // Only --stats reads data; the header alone is instant.
     let new_bar = || {
         if args.stats {

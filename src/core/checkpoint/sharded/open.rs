@@ -539,6 +539,64 @@ fn hash_open(path: &Path, e: &ManifestEntry) -> Result<(Source, Result<Header, S
     Ok((Source::Verified(file), header))
 }
 
+/// One global tensor of a sharded step as `st inspect` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalTensor {
+    /// Its group.
+    pub group: Group,
+    /// Its name.
+    pub name: String,
+    /// Its dtype.
+    pub dtype: Dtype,
+    /// Its global shape.
+    pub shape: Vec<u64>,
+    /// How many chunks hold it.
+    pub chunks: usize,
+    /// Its bytes.
+    pub bytes: u64,
+}
+
+/// The global tensors of the sharded step directory `step_dir`, after the light check
+/// `open_step` makes (manifest, small files, sizes, the chunk table against the files'
+/// headers; the pieces are not read).
+pub fn global_tensors(step_dir: &Path) -> Result<(u64, Vec<GlobalTensor>), ShardedError> {
+    let step = dir_step(step_dir).ok_or_else(|| {
+        ShardedError::Request(format!(
+            "{} is not a step directory (step-NNNNNN)",
+            step_dir.display()
+        ))
+    })?;
+    let checked = check_dir(step_dir, step).map_err(|why| not_found(step_dir, step, why))?;
+    if checked.manifest.get(SHARDS_NAME).is_none() {
+        return Err(ShardedError::Request(format!(
+            "{} is not a sharded step (its manifest does not list {SHARDS_NAME})",
+            step_dir.display()
+        )));
+    }
+    let opened = open_sharded(step_dir, &checked).map_err(|why| not_found(step_dir, step, why))?;
+    let out = opened
+        .tensors
+        .iter()
+        .map(|t| GlobalTensor {
+            group: t.group,
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            chunks: t.chunks.len(),
+            bytes: t.byte_len(),
+        })
+        .collect();
+    Ok((step, out))
+}
+
+fn not_found(dir: &Path, step: u64, why: String) -> ShardedError {
+    CheckpointError::NotFound {
+        dir: dir.to_path_buf(),
+        reasons: vec![(step_name(step), why)],
+    }
+    .into()
+}
+
 /// True when the directory's manifest (already parsed) is a sharded step's.
 pub fn is_sharded(manifest: &Manifest) -> bool {
     manifest.get(SHARDS_NAME).is_some()

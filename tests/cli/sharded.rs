@@ -1,0 +1,199 @@
+//! Sharded checkpoint steps through the CLI: `ckpt verify` and `latest` accept them and
+//! name a corrupt piece, `st inspect` shows the global tensors, and `ckpt export`
+//! consolidates them into a model directory the safetensors crate reads back bit for
+//! bit (one file or shards with an index, tied names written once, config copied).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use tlio_core::checkpoint::sharded::{
+    begin, write_rank_file, ChunkData, ChunkRequest, CommitRequest, Group, TensorRequest,
+};
+use tlio_core::checkpoint::TrainerState;
+use tlio_core::safetensors::Dtype;
+
+use crate::tlio;
+
+/// A 6x4 F32 tensor `w` (rows split over two ranks) and a 4-element `b` on rank 1,
+/// with `lm_head.weight` tied to `w`; returns the step directory and `w`'s bytes.
+fn sharded_step(dir: &Path, step: u64) -> (PathBuf, Vec<u8>, Vec<u8>) {
+    let w: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let b: Vec<f32> = vec![1.0, -2.0, 0.25, 8.0];
+    let wb: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let bb: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut save = begin(dir, step, false).unwrap();
+    let tmp = save.tmp_dir().unwrap().to_path_buf();
+    let f0 = write_rank_file(
+        &tmp,
+        "model-rank00000.safetensors",
+        &[ChunkData {
+            key: "w@0",
+            dtype: Dtype::F32,
+            shape: &[3, 4],
+            data: &wb[..48],
+        }],
+        true,
+    )
+    .unwrap();
+    let f1 = write_rank_file(
+        &tmp,
+        "model-rank00001.safetensors",
+        &[
+            ChunkData {
+                key: "w@3",
+                dtype: Dtype::F32,
+                shape: &[3, 4],
+                data: &wb[48..],
+            },
+            ChunkData {
+                key: "b",
+                dtype: Dtype::F32,
+                shape: &[4],
+                data: &bb,
+            },
+        ],
+        true,
+    )
+    .unwrap();
+    let chunk = |o: Vec<u64>, s: Vec<u64>, file: &str, key: &str| ChunkRequest {
+        offsets: o,
+        sizes: s,
+        file: file.into(),
+        key: key.into(),
+    };
+    let tensors = vec![
+        TensorRequest {
+            group: Group::Model,
+            name: "w".into(),
+            dtype: Dtype::F32,
+            shape: vec![6, 4],
+            chunks: vec![
+                chunk(vec![0, 0], vec![3, 4], "model-rank00000.safetensors", "w@0"),
+                chunk(vec![3, 0], vec![3, 4], "model-rank00001.safetensors", "w@3"),
+            ],
+        },
+        TensorRequest {
+            group: Group::Model,
+            name: "b".into(),
+            dtype: Dtype::F32,
+            shape: vec![4],
+            chunks: vec![chunk(vec![0], vec![4], "model-rank00001.safetensors", "b")],
+        },
+    ];
+    let meta = BTreeMap::from([(
+        Group::Model,
+        BTreeMap::from([("tied".to_string(), r#"{"lm_head.weight":"w"}"#.to_string())]),
+    )]);
+    let report = save
+        .commit(CommitRequest {
+            files: vec![f0, f1],
+            tensors,
+            meta,
+            state: TrainerState::new(step),
+            config: Some(br#"{"n_embd":4}"#.to_vec()),
+            keep: None,
+        })
+        .unwrap();
+    (report.path, wb, bb)
+}
+
+#[test]
+fn ckpt_verify_and_latest_accept_a_sharded_step_and_name_a_corrupt_piece() {
+    let dir = tempfile::tempdir().unwrap();
+    let (step, _, _) = sharded_step(dir.path(), 7);
+    tlio()
+        .args(["ckpt", "verify"])
+        .arg(dir.path())
+        .assert()
+        .success();
+    let out = tlio()
+        .args(["ckpt", "latest"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        step.display().to_string()
+    );
+    let victim = step.join("model-rank00001.safetensors");
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&victim, &bytes).unwrap();
+    let out = tlio().args(["ckpt", "verify"]).arg(&step).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("model-rank00001.safetensors"), "{text}");
+}
+
+#[test]
+fn st_inspect_shows_the_global_tensors_of_a_sharded_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (step, _, _) = sharded_step(dir.path(), 3);
+    let out = tlio().args(["st", "inspect"]).arg(&step).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("2 global tensors"), "{text}");
+    assert!(
+        text.contains("[6, 4]") && text.contains("2 chunks"),
+        "{text}"
+    );
+}
+
+#[test]
+fn ckpt_export_consolidates_a_sharded_step_into_a_model_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (step, wb, bb) = sharded_step(dir.path(), 3);
+    let out_dir = dir.path().join("hf");
+    tlio()
+        .args(["ckpt", "export"])
+        .arg(&step)
+        .arg("-o")
+        .arg(&out_dir)
+        .assert()
+        .success();
+    let bytes = std::fs::read(out_dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("w").unwrap().data(), &wb[..]);
+    assert_eq!(st.tensor("w").unwrap().shape(), &[6, 4]);
+    assert_eq!(st.tensor("b").unwrap().data(), &bb[..]);
+    assert!(
+        st.tensor("lm_head.weight").is_err(),
+        "a tied name is stored once"
+    );
+    assert_eq!(
+        std::fs::read(out_dir.join("config.json")).unwrap(),
+        br#"{"n_embd":4}"#
+    );
+    // In shards of at most 64 bytes: w (96 bytes) alone, then b.
+    let sharded = dir.path().join("hf2");
+    tlio()
+        .args(["ckpt", "export"])
+        .arg(&step)
+        .arg("-o")
+        .arg(&sharded)
+        .args(["--max-shard-size", "64"])
+        .assert()
+        .success();
+    let index: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(sharded.join("model.safetensors.index.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(index["weight_map"]["b"], "model-00001-of-00002.safetensors");
+    assert_eq!(index["weight_map"]["w"], "model-00002-of-00002.safetensors");
+    assert_eq!(index["metadata"]["total_size"], 112);
+    // An existing output is refused and left as it is.
+    let out = tlio()
+        .args(["ckpt", "export"])
+        .arg(&step)
+        .arg("-o")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+}
