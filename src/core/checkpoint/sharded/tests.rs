@@ -1,1 +1,113 @@
+//! Property tests of the chunk table's coverage check and of the read plan: random
+//! global shapes tiled by random chunkings cover exactly, a removed or grown chunk is a
+//! gap or an overlap, and a region assembled from any chunking through the planned
+//! runs and pieces equals the region of the global tensor.
 
+use proptest::prelude::*;
+
+use super::plan::{intersect, Region};
+use super::table::check_coverage;
+
+/// Split the box (offsets, sizes) recursively at random cut points: an exact tiling.
+fn tile(
+    o: Vec<u64>,
+    s: Vec<u64>,
+    cuts: &mut impl Iterator<Item = u64>,
+    out: &mut Vec<(Vec<u64>, Vec<u64>)>,
+) {
+    let c = cuts.next().unwrap_or(0);
+    let d = (c as usize) % s.len().max(1);
+    if s.is_empty() || c % 3 == 0 || s[d] < 2 || out.len() > 40 {
+        out.push((o, s));
+        return;
+    }
+    let at = 1 + (c / 3) % (s[d] - 1);
+    let (mut o2, mut s1, mut s2) = (o.clone(), s.clone(), s.clone());
+    s1[d] = at;
+    o2[d] += at;
+    s2[d] -= at;
+    tile(o, s1, cuts, out);
+    tile(o2, s2, cuts, out);
+}
+
+fn row_major(shape: &[u64], idx: &[u64]) -> u64 {
+    shape.iter().zip(idx).fold(0, |acc, (&d, &i)| acc * d + i)
+}
+
+/// The bytes of the region (offsets, sizes) of a tensor whose element k is k as u16.
+fn region_bytes(shape: &[u64], o: &[u64], s: &[u64]) -> Vec<u8> {
+    let n: u64 = s.iter().product();
+    let mut out = Vec::new();
+    for k in 0..n {
+        let mut rest = k;
+        let mut idx = vec![0; s.len()];
+        for d in (0..s.len()).rev() {
+            idx[d] = o[d] + rest % s[d];
+            rest /= s[d];
+        }
+        out.extend_from_slice(&(row_major(shape, &idx) as u16).to_le_bytes());
+    }
+    out
+}
+
+proptest! {
+    #[test]
+    fn random_tilings_cover_exactly_and_broken_ones_are_refused(
+        shape in proptest::collection::vec(1u64..7, 0..4),
+        cuts in proptest::collection::vec(0u64..1000, 64),
+    ) {
+        let mut chunks = Vec::new();
+        tile(vec![0; shape.len()], shape.clone(), &mut cuts.into_iter(), &mut chunks);
+        let boxes: Vec<(&[u64], &[u64])> = chunks.iter().map(|(o, s)| (o.as_slice(), s.as_slice())).collect();
+        prop_assert_eq!(check_coverage(&shape, &boxes), Ok(()));
+        if boxes.len() > 1 {
+            let gap = check_coverage(&shape, &boxes[1..]).unwrap_err();
+            prop_assert!(gap.contains("gap"), "{}", gap);
+            let mut twice = boxes.clone();
+            twice.push(boxes[0]);
+            let overlap = check_coverage(&shape, &twice).unwrap_err();
+            prop_assert!(overlap.contains("overlaps"), "{}", overlap);
+        }
+        if let Some(d) = shape.iter().position(|_| true) {
+            let (o, s) = &chunks[0];
+            let mut grown = s.clone();
+            grown[d] += shape[d];
+            let mut out = boxes.clone();
+            out[0] = (o.as_slice(), grown.as_slice());
+            prop_assert!(check_coverage(&shape, &out).is_err());
+        }
+    }
+
+    #[test]
+    fn regions_assembled_from_any_chunking_equal_the_global_region(
+        shape in proptest::collection::vec(1u64..7, 0..4),
+        cuts in proptest::collection::vec(0u64..1000, 64),
+        region_seed in proptest::collection::vec(0u64..1000, 8),
+        piece in 1u64..20,
+    ) {
+        let mut chunks = Vec::new();
+        tile(vec![0; shape.len()], shape.clone(), &mut cuts.into_iter(), &mut chunks);
+        let ro: Vec<u64> = shape.iter().zip(&region_seed).map(|(&d, &r)| r % d).collect();
+        let rs: Vec<u64> = shape.iter().zip(&ro).zip(region_seed.iter().skip(4))
+            .map(|((&d, &o), &r)| 1 + r % (d - o)).collect();
+        let want = region_bytes(&shape, &ro, &rs);
+        let mut got = vec![0xAAu8; want.len()];
+        let mut filled = 0u64;
+        for (co, cs) in &chunks {
+            let data = region_bytes(&shape, co, cs);
+            let chunk = Region { offsets: co, sizes: cs };
+            let Some(runs) = intersect(2, chunk, Region { offsets: &ro, sizes: &rs }) else { continue };
+            for p in runs.pieces(piece) {
+                let start = p * piece;
+                let end = (start + piece).min(data.len() as u64);
+                for (from, to, n) in runs.segments(start, end - start) {
+                    let src = &data[(start + from) as usize..(start + from + n) as usize];
+                    got[to as usize..(to + n) as usize].copy_from_slice(src);
+                    filled += n;
+                }
+            }
+        }
+        prop_assert_eq!(filled, want.len() as u64);
+        prop_assert_eq!(got, want);
+    }
+}
