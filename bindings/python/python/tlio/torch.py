@@ -41,6 +41,7 @@ except ModuleNotFoundError as _e:
 from tlio._tlio import checkpoint as _core
 from tlio import _torch_optim
 from tlio._torch_dist import collective_load, collective_save
+from tlio import _torch_shard
 from tlio.checkpoint import EXTRA_KEYS, Checkpoint, _integer, _json, _rng
 from tlio.safetensors import load_safetensors, read_header
 from tlio._torch_data import TokenDataset
@@ -225,6 +226,7 @@ def _stream_state(stream) -> Tuple[Dict[str, Any], Dict[str, int]]:
     return data, rng
 
 
+@_torch_shard.dispatch_save
 @collective_save
 def save(
     dir: "os.PathLike[str] | str",
@@ -375,6 +377,7 @@ def _apply(model, sd, tied, optimizer, opt_state, stream, cursor) -> None:
     _retie(model, tied)
 
 
+@_torch_shard.dispatch_load
 @collective_load
 def load(
     dir: "os.PathLike[str] | str",
@@ -406,6 +409,8 @@ def load(
     if step is not None:
         step = _integer("step", step)
     path, n, state_json, rng, config, skipped = _core.load_step(os.fspath(dir), step)
+    if _torch_shard.is_sharded_step(path):  # saved by a sharded run: read whole tensors
+        return _torch_shard.load(dir, model, optimizer, stream, step=n, solo=True)
     state = json.loads(state_json)
     model_path = os.path.join(path, MODEL_FILE)
     sd, meta = _read(model_path)
