@@ -219,15 +219,16 @@ START = re.compile(r"rank (\d) pid (\d+) start (\d+)$")
 
 
 class Launch:
-    """One torchrun of the example with 2 ranks, in a session of its own. A thread reads
+    """One torchrun of an example (``script``) with 2 ranks, in a session of its own. A thread reads
     its stdout (the ranks share it) so that every wait below has a deadline; ``starts``
     collects each worker's ``rank R pid P start S`` line, a restart's included."""
 
-    def __init__(self, tmp: Path, args: list, env: dict, restarts: int = 0):
+    def __init__(self, tmp: Path, args: list, env: dict, restarts: int = 0, script: Path = EXAMPLE):
+        self.script = script
         self.err_path = tmp / f"torchrun-{time.monotonic_ns()}.err"
         with open(self.err_path, "w") as err:
             # No preexec_fn (reader threads run): SIGKILL and SIGTERM dump no core anyway.
-            self.p = subprocess.Popen(torchrun(2, str(EXAMPLE), *args, restarts=restarts), stdout=subprocess.PIPE,
+            self.p = subprocess.Popen(torchrun(2, str(script), *args, restarts=restarts), stdout=subprocess.PIPE,
                                       stderr=err, text=True, env=env, start_new_session=True)
         self.lines: queue.Queue = queue.Queue()
         self.seen: list = []
@@ -295,7 +296,7 @@ class Launch:
             os.killpg(self.p.pid, signal.SIGKILL)
         for pid in workers:
             try:
-                if "train_torch.py" in Path(f"/proc/{pid}/cmdline").read_text():
+                if self.script.name in Path(f"/proc/{pid}/cmdline").read_text():
                     os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
