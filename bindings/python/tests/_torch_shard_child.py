@@ -201,6 +201,7 @@ def faults(dir):
         p = next(iter(opt.state))
         opt.state[p]["bad.key"] = 1
     out["one_rank_fails"] = attempt(lambda: tt.save(dir, 3, net, opt))
+    dist.barrier()  # rank 0 has removed the temporary directory when its save returned
     out["after_failure"] = sorted(os.listdir(dir))
     if rank == 1:
         del opt.state[p]["bad.key"]

@@ -21,9 +21,9 @@ every rank. The optimizer follows parameter names (tlio.torch's own rules).
 
 Invariants: the rules (chunk table, coverage, digests, read plans, commit) are the
 core's (``tlio._tlio.sharded``); this module converts tensors to byte views and back and
-runs the collectives. Every collective runs on a gloo group whose timeout is the default
-group's (``init_process_group(timeout=...)``), so a dead or stuck rank ends in an
-exception, never a hang. An error on any rank is raised on every rank, naming the rank;
+runs the collectives. Every collective runs on gloo with a timeout (the default group's
+when it includes gloo, else torch's default for a gloo group of its own), so a dead or
+stuck rank ends in an exception, never a hang. An error on any rank is raised on every rank, naming the rank;
 nothing is committed then. Only small tables travel between ranks, never tensor data.
 """
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 import torch
@@ -99,11 +99,11 @@ class Group:
         default = dist.distributed_c10d._get_default_group()
         if "gloo" in str(dist.get_backend()).lower():
             self.pg = default
-        else:  # tables travel as CPU objects: a gloo group of its own, created once
+        else:  # tables travel as CPU objects: a gloo group of its own (torch's default
+            # timeout for gloo), created once per default group, by every rank alike
             key = id(default)
             if key not in _GROUPS:
-                _GROUPS[key] = dist.new_group(backend="gloo", timeout=default.options._timeout
-                                              if hasattr(default, "options") else None)
+                _GROUPS[key] = dist.new_group(backend="gloo")
             self.pg = _GROUPS[key]
 
     def all_gather(self, value: Any) -> List[Any]:
@@ -163,6 +163,13 @@ def _local_box(t: Any) -> Tuple[torch.Tensor, List[int], List[int]]:
     if t.numel() == 0:
         return local, [0] * t.dim(), list(t.shape)
     return local, list(offsets), list(sizes)
+
+
+def _numel(sizes: Sequence[int]) -> int:
+    n = 1
+    for z in sizes:
+        n *= z
+    return n
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:
@@ -313,7 +320,7 @@ def _prepare(model, optimizer, stream, extra, config, keep, step) -> dict:
     state_json = _json("extra", {"step": _integer("step", step), **extra})
     config_bytes = None
     if config is not None:
-        if not isinstance(config, dict):
+        if not isinstance(config, Mapping):
             raise ValueError(f"config must be a dict, got {type(config).__name__}")
         config_bytes = (_json("config", config, indent=2) + "\n").encode()
     chunks, tied = _model_chunks(model)
@@ -322,6 +329,9 @@ def _prepare(model, optimizer, stream, extra, config, keep, step) -> dict:
         opt_chunks, opt_json = _optimizer_chunks(model, optimizer)
         chunks += opt_chunks
         meta[OPTIMIZER] = {STATE_KEY: opt_json}
+    # A rank's empty share of a non-empty tensor (an uneven split) is no chunk at all; an
+    # empty tensor is one empty chunk, held by every rank.
+    chunks = [c for c in chunks if _numel(c.sizes) or not _numel(c.shape)]
     return {
         "chunks": chunks, "meta": meta, "state_json": state_json, "rng": _rng(rng),
         "config": config_bytes, "keep": None if keep is None else _integer("keep", keep),
@@ -333,7 +343,7 @@ def _write(tmp_dir: str, rank: int, chunks: List[Chunk], writer: Dict[tuple, int
     core = _sharded()
     tables = []
     for group in (MODEL, OPTIMIZER):
-        mine = [c for c in chunks if c.group == group and writer.get(c.id()) == rank and (c.nbytes() or c.tensor.numel() == 0)]
+        mine = [c for c in chunks if c.group == group and writer.get(c.id()) == rank]
         if not mine:
             continue
         items = [(c.key(), c.dtype, c.sizes, _bytes(c.tensor)) for c in mine]
@@ -349,7 +359,7 @@ def _table(entries: Sequence[Sequence[list]], writer: Dict[tuple, int]) -> List[
             t = tensors.setdefault((group, name), {"group": group, "name": name, "dtype": dtype,
                                                    "shape": shape, "chunks": {}})
             cid = (group, name, tuple(offsets), tuple(sizes))
-            if cid in t["chunks"] or (0 in sizes and any(shape)):
+            if cid in t["chunks"]:
                 continue
             key = f"{name}@{','.join(map(str, offsets))}"
             t["chunks"][cid] = {"offsets": offsets, "sizes": sizes, "file": file_name(group, writer[cid]), "key": key}
@@ -453,6 +463,8 @@ class Want:
             if list(like.shape) != list(shape):
                 raise ValueError(f"{what} has shape {tuple(shape)}, the model's is {tuple(like.shape)}")
         else:
+            if isinstance(like, torch.Tensor) and list(like.shape) != list(shape):
+                raise ValueError(f"{what} has shape {tuple(shape)}, the model's is {tuple(like.shape)}")
             self.offsets, self.sizes = [0] * len(shape), list(shape)
         self.out = torch.empty(self.sizes, dtype=torch_dtype)
 
@@ -465,10 +477,10 @@ class Want:
                                   shape=self.like.shape, stride=self.like.stride())
 
 
-def _plan(handle: Any, model: torch.nn.Module, optimizer: Any) -> Tuple[List[Want], Dict[str, str], dict]:
+def _plan(handle: Any, model: torch.nn.Module, optimizer: Any) -> Tuple[List[Want], Dict[str, str]]:
     """What to read for the model's state_dict (ties resolved) and the optimizer's state:
-    the wants, the tie map, and the optimizer JSON. A state the step does not match (a
-    missing or unexpected name, another shape) is a ValueError."""
+    the wants and the tie map. A state the step does not match (a missing or unexpected
+    name, another shape, no optimizer state) is a ValueError."""
     from tlio.torch import TIED_KEY, _param_names
 
     path = handle.path
@@ -491,16 +503,11 @@ def _plan(handle: Any, model: torch.nn.Module, optimizer: Any) -> Tuple[List[Wan
     extra = sorted(stored - set(sd))
     if extra:
         raise ValueError(f"{path}: the checkpoint holds {extra[0]!r}, which the model does not have")
-    doc: dict = {}
     if optimizer is not None:
         if OPTIMIZER not in meta or STATE_KEY not in meta[OPTIMIZER]:
             raise ValueError(f"{path} holds no optimizer state to restore the optimizer from")
-        try:
-            doc = json.loads(meta[OPTIMIZER][STATE_KEY])
-        except ValueError:
-            raise ValueError(f"{path}: the optimizer metadata `{STATE_KEY}` is not JSON") from None
-        params = {n: p for p, n in ((p, _param_names(model).get(id(p))) for g in optimizer.param_groups
-                                    for p in g["params"]) if n is not None}
+        names = _param_names(model)
+        params = {names[id(p)]: p for g in optimizer.param_groups for p in g["params"] if id(p) in names}
         for (group, full), (dtype, shape) in saved.items():
             if group != OPTIMIZER:
                 continue
@@ -512,7 +519,7 @@ def _plan(handle: Any, model: torch.nn.Module, optimizer: Any) -> Tuple[List[Wan
             # step count) is whole on every rank.
             like = p if _is_dtensor(p) and list(shape) == list(p.shape) else None
             wants.append(Want(OPTIMIZER, full, dtype, shape, like, f"{path}: tensor {full!r}"))
-    return wants, tied, doc
+    return wants, tied
 
 
 def _read(handle: Any, wants: List[Want]) -> None:
@@ -571,7 +578,7 @@ def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, ste
                 if handle.step != n:
                     raise Corrupt(f"step {n}, which rank 0 loaded, does not verify here "
                                   f"(this rank would have loaded step {handle.step})")
-            wants, tied, doc = _plan(handle, model, optimizer)
+            wants, tied = _plan(handle, model, optimizer)
             _read(handle, wants)
         except Corrupt as e:
             kind, error, mine = "corrupt", e, ("ValueError", str(e))
@@ -591,13 +598,21 @@ def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, ste
         if n == 0:
             raise FileNotFoundError(f"{dir}: no step verifies on every rank")
         want_step = n - 1
+    # Applied on every rank or raised on every rank: no rank continues alone.
+    ck, error, mine = None, None, None
     try:
-        return _apply(handle, model, optimizer, stream, wants, tied, doc, skipped)
+        ck = _apply(handle, model, optimizer, stream, wants, tied, skipped)
+    except BaseException as e:
+        error, mine = e, _failure(e)
     finally:
         handle.close()
+    _raise_first(g.all_gather(mine), g.rank, error)
+    return ck
 
 
-def _apply(handle, model, optimizer, stream, wants, tied, doc, skipped):
+def _apply(handle, model, optimizer, stream, wants, tied, skipped):
+    """Make the verified tensors the state: the optimizer first (its checks come before it
+    changes anything), then the model, the ties, the stream."""
     from tlio.checkpoint import EXTRA_KEYS, Checkpoint
     from tlio.torch import _load_optimizer, _retie
 
@@ -611,12 +626,12 @@ def _apply(handle, model, optimizer, stream, wants, tied, doc, skipped):
         if first not in sd:
             raise ValueError(f"{path}: {other!r} is tied to {first!r}, which is not stored")
         sd[other] = sd[first]
-    model.load_state_dict(sd)
-    _retie(model, tied)
     opt = None
     if optimizer is not None:
         tensors = {w.name: w.value() for w in wants if w.group == OPTIMIZER}
         opt = _load_optimizer(model, optimizer, tensors, handle.meta[OPTIMIZER], path)
+    model.load_state_dict(sd)
+    _retie(model, tied)
     if stream is not None:
         cursor = state["data_cursor"]
         stream.restore({**cursor, "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}})
