@@ -255,6 +255,10 @@ def save(
     ``save`` with the same ``step``; rank 0 writes its own (replicated) state, the others
     wait, and all return the same path after rank 0 committed, LATEST included. An
     error on rank 0 is raised on every rank.
+
+    When the model's or the optimizer's state holds DTensors (FSDP2, tensor parallel,
+    2-D meshes, HSDP), the save is sharded (``tlio._torch_shard``): every rank writes
+    its own chunks, replicated ones once, and rank 0 commits the chunk table.
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -403,6 +407,11 @@ def load(
     Under torch.distributed every rank calls ``load``: rank 0 chooses the step (its
     ``step`` argument counts) and every rank loads exactly that one; a failure on any
     rank is raised on every rank.
+
+    A model or optimizer holding DTensors is loaded sharded (``tlio._torch_shard``):
+    every rank reads and verifies only the regions its shards cover, from a sharded or
+    an unsharded step, whatever layout saved it. A plain model loads a sharded step
+    whole.
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
