@@ -5,7 +5,8 @@ torchrun with gloo on this machine's CPUs, side by side in one run.
 The state is GPT-2 small's (bench/python_torch.py's model: 124M F32 parameters, the
 embedding tied with the head) under FSDP2 (``fully_shard`` of every block, then of the
 model) with AdamW after one step: every parameter and both moments sharded on dim 0,
-about 1.5 GB in all. Each measurement is one torchrun launch of its own (fresh
+about 1.5 GB in all, built on the meta device and materialized shard by shard (no rank
+ever holds the whole model). Each measurement is one torchrun launch of its own (fresh
 processes: the peak RSS is the job's), which builds and shards the state first
 (untimed); the jobs alternate run after run and the figures are medians.
 
@@ -17,7 +18,8 @@ processes: the peak RSS is the job's), which builds and shards the state first
   reshard   the 4-rank checkpoints loaded by 2 ranks (FSDP2 over 2): the same two.
 
 A job's time is the slowest rank's, between two barriers; its memory the largest
-``VmHWM`` of its ranks (building the state included) and their sum.
+``VmHWM`` of its ranks (building the state included), their sum, and the most any rank's
+peak grew during the job itself.
 
     python bench/python_torch_shard.py [--runs 3] [--dir DIR] [--only save|load|reshard]
 
@@ -52,14 +54,19 @@ def shard_state(step=True):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    model, _ = build(step=False)
+    with torch.device("meta"):  # no rank ever holds the whole model
+        model, _ = build(step=False)
     mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
     for block in model.h:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    g = torch.Generator().manual_seed(1 + torch.distributed.get_rank())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.to_local().copy_(torch.randn(p.to_local().shape, generator=g) * 0.02)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if step:
-        g = torch.Generator().manual_seed(1 + torch.distributed.get_rank())
         for p in model.parameters():
             p.grad = torch.distributed.tensor.DTensor.from_local(
                 torch.randn(p.to_local().shape, generator=g) * 1e-3, p.device_mesh, p.placements,
@@ -83,6 +90,7 @@ def child(group, index, dir):
     name = JOBS[group][1][int(index)]
     model, opt = shard_state(step=group == "save")
     dist.barrier()
+    before = peak_rss()
     t0 = time.perf_counter()
     if group == "save" and name.startswith("tlio"):
         tt.save(os.path.join(dir, "tlio-new"), 1, model, opt)
@@ -99,10 +107,11 @@ def child(group, index, dir):
     mine = time.perf_counter() - t0
     dist.barrier()
     records = [None] * dist.get_world_size()
-    dist.all_gather_object(records, {"s": mine, "rss": peak_rss()})
+    dist.all_gather_object(records, {"s": mine, "rss": peak_rss(), "before": before})
     if dist.get_rank() == 0:
         print(json.dumps({"s": max(r["s"] for r in records), "rss": max(r["rss"] for r in records),
-                          "rss_sum": sum(r["rss"] for r in records)}))
+                          "rss_sum": sum(r["rss"] for r in records),
+                          "added": max(r["rss"] - r["before"] for r in records)}))
     dist.destroy_process_group()
 
 
@@ -149,7 +158,7 @@ def main():
                         shutil.rmtree(os.path.join(dir, kind), ignore_errors=True)
                     subprocess.run(["sync"], check=True)
                     results.setdefault((group, i), []).append(launch(group, i, dir))
-        print(f"{'job':<36} {'median s':>9} {'ratio':>7} {'peak RSS/rank MiB':>18} {'sum MiB':>8}")
+        print(f"{'job':<36} {'median s':>9} {'ratio':>7} {'peak RSS/rank MiB':>18} {'sum MiB':>8} {'job adds MiB':>13}")
         for group in groups:
             print(f"-- {group} ({JOBS[group][0]} ranks)")
             ref = statistics.median(r["s"] for r in results[(group, 1)])
@@ -158,7 +167,8 @@ def main():
                 s = statistics.median(r["s"] for r in rs)
                 rss = statistics.median(r["rss"] for r in rs) / (1 << 20)
                 total = statistics.median(r["rss_sum"] for r in rs) / (1 << 20)
-                print(f"{name:<36} {s:>9.3f} {s / ref:>7.2f} {rss:>18.0f} {total:>8.0f}")
+                added = statistics.median(r["added"] for r in rs) / (1 << 20)
+                print(f"{name:<36} {s:>9.3f} {s / ref:>7.2f} {rss:>18.0f} {total:>8.0f} {added:>13.0f}")
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     finally:
         shutil.rmtree(dir, ignore_errors=True)
