@@ -216,11 +216,12 @@ def _model_chunks(model: torch.nn.Module) -> Tuple[List[Chunk], Dict[str, str]]:
     and the tie map {other name: stored name}."""
     from tlio.torch import _storage_key
 
+    params = dict(model.named_parameters(remove_duplicate=False))
     chunks, tied, first = [], {}, {}
     for name, t in model.state_dict().items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"state_dict entry {name!r} is {type(t).__name__}, not a tensor")
-        key = _storage_key(t.to_local() if _is_dtensor(t) else t)
+        key = _storage_key(t.to_local() if _is_dtensor(t) else t, params.get(name))
         if key in first:
             tied[name] = first[key]
             continue
@@ -499,7 +500,13 @@ def _plan(handle: Any, model: torch.nn.Module, optimizer: Any) -> Tuple[List[Wan
         if name not in stored:
             raise ValueError(f"{path}: the model's {name!r} is not in the checkpoint")
         dtype, shape = saved[(MODEL, name)]
-        wants.append(Want(MODEL, name, dtype, shape, t, f"{path}: tensor {name!r}"))
+        w = Want(MODEL, name, dtype, shape, t, f"{path}: tensor {name!r}")
+        if w.out.dtype != t.dtype:
+            raise ValueError(
+                f"{path}: tensor {name!r} is {w.out.dtype} in the checkpoint and {t.dtype} in the model "
+                "(tlio.torch never casts)"
+            )
+        wants.append(w)
     extra = sorted(stored - set(sd))
     if extra:
         raise ValueError(f"{path}: the checkpoint holds {extra[0]!r}, which the model does not have")
@@ -611,10 +618,11 @@ def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, ste
 
 
 def _apply(handle, model, optimizer, stream, wants, tied, skipped):
-    """Make the verified tensors the state: the optimizer first (its checks come before it
-    changes anything), then the model, the ties, the stream."""
+    """Make the verified tensors the state: everything checked first (the optimizer by
+    tlio._torch_optim), then applied as tlio.torch applies an unsharded load."""
+    from tlio import _torch_optim
     from tlio.checkpoint import EXTRA_KEYS, Checkpoint
-    from tlio.torch import _load_optimizer, _retie
+    from tlio.torch import TYPE_PREFIX, _apply as apply_checked, _param_names
 
     path = handle.path
     state = json.loads(handle.state_json)
@@ -626,15 +634,15 @@ def _apply(handle, model, optimizer, stream, wants, tied, skipped):
         if first not in sd:
             raise ValueError(f"{path}: {other!r} is tied to {first!r}, which is not stored")
         sd[other] = sd[first]
-    opt = None
+    opt = opt_state = cursor = None
     if optimizer is not None:
         tensors = {w.name: w.value() for w in wants if w.group == OPTIMIZER}
-        opt = _load_optimizer(model, optimizer, tensors, handle.meta[OPTIMIZER], path)
-    model.load_state_dict(sd)
-    _retie(model, tied)
+        want = TYPE_PREFIX + type(optimizer).__name__
+        opt_state, opt = _torch_optim.plan(optimizer, _param_names(model), tensors, handle.meta[OPTIMIZER],
+                                           path, want)
     if stream is not None:
-        cursor = state["data_cursor"]
-        stream.restore({**cursor, "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}})
+        cursor = {**state["data_cursor"], "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}}
+    apply_checked(model, sd, tied, optimizer, opt_state, stream, cursor)
     config = handle.config
     return Checkpoint(
         path=path, step=handle.step, model=sd, opt=opt,
