@@ -541,7 +541,11 @@ def _read(handle: Any, wants: List[Want]) -> None:
 def is_sharded_step(path: str) -> bool:
     """Whether a verified step directory holds a sharded save (its manifest lists the
     chunk table)."""
-    return os.path.exists(os.path.join(path, _sharded().SHARDS_NAME))
+    try:
+        name = _sharded().SHARDS_NAME
+    except ImportError:  # an extension without sharded checkpoints picks no sharded step
+        return False
+    return os.path.exists(os.path.join(path, name))
 
 
 def _open(dir: str, step: Optional[int]) -> Any:
