@@ -5,7 +5,8 @@ and negative bits) and, for parameters, one Parameter: it is stored once and res
 as the same object. Anything else that merely shares memory (a conjugate view, two
 empty storages, two distinct Parameters over one storage) is stored separately and
 comes back with the values it showed. Tensors without plain bytes (meta, sparse,
-nested, DTensor) are refused with a ValueError naming the tensor and why."""
+nested) are refused with a ValueError naming the tensor and why; a DTensor state takes
+the sharded save."""
 
 from __future__ import annotations
 
@@ -144,7 +145,9 @@ def test_tensors_without_plain_bytes_are_refused_by_name(tmp_path, kind):
     assert raw(target.lin.weight) == before
 
 
-def test_dtensor_state_is_refused_by_name(tmp_path):
+def test_dtensor_state_takes_the_sharded_save(tmp_path):
+    """A DTensor is not refused: the state goes the sharded way (a group of one here),
+    and a plain module loads it back whole."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -153,9 +156,12 @@ def test_dtensor_state_is_refused_by_name(tmp_path):
     try:
         mesh = init_device_mesh("cpu", (1,))
         m = torch.nn.Linear(4, 2)
+        want = {k: v.clone() for k, v in m.state_dict().items()}
         m.weight = torch.nn.Parameter(distribute_tensor(m.weight.detach(), mesh, [Shard(0)]))
-        with pytest.raises(ValueError, match="'weight' is a DTensor"):
-            tt.save(tmp_path, 1, m)
-        assert not any(tmp_path.iterdir())
+        step = tt.save(tmp_path, 1, m)
+        assert (tmp_path / "step-000001" / "shards.json").is_file() and step.endswith("step-000001")
     finally:
         dist.destroy_process_group()
+    plain = torch.nn.Linear(4, 2)
+    assert tt.load(tmp_path, plain).step == 1
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in want.items())
