@@ -118,7 +118,7 @@ def test_sharded_faults_fall_back_or_raise_on_every_rank(tmp_path):
         assert r["reordered"] == ["ok", 3] and r["reordered_state"] == r0["saved3"]
     assert not (dir / "step-000003.tmp").exists()
     bad = tlio("ckpt", "verify", str(dir / "step-000002"), check=False)
-    assert bad.returncode == 1 and "step-000002" in bad.stdout + bad.stderr
+    assert bad.returncode == 1 and "model-rank00001.safetensors sha256 mismatch" in bad.stdout + bad.stderr
 
 
 @st.composite
