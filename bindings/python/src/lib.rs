@@ -8,6 +8,7 @@
 
 use pyo3::prelude::*;
 
+mod args;
 mod checkpoint;
 mod errors;
 mod pcg;

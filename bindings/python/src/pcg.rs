@@ -10,6 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple, PyType};
 use tlio_core::pcg::{Pcg32, DEFAULT_SEQ};
 
+use crate::args::u64_arg;
+
 /// The largest bound `below` accepts (its argument is a u32).
 const MAX_BOUND: u64 = u32::MAX as u64;
 
@@ -42,27 +44,19 @@ impl PyPcg32 {
     }
 }
 
-/// A Python int (or a string of hex digits, as cursors and trainer_state.json write the
-/// state) as a u64; anything else is a `ValueError` naming `what`.
-pub(crate) fn u64_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+/// A word of a saved state: an int, or the 16 lowercase hex digits that cursors and
+/// trainer_state.json write (core's wire form, nothing looser).
+fn word_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if let Ok(s) = obj.extract::<String>() {
-        let digits = s.strip_prefix("0x").unwrap_or(&s);
-        return u64::from_str_radix(digits, 16).map_err(|_| {
-            PyValueError::new_err(format!("{what}: {s:?} is not a hexadecimal 64-bit integer"))
-        });
+        return tlio_core::wire::Hex64::parse(&s)
+            .map(|w| w.0)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "{what}: {s:?} is not 16 lowercase hexadecimal digits"
+                ))
+            });
     }
-    if obj.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(PyValueError::new_err(format!(
-            "{what} must be an integer, not a bool"
-        )));
-    }
-    obj.extract::<u64>().map_err(|_| {
-        PyValueError::new_err(format!(
-            "{what} must be an integer in [0, 2**64), got {}",
-            obj.repr()
-                .map_or_else(|_| "?".to_string(), |r| r.to_string())
-        ))
-    })
+    u64_arg(obj, what)
 }
 
 /// The generator at (`state`, `inc`), or the `ValueError` of an even increment.
@@ -83,7 +77,7 @@ pub(crate) fn from_dict(d: &Bound<'_, PyAny>) -> PyResult<Pcg32> {
         let value = d
             .get_item(key)?
             .ok_or_else(|| PyValueError::new_err(format!("rng: the state has no key {key:?}")))?;
-        u64_arg(&value, &format!("rng.{key}"))
+        word_arg(&value, &format!("rng.{key}"))
     };
     if d.len() != 2 {
         return Err(PyValueError::new_err(
@@ -150,7 +144,7 @@ impl PyPcg32 {
         to_dict(py, &self.rng)
     }
 
-    /// Move to the position `d` (as `state()` returns it; ints or hex strings).
+    /// Move to the position `d` (as `state()` returns it; ints, or 16-hex-digit strings).
     fn set_state(&mut self, d: &Bound<'_, PyAny>) -> PyResult<()> {
         self.rng = from_dict(d)?;
         Ok(())

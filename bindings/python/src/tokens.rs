@@ -33,28 +33,8 @@ pub fn tokens_err(err: TokensError) -> PyErr {
     core_err(err)
 }
 
-/// A non-negative integer argument that fits `u64`; a negative or huge int is a
-/// `ValueError` naming it, anything but an int a `TypeError`.
-pub fn count_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
-    if value.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(PyTypeError::new_err(format!(
-            "{name} must be an int, not a bool"
-        )));
-    }
-    match value.extract::<u64>() {
-        Ok(v) => Ok(v),
-        Err(_) if value.is_instance_of::<pyo3::types::PyInt>() => Err(PyValueError::new_err(
-            format!("{name} must be a non-negative integer below 2**64, got {value}"),
-        )),
-        Err(_) => match value.call_method0("__index__") {
-            Ok(i) => count_arg(&i, name),
-            Err(_) => Err(PyTypeError::new_err(format!(
-                "{name} must be an int, got {}",
-                value.get_type().name()?
-            ))),
-        },
-    }
-}
+/// A non-negative integer argument that fits `u64` (crate::args' one rule).
+pub(crate) use crate::args::u64_arg as count_arg;
 
 /// `count_arg` as a `usize`.
 fn size_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {

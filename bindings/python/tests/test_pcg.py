@@ -3,6 +3,7 @@
 import copy
 import pickle
 
+import numpy as np
 import pytest
 
 from tlio.pcg import PCG32
@@ -54,6 +55,36 @@ def test_below_rejects_bad_bounds(bad):
 def test_seed_rejects_non_u64(bad):
     with pytest.raises(ValueError):
         PCG32(bad)
+
+
+@pytest.mark.parametrize("bad", ["42", "0x42", b"42", 4.0, True, False])
+def test_every_integer_argument_refuses_str_float_and_bool(bad):
+    # "42" once meant 0x42 silently, 4.0 meant 4 and True meant 1.
+    for call in (
+        lambda: PCG32(bad),
+        lambda: PCG32(1, bad),
+        lambda: PCG32.from_state(bad, 3),
+        lambda: PCG32.from_state(1, bad),
+        lambda: PCG32(1).below(bad),
+    ):
+        with pytest.raises(ValueError, match="integer"):
+            call()
+
+
+def test_integer_arguments_take_numpy_integers():
+    assert PCG32(np.int64(42), np.uint8(54)) == PCG32(42)
+    assert PCG32.from_state(np.uint64(5), np.int32(7)) == PCG32.from_state(5, 7)
+
+
+def test_a_saved_state_takes_ints_or_exactly_16_hex_digits():
+    r = PCG32(1)
+    r.set_state({"state": "185706b82c2e03f8", "inc": "000000000000006d"})
+    assert r == PCG32(42)
+    for loose in ["6d", "0x6d", "000000000000006D", " 000000000000006d"]:
+        with pytest.raises(ValueError, match="16 lowercase hexadecimal"):
+            r.set_state({"state": 1, "inc": loose})
+    with pytest.raises(ValueError, match="integer"):
+        r.set_state({"state": 1.0, "inc": 3})
 
 
 def test_set_state_rejects_bad_dicts():
