@@ -1406,10 +1406,10 @@ fn decode_reads_a_byte_level_shard_back_and_a_wrong_tokenizer_says_what_to_do() 
 }
 
 #[test]
-fn windows_refuses_a_seed_beside_a_cursor_at_parse_time() {
+fn windows_refuses_a_seed_beside_a_cursor_saying_why_before_reading() {
     // The cursor holds the generator's state, so a seed beside it would be silently
-    // ignored: clap refuses the pair before any file is read (the cursor need not
-    // exist).
+    // ignored: the pair is refused before any file is read (the cursor need not
+    // exist), and the message says why, not just that the flags conflict.
     let out = tlio()
         .args([
             "tokens",
@@ -1429,4 +1429,9 @@ fn windows_refuses_a_seed_beside_a_cursor_at_parse_time() {
         err.contains("--seed") && err.contains("--cursor") && err.lines().count() == 1,
         "{err}"
     );
+    assert!(
+        err.contains("the cursor carries the generator's state"),
+        "{err}"
+    );
+    assert!(!err.contains("cannot be used with '"), "clap's generic words: {err}");
 }

@@ -193,10 +193,10 @@ pub struct WindowsArgs {
     /// B: windows per batch.
     #[arg(long, value_name = "B")]
     pub batch: usize,
-    /// The generator seed S: PCG32 seed(S, 54). Not with --cursor, which holds the
-    /// generator's state.
-    #[arg(long, value_name = "S", default_value_t = 0, conflicts_with = "cursor")]
-    pub seed: u64,
+    /// The generator seed S: PCG32 seed(S, 54) [default: 0]. Not with --cursor, which
+    /// holds the generator's state.
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
     /// How many batches to print.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub batches: u64,

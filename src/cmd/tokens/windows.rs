@@ -13,7 +13,17 @@ struct WindowLine<'a> {
 
 pub(super) fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let vocab = args.vocab_size.map(vocab_arg).transpose()?;
-    let rng = Pcg32::seed(args.seed, DEFAULT_SEQ);
+    if let (Some(seed), Some(cursor)) = (args.seed, &args.cursor) {
+        // Checked here rather than by clap, whose generic "cannot be used with" does
+        // not say why: the seed would silently lose to the cursor's generator.
+        return Err(operational(format!(
+            "--seed {seed} cannot be used with --cursor {}: the cursor carries the \
+             generator's state, so a resumed stream takes its phases from the cursor, \
+             not from a seed (drop --seed to resume, or --cursor to start afresh)",
+            cursor.display()
+        )));
+    }
+    let rng = Pcg32::seed(args.seed.unwrap_or(0), DEFAULT_SEQ);
     if args.rank >= args.world_size {
         return Err(operational(format!(
             "--rank {} must be below --world-size {}",
