@@ -1433,5 +1433,8 @@ fn windows_refuses_a_seed_beside_a_cursor_saying_why_before_reading() {
         err.contains("the cursor carries the generator's state"),
         "{err}"
     );
-    assert!(!err.contains("cannot be used with '"), "clap's generic words: {err}");
+    assert!(
+        !err.contains("cannot be used with '"),
+        "clap's generic words: {err}"
+    );
 }
