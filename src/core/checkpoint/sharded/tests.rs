@@ -17,7 +17,7 @@ fn tile(
 ) {
     let c = cuts.next().unwrap_or(0);
     let d = (c as usize) % s.len().max(1);
-    if s.is_empty() || c % 3 == 0 || s[d] < 2 || out.len() > 40 {
+    if s.is_empty() || c.is_multiple_of(3) || s[d] < 2 || out.len() > 40 {
         out.push((o, s));
         return;
     }
