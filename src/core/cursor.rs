@@ -5,7 +5,7 @@
 //! Invariants: each type has one JSON form, derived, read from an object with exactly
 //! its keys (unknown and duplicate keys refused), integers non-negative, `global_batch`
 //! positive and written only when present, so a single process's cursor bytes never
-//! carry it; splitting a cursor into the two checkpoint fields and joining them back
+//! carry it (nor an in-order stream's the shuffled stream's `epoch_rng`); splitting a cursor into the two checkpoint fields and joining them back
 //! is the identity.
 
 use std::num::NonZeroU64;
@@ -38,6 +38,15 @@ pub struct Cursor {
         deserialize_with = "positive"
     )]
     pub global_batch: Option<NonZeroU64>,
+    /// The generator's state at the start of the current epoch, from which that epoch's
+    /// shard order was drawn: present only in the cursor of a stream with shuffled shard
+    /// order (scale.md), so an in-order cursor's bytes never carry it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "epoch"
+    )]
+    pub epoch_rng: Option<RngState>,
 }
 
 /// `data_cursor` of `trainer_state.json`: `{"shard": s, "offset": o}`, plus
@@ -58,6 +67,15 @@ pub struct DataCursor {
         deserialize_with = "positive"
     )]
     pub global_batch: Option<NonZeroU64>,
+    /// The generator's state at the start of the current epoch, from which that epoch's
+    /// shard order was drawn: present only in the cursor of a stream with shuffled shard
+    /// order (scale.md), so an in-order cursor's bytes never carry it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "epoch"
+    )]
+    pub epoch_rng: Option<RngState>,
 }
 
 /// A non-negative integer, whose error names the key `0` (serde's own says only
@@ -94,6 +112,11 @@ fn positive<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<NonZero
     NonZeroU64::deserialize(deserializer).map(Some)
 }
 
+/// A present `epoch_rng` is a generator state (never `null`).
+fn epoch<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<RngState>, D::Error> {
+    RngState::deserialize(deserializer).map(Some)
+}
+
 impl Cursor {
     /// Parse a cursor strictly (see the type): a JSON document of exactly this form.
     pub fn from_json(text: &str) -> Result<Cursor, serde_json::Error> {
@@ -115,6 +138,7 @@ impl Cursor {
             shard: self.shard,
             offset: self.offset,
             global_batch: self.global_batch,
+            epoch_rng: self.epoch_rng,
         }
     }
 
@@ -125,6 +149,7 @@ impl Cursor {
             offset: data.offset,
             rng,
             global_batch: data.global_batch,
+            epoch_rng: data.epoch_rng,
         }
     }
 }
@@ -183,6 +208,29 @@ mod tests {
         assert_eq!(Cursor::from_parts(r.data(), r.rng), r);
     }
 
+    /// A shuffled stream's cursor carries the epoch's generator after the other keys,
+    /// and so does the checkpoint's `data_cursor`; splitting and joining keeps it.
+    #[test]
+    fn a_shuffled_cursor_carries_the_epoch_generator() {
+        let text =
+            format!(r#"{{"shard":2,"offset":6,"rng":{RNG},"global_batch":16,"epoch_rng":{RNG}}}"#);
+        let c = Cursor::from_json(&text).unwrap();
+        assert_eq!(c.epoch_rng, Some(c.rng));
+        assert_eq!(c.to_json(), text);
+        assert_eq!(
+            serde_json::to_string(&c.data()).unwrap(),
+            format!(r#"{{"shard":2,"offset":6,"global_batch":16,"epoch_rng":{RNG}}}"#)
+        );
+        assert_eq!(Cursor::from_parts(c.data(), c.rng), c);
+        for bad in [
+            format!(r#"{{"shard":2,"offset":6,"rng":{RNG},"epoch_rng":null}}"#),
+            format!(r#"{{"shard":2,"offset":6,"rng":{RNG},"epoch_rng":7}}"#),
+            format!(r#"{{"shard":2,"offset":6,"rng":{RNG},"epoch_rng":{RNG},"epoch_rng":{RNG}}}"#),
+        ] {
+            assert!(Cursor::from_json(&bad).is_err(), "accepted {bad}");
+        }
+    }
+
     #[test]
     fn cursor_json_is_strict() {
         let cases = [
@@ -237,12 +285,14 @@ mod tests {
         #[test]
         fn cursor_json_roundtrips(shard: u64, offset: u64, state: u64,
                                   inc in any::<u64>().prop_map(|i| i | 1),
-                                  global in proptest::option::of(1u64..)) {
+                                  global in proptest::option::of(1u64..),
+                                  epoch in proptest::option::of(any::<u64>())) {
             let c = Cursor {
                 shard,
                 offset,
                 rng: RngState { state, inc },
                 global_batch: global.and_then(NonZeroU64::new),
+                epoch_rng: epoch.map(|e| RngState { state: e, inc }),
             };
             let text = c.to_json();
             prop_assert_eq!(Cursor::from_json(&text).unwrap(), c);

@@ -6,6 +6,7 @@
 //! and errors only. The GIL is released while shards are validated and batches read.
 
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
 
 use numpy::{PyArray, PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyTypeError, PyValueError};
@@ -13,8 +14,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tlio_core::pcg::Pcg32;
 use tlio_core::tokens::{
-    check_batch_shape, check_ranks, read_shard_header, Cursor, Ranks, Shard, TokenStream,
-    TokensError, HEADER_BYTES,
+    check_batch_shape, check_ranks, read_shard_header, Cursor, Ranks, Shard, ShardOrder,
+    StreamOptions, TokenStream, TokensError, HEADER_BYTES,
 };
 
 use crate::errors::{core_err, guard, one_line};
@@ -130,9 +131,13 @@ fn pcg(state: u64, inc: u64) -> PyResult<Pcg32> {
 }
 
 /// tokens.md's stream over validated shards (`tlio.tokens.TokenStream` wraps it).
-#[pyclass(module = "tlio._tlio.tokens", name = "Stream")]
+///
+/// The stream sits behind a mutex, locked only without the GIL (so a thread asking for
+/// the cursor while another reads a batch waits for that batch instead of failing);
+/// the pyclass is frozen, so pyo3 keeps no borrow flag that a second thread could trip.
+#[pyclass(module = "tlio._tlio.tokens", name = "Stream", frozen)]
 pub struct Stream {
-    inner: TokenStream,
+    inner: Mutex<TokenStream>,
     /// The shards as absolute paths, resolved against the working directory of the
     /// construction: what a pickled stream re-opens, wherever the reader's cwd is.
     absolute: Vec<PathBuf>,
@@ -145,7 +150,7 @@ pub struct Stream {
 #[pymethods]
 impl Stream {
     #[new]
-    #[pyo3(signature = (shards, seq_len, batch, rng, vocab_size=None, rank=None, world_size=None))]
+    #[pyo3(signature = (shards, seq_len, batch, rng, vocab_size=None, rank=None, world_size=None, shuffle=false))]
     #[allow(
         clippy::too_many_arguments,
         reason = "the Python constructor's arguments"
@@ -159,6 +164,7 @@ impl Stream {
         vocab_size: Option<&Bound<'_, PyAny>>,
         rank: Option<&Bound<'_, PyAny>>,
         world_size: Option<&Bound<'_, PyAny>>,
+        shuffle: bool,
     ) -> PyResult<Self> {
         guard(|| {
             if shards.is_instance_of::<PyString>() {
@@ -194,11 +200,17 @@ impl Stream {
                     // shard is read.
                     check_batch_shape(seq_len, batch)?;
                     check_ranks(batch, ranks)?;
-                    TokenStream::open(&paths, seq_len, batch, rng, vocab, ranks)
+                    let order = if shuffle {
+                        ShardOrder::Shuffled
+                    } else {
+                        ShardOrder::InOrder
+                    };
+                    let options = StreamOptions { ranks, order };
+                    TokenStream::open_with(&paths, seq_len, batch, rng, vocab, options)
                 })
                 .map_err(tokens_err)?;
             Ok(Stream {
-                inner,
+                inner: Mutex::new(inner),
                 absolute,
                 vocab,
                 initial,
@@ -211,93 +223,141 @@ impl Stream {
     /// None), "rank", "world_size"}`. Given back to the constructor they open the same
     /// shards, checked again.
     fn init_args<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (seq_len, batch, ranks, order) =
+            self.with(py, |s| (s.seq_len(), s.batch(), s.ranks(), s.order()));
         let d = PyDict::new(py);
         let shards: Vec<&std::ffi::OsStr> = self.absolute.iter().map(|p| p.as_os_str()).collect();
         d.set_item("shards", shards)?;
-        d.set_item("seq_len", self.inner.seq_len())?;
-        d.set_item("batch", self.inner.batch())?;
+        d.set_item("seq_len", seq_len)?;
+        d.set_item("batch", batch)?;
         let rng = PyDict::new(py);
         rng.set_item("state", self.initial.0)?;
         rng.set_item("inc", self.initial.1)?;
         d.set_item("rng", rng)?;
         d.set_item("vocab_size", self.vocab)?;
-        d.set_item("rank", self.inner.ranks().rank)?;
-        d.set_item("world_size", self.inner.ranks().world_size)?;
+        d.set_item("rank", ranks.rank)?;
+        d.set_item("world_size", ranks.world_size)?;
+        d.set_item("shuffle", order == ShardOrder::Shuffled)?;
         Ok(d)
     }
 
     /// The next batch: fresh int64 arrays (inputs, targets) of shape [batch, seq_len].
+    /// Read without the GIL, asking Python for pending signals every million or so ids:
+    /// Ctrl-C stops a long batch with `KeyboardInterrupt` and leaves the stream where it
+    /// was.
     #[allow(clippy::type_complexity, reason = "the pair pyo3 returns as a tuple")]
     fn next_batch<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
     ) -> PyResult<(
         Bound<'py, PyArray<i64, numpy::Ix2>>,
         Bound<'py, PyArray<i64, numpy::Ix2>>,
     )> {
         guard(|| {
-            let inner = &mut self.inner;
-            let batch = py.detach(|| inner.next_batch());
-            let shape = [batch.batch, batch.seq_len];
-            let inputs = PyArray1::from_vec(py, batch.inputs).reshape(shape)?;
-            let targets = PyArray1::from_vec(py, batch.targets).reshape(shape)?;
+            let mut signal: Option<PyErr> = None;
+            let read = py.detach(|| {
+                let mut inner = lock_stream(&self.inner);
+                let (b, t) = (inner.batch(), inner.seq_len());
+                let mut inputs = vec![0i64; b.saturating_mul(t)];
+                let mut targets = vec![0i64; b.saturating_mul(t)];
+                let mut cancel = || match Python::attach(|py| py.check_signals()) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        signal = Some(e);
+                        true
+                    }
+                };
+                inner
+                    .next_batch_into_cancellable(&mut inputs, &mut targets, &mut cancel)
+                    .map(|()| (inputs, targets, [b, t]))
+            });
+            let (inputs, targets, shape) = match read {
+                Ok(batch) => batch,
+                Err(TokensError::Interrupted) => {
+                    return Err(signal.unwrap_or_else(|| {
+                        pyo3::exceptions::PyKeyboardInterrupt::new_err("interrupted")
+                    }))
+                }
+                Err(e) => return Err(tokens_err(e)),
+            };
+            let inputs = PyArray1::from_vec(py, inputs).reshape(shape)?;
+            let targets = PyArray1::from_vec(py, targets).reshape(shape)?;
             Ok((inputs, targets))
         })
     }
 
     /// The cursor as the CLI's compact JSON.
-    fn cursor_json(&self) -> String {
-        self.inner.cursor().to_json()
+    fn cursor_json(&self, py: Python<'_>) -> String {
+        self.with(py, |s| s.cursor().to_json())
     }
 
     /// Restore a cursor given as JSON text (checked strictly by core).
-    fn restore_json(&mut self, text: &str) -> PyResult<()> {
+    fn restore_json(&self, py: Python<'_>, text: &str) -> PyResult<()> {
         guard(|| {
             let cursor = Cursor::from_json(text)
                 .map_err(|e| PyValueError::new_err(format!("invalid cursor: {e}")))?;
-            self.inner.restore(&cursor).map_err(tokens_err)
+            self.with(py, |s| s.restore(&cursor)).map_err(tokens_err)
         })
     }
 
     /// T.
     #[getter]
-    fn seq_len(&self) -> usize {
-        self.inner.seq_len()
+    fn seq_len(&self, py: Python<'_>) -> usize {
+        self.with(py, |s| s.seq_len())
     }
 
     /// B.
     #[getter]
-    fn batch(&self) -> usize {
-        self.inner.batch()
+    fn batch(&self, py: Python<'_>) -> usize {
+        self.with(py, |s| s.batch())
     }
 
     /// This stream's rank.
     #[getter]
-    fn rank(&self) -> usize {
-        self.inner.ranks().rank
+    fn rank(&self, py: Python<'_>) -> usize {
+        self.with(py, |s| s.ranks().rank)
     }
 
     /// The number of ranks.
     #[getter]
-    fn world_size(&self) -> usize {
-        self.inner.ranks().world_size
+    fn world_size(&self, py: Python<'_>) -> usize {
+        self.with(py, |s| s.ranks().world_size)
+    }
+
+    /// Whether each epoch visits the shards in a drawn order.
+    #[getter]
+    fn shuffle(&self, py: Python<'_>) -> bool {
+        self.with(py, |s| s.order()) == ShardOrder::Shuffled
     }
 
     /// B × world_size, the windows of one global batch.
     #[getter]
-    fn global_batch(&self) -> usize {
-        self.inner.global_batch()
+    fn global_batch(&self, py: Python<'_>) -> usize {
+        self.with(py, |s| s.global_batch())
     }
 
     /// The shards' paths, in stream order.
     #[getter]
-    fn shards(&self) -> Vec<PathBuf> {
-        self.inner
-            .shards()
-            .iter()
-            .map(|s| s.path().to_path_buf())
-            .collect()
+    fn shards(&self, py: Python<'_>) -> Vec<PathBuf> {
+        self.with(py, |s| {
+            s.shards().iter().map(|s| s.path().to_path_buf()).collect()
+        })
     }
+}
+
+impl Stream {
+    /// The stream, waiting for another thread's batch without holding the GIL (that
+    /// thread may need the GIL to check for signals before it lets go).
+    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut TokenStream) -> R + Send) -> R {
+        py.detach(|| f(&mut lock_stream(&self.inner)))
+    }
+}
+
+/// Lock the stream; a poisoned lock (a panic mid-batch, already reported as a
+/// `RuntimeError`) still holds a valid stream, whose batches put the position back
+/// on failure.
+fn lock_stream(m: &Mutex<TokenStream>) -> MutexGuard<'_, TokenStream> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Fills the `tokens` submodule.

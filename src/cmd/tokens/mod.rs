@@ -24,8 +24,8 @@ use tlio_core::pcg::{Pcg32, DEFAULT_SEQ};
 use tlio_core::text::escape;
 use tlio_core::tokens::{
     self, CorpusFormat, Cursor, CursorSession, HeaderReport, InputFormat, Layout, PackInput,
-    PackOptions, Ranks, Shard, ShardPlan, TextPackOptions, TextPackProgress, TokenStream,
-    Tokenizer, TokensError, BYTES_VOCAB, DEFAULT_SHARD_TOKENS,
+    PackOptions, Ranks, Shard, ShardOrder, ShardPlan, StreamOptions, TextPackOptions,
+    TextPackProgress, TokenStream, Tokenizer, TokensError, BYTES_VOCAB, DEFAULT_SHARD_TOKENS,
 };
 use tlio_core::{Failure, FailureKind};
 
@@ -218,6 +218,10 @@ pub struct WindowsArgs {
     /// have every id below V.
     #[arg(long, value_name = "V")]
     pub vocab_size: Option<u64>,
+    /// Visit the shards in a new order each epoch, drawn from the generator at the
+    /// epoch's start (passes within a shard are unchanged).
+    #[arg(long)]
+    pub shuffle: bool,
 }
 
 /// `--vocab-size V` checked: 1 to 2^31 - 1.
@@ -476,9 +480,7 @@ fn decode(args: DecodeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         .map_or(len, |n| args.start.saturating_add(n).min(len));
     let range = usize::try_from(args.start).unwrap_or(usize::MAX)
         ..usize::try_from(end).unwrap_or(usize::MAX);
-    let ids = shard
-        .ids(range)
-        .ok_or_else(|| operational("the id range is out of the shard"))?;
+    let ids = shard.ids(range)?;
     let text = tokenizer.decode(&ids)?;
     if printer.json {
         printer.json_line(&Decoded {

@@ -34,7 +34,16 @@ pub(super) fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Ou
         rank: args.rank,
         world_size: args.world_size,
     };
-    let stream = TokenStream::open(&args.shards, args.seq_len, args.batch, rng, vocab, ranks)?;
+    let options = StreamOptions {
+        ranks,
+        order: if args.shuffle {
+            ShardOrder::Shuffled
+        } else {
+            ShardOrder::InOrder
+        },
+    };
+    let stream =
+        TokenStream::open_with(&args.shards, args.seq_len, args.batch, rng, vocab, options)?;
     let mut session =
         CursorSession::start(stream, args.cursor.as_deref(), args.save_cursor.as_deref())?;
     let saving = session.saves_cursor();
@@ -46,7 +55,7 @@ pub(super) fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Ou
     let mut stdout_open = true;
     for _ in 0..args.batches {
         let stream = session.stream();
-        let batch = stream.next_batch();
+        let batch = stream.next_batch()?;
         if !stdout_open {
             continue;
         }

@@ -303,6 +303,7 @@ mod tests {
                 shard: 0,
                 offset: 1234,
                 global_batch: None,
+                epoch_rng: None,
             }),
             rng_state: Some(RngState {
                 state: 0x185706b82c2e03f8,
@@ -435,7 +436,7 @@ mod tests {
             let s = TrainerState {
                 step,
                 tokens_seen: tokens,
-                data_cursor: has[0].then_some(DataCursor { shard, offset, global_batch: None }),
+                data_cursor: has[0].then_some(DataCursor { shard, offset, global_batch: None, epoch_rng: None }),
                 rng_state: has[1].then_some(RngState { state: st, inc: inc | 1 }),
                 lr: (has[2] && lr.is_finite()).then_some(lr),
                 config_sha256: has[3].then(|| format!("{:064x}", st)),

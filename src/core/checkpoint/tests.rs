@@ -136,6 +136,7 @@ fn test_checkpoint_roundtrip() {
                 shard: 0,
                 offset: 6,
                 global_batch: None,
+                epoch_rng: None,
             }),
             rng_state: Some(RngState {
                 state: 0x185706b82c2e03f8,
@@ -170,6 +171,7 @@ fn test_checkpoint_roundtrip() {
             shard: 0,
             offset: 6,
             global_batch: None,
+            epoch_rng: None,
         })
     );
     assert_eq!(loaded.state.rng_state.unwrap().state, 0x185706b82c2e03f8);

@@ -55,7 +55,8 @@ pub use shard::{
     ShardWriter, HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
 };
 pub use stream::{
-    check_batch_shape, check_ranks, Batch, Ranks, TokenStream, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES,
+    check_batch_shape, check_ranks, shuffle_order, Batch, Ranks, ShardOrder, StreamOptions,
+    TokenStream, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES, MAX_GLOBAL_BATCH, MAX_SHARDS, MAX_WORLD_SIZE,
 };
 pub use tokenizer::Tokenizer;
 
@@ -167,6 +168,27 @@ pub enum TokensError {
         /// The vocabulary size.
         vocab: u32,
     },
+    /// A range of ids past the shard's end.
+    #[error("{}: ids {start}..{start}+{count} pass the end of the shard ({len} ids)", path.display())]
+    RangePastEnd {
+        /// The shard.
+        path: PathBuf,
+        /// The first id asked for.
+        start: u64,
+        /// How many.
+        count: u64,
+        /// The shard's id count.
+        len: u64,
+    },
+    /// A shard's file changed after it was opened and validated (rewritten or truncated
+    /// in place underneath a reader).
+    #[error("{}: the shard changed after it was opened: {what}; re-open it (a stream over it must be rebuilt)", path.display())]
+    ShardChanged {
+        /// The shard.
+        path: PathBuf,
+        /// What was found.
+        what: String,
+    },
     /// The vocabulary size given by the caller disagrees with the one the shard records.
     #[error("{}: vocabulary size mismatch: the shard records {recorded}, expected {expected}", path.display())]
     VocabMismatch {
@@ -238,14 +260,29 @@ pub enum TokensError {
         /// The world size given.
         world_size: usize,
     },
-    /// B × world_size windows do not fit a count.
-    #[error("batch {batch} × world_size {world_size} overflows")]
+    /// B × world_size windows exceed [`MAX_GLOBAL_BATCH`].
+    #[error("batch {batch} × world_size {world_size} is above the limit of {limit} windows per global batch")]
     GlobalBatchOverflow {
         /// B.
         batch: usize,
         /// The world size.
         world_size: usize,
+        /// The limit.
+        limit: usize,
     },
+    /// An argument above its named limit.
+    #[error("{name} {value} is above the limit of {limit}")]
+    TooLarge {
+        /// What it is.
+        name: &'static str,
+        /// The value given.
+        value: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A batch stopped because its caller asked (an interrupt); the stream is unchanged.
+    #[error("interrupted")]
+    Interrupted,
     /// A caller-provided batch array of the wrong length.
     #[error("{name} holds {len} values, a batch of {batch} × seq_len {seq_len} needs exactly their product")]
     BatchBuffer {
@@ -354,6 +391,8 @@ impl Failure for TokensError {
             | TokensError::BadArg { .. }
             | TokensError::BadRank { .. }
             | TokensError::GlobalBatchOverflow { .. }
+            | TokensError::TooLarge { .. }
+            | TokensError::Interrupted
             | TokensError::BatchBuffer { .. }
             | TokensError::BatchTooLarge { .. }
             | TokensError::BadVocab { .. }
@@ -368,6 +407,8 @@ impl Failure for TokensError {
             | TokensError::Reserved { .. }
             | TokensError::SizeMismatch { .. }
             | TokensError::IdOutOfVocab { .. }
+            | TokensError::RangePastEnd { .. }
+            | TokensError::ShardChanged { .. }
             | TokensError::VocabMismatch { .. }
             | TokensError::ShardTooShort { .. }
             | TokensError::BadCursor { .. }

@@ -4,8 +4,9 @@
 //! magic 20240801 version 7).
 //!
 //! Invariants: a `Shard` exists only for a file whose header, exact size and every id
-//! (against V, when known) were checked; its ids are mapped read-only and never copied
-//! whole. A `ShardWriter` writes 20240520 version 1 for V <= 65,536 and, above, the
+//! (against V, when known) were checked; its ids are read by position from the
+//! descriptor that was validated (never mapped, so a file shrinking underneath is an
+//! error, not SIGBUS) and never copied whole. A `ShardWriter` writes 20240520 version 1 for V <= 65,536 and, above, the
 //! Llama-3 layout (or version 2 on request), always recording V; atomically, in bounded
 //! memory, refusing any id at or above its vocabulary.
 
@@ -14,7 +15,6 @@ use std::io::{self, Read};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use serde::Serialize;
 
 pub use super::writer::ShardWriter;
@@ -319,13 +319,68 @@ pub fn read_shard_header(path: &Path) -> Result<ShardHeader, TokensError> {
     inspect_header(path)?.header
 }
 
-/// A validated shard, its ids mapped read-only.
+/// Bytes read per positioned read while scanning a whole shard's ids.
+const SCAN_CHUNK_BYTES: usize = 1 << 20;
+
+/// What a shard's file looked like when it was opened: a later `fstat` (of the held
+/// descriptor, or of the path when it is opened again) that differs means the file was
+/// rewritten in place or replaced underneath a reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        }
+    }
+
+    /// What differs between the stamp at opening (`self`) and `now`, if anything.
+    fn change(&self, now: &Stamp) -> Option<String> {
+        if (now.dev, now.ino) != (self.dev, self.ino) {
+            Some("the path now names another file (it was replaced)".to_string())
+        } else if now.len != self.len {
+            Some(format!(
+                "its size went from {} to {} bytes",
+                self.len, now.len
+            ))
+        } else if now.modified != self.modified {
+            Some("it was modified".to_string())
+        } else {
+            None
+        }
+    }
+}
+
+/// A validated shard, its ids read by position from the file.
+///
+/// Reads are positioned reads, never a memory map: a map turns a file that shrinks
+/// underneath (a tokenizer re-run writing the shard in place) into SIGBUS, which kills
+/// the process; here a read that comes up short, or a file whose size, time or identity
+/// changed since it was validated, is an error naming the shard. A shard larger than
+/// memory still costs nothing until read. The descriptor is held from opening until
+/// [`Shard::release`] (a stream over thousands of shards holds only the one it reads);
+/// a released shard opens its path again when read, and refuses a file that is not the
+/// one validated.
 #[derive(Debug)]
 pub struct Shard {
     path: PathBuf,
     header: ShardHeader,
     vocab: Option<u32>,
-    map: Mmap,
+    file: Option<File>,
+    stamp: Stamp,
+    /// The path made absolute at opening, so a reopen after the process changed its
+    /// working directory finds the same file.
+    absolute: PathBuf,
 }
 
 impl Shard {
@@ -333,7 +388,7 @@ impl Shard {
     /// (the recorded one, else `vocab`; a given `vocab` must equal a recorded one).
     pub fn open(path: &Path, vocab: Option<u32>) -> Result<Shard, TokensError> {
         let vocab = vocab.map(|v| check_shard_vocab(u64::from(v))).transpose()?;
-        let (file, size, header) = open_and_parse(path)?;
+        let (file, _size, header) = open_and_parse(path)?;
         if let (Some(recorded), Some(expected)) = (header.vocab, vocab) {
             if recorded != expected {
                 return Err(TokensError::VocabMismatch {
@@ -343,70 +398,138 @@ impl Shard {
                 });
             }
         }
-        // SAFETY: the map is read-only and shards are inputs tlio never writes. As with
-        // every memory map, another process truncating or rewriting the file while it
-        // is mapped would change what we read (or raise SIGBUS); shards are treated as
-        // immutable, as llm.c and numpy.memmap do. The length is re-checked below so a
-        // file that changed size since the header was read is refused.
-        #[allow(unsafe_code, reason = "memory-mapping an input shard; see SAFETY")]
-        let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
-        if map.len() as u64 != size {
-            return Err(TokensError::SizeMismatch {
-                path: path.to_path_buf(),
-                count: header.count,
-                itemsize: header.dtype.itemsize() as u64,
-                expected: size,
-                actual: map.len() as u64,
-            });
-        }
+        let stamp = Stamp::of(&file.metadata().map_err(io_err(path))?);
         let shard = Shard {
             path: path.to_path_buf(),
             header,
             vocab: header.vocab.or(vocab),
-            map,
+            file: Some(file),
+            stamp,
+            absolute: std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
         };
         if let Some(limit) = shard.vocab {
             shard.check_ids(limit)?;
         }
+        // A file rewritten while it was scanned is refused now rather than read later.
+        shard.check_unchanged()?;
         Ok(shard)
     }
 
-    /// One pass over the mapped ids: the maximum decides; only a failing shard is
-    /// scanned a second time, to name the first bad id.
-    pub(crate) fn check_ids(&self, limit: u32) -> Result<(), TokensError> {
-        let bytes = self.id_bytes();
-        let max = match self.header.dtype {
-            IdDtype::U16 if limit >= U16_VOCAB_LIMIT => return Ok(()),
-            IdDtype::U16 => {
-                let (ids, _) = bytes.as_chunks::<2>();
-                u32::from(ids.iter().fold(0u16, |m, c| m.max(u16::from_le_bytes(*c))))
-            }
-            IdDtype::U32 => {
-                let (ids, _) = bytes.as_chunks::<4>();
-                ids.iter().fold(0u32, |m, c| m.max(u32::from_le_bytes(*c)))
-            }
-        };
-        if max < limit {
-            return Ok(());
-        }
-        let (index, id) = (0..self.len())
-            .filter_map(|i| self.get(i).map(|id| (i, id)))
-            .find(|&(_, id)| id >= limit)
-            .unwrap_or((0, max));
-        Err(TokensError::IdOutOfVocab {
-            path: self.path.clone(),
-            index: index as u64,
-            id: u64::from(id),
-            vocab: limit,
-        })
+    /// Close the descriptor; the next read opens the path again (and checks that it is
+    /// still the file validated).
+    pub fn release(&mut self) {
+        self.file = None;
     }
 
-    fn id_bytes(&self) -> &[u8] {
-        // Opening checked that the map is the header plus n ids long.
-        #[allow(clippy::expect_used, reason = "checked when the shard was opened")]
-        self.map
-            .get(HEADER_BYTES..)
-            .expect("invariant: an open shard's map holds its whole header")
+    /// Hold a descriptor (opening the path again when released), so that reads that
+    /// follow use it.
+    pub fn hold(&mut self) -> Result<(), TokensError> {
+        if self.file.is_none() {
+            self.file = Some(self.reopen()?);
+        }
+        Ok(())
+    }
+
+    /// Open the path again and check that it is the file validated, unchanged.
+    fn reopen(&self) -> Result<File, TokensError> {
+        let file = crate::files::open_regular(&self.absolute).map_err(io_err(&self.path))?;
+        let now = Stamp::of(&file.metadata().map_err(io_err(&self.path))?);
+        match self.stamp.change(&now) {
+            None => Ok(file),
+            Some(what) => Err(TokensError::ShardChanged {
+                path: self.path.clone(),
+                what,
+            }),
+        }
+    }
+
+    /// Check that the file still has the identity, size and modification time it had
+    /// when it was opened: a shard rewritten in place would otherwise feed other ids
+    /// than the ones validated.
+    pub fn check_unchanged(&self) -> Result<(), TokensError> {
+        let now = match &self.file {
+            Some(file) => Stamp::of(&file.metadata().map_err(io_err(&self.path))?),
+            None => return self.reopen().map(drop),
+        };
+        match self.stamp.change(&now) {
+            None => Ok(()),
+            Some(what) => Err(TokensError::ShardChanged {
+                path: self.path.clone(),
+                what,
+            }),
+        }
+    }
+
+    /// One pass over the ids in chunks of positioned reads, naming the first id at or
+    /// above `limit`.
+    pub(crate) fn check_ids(&self, limit: u32) -> Result<(), TokensError> {
+        if self.header.dtype == IdDtype::U16 && limit >= U16_VOCAB_LIMIT {
+            return Ok(());
+        }
+        let size = self.header.dtype.itemsize();
+        let per_chunk = SCAN_CHUNK_BYTES / size;
+        let mut buf = Vec::new();
+        let mut start = 0usize;
+        while start < self.len() {
+            let count = per_chunk.min(self.len().saturating_sub(start));
+            self.read_bytes(start, count, &mut buf)?;
+            let bad = decode_ids(self.header.dtype, &buf)
+                .enumerate()
+                .find(|&(_, id)| id >= limit);
+            if let Some((i, id)) = bad {
+                return Err(TokensError::IdOutOfVocab {
+                    path: self.path.clone(),
+                    index: start.saturating_add(i) as u64,
+                    id: u64::from(id),
+                    vocab: limit,
+                });
+            }
+            start = start.saturating_add(count);
+        }
+        Ok(())
+    }
+
+    /// Read the bytes of ids `start .. start + count` into `buf` (resized to fit). A
+    /// range past the header's count, or a file that no longer holds it (it shrank
+    /// since it was opened), is an error naming the shard.
+    fn read_bytes(&self, start: usize, count: usize, buf: &mut Vec<u8>) -> Result<(), TokensError> {
+        use std::os::unix::fs::FileExt;
+        let size = self.header.dtype.itemsize();
+        let end = start.checked_add(count).filter(|&e| e <= self.len());
+        let (Some(_), Some(len), Some(at)) = (
+            end,
+            count.checked_mul(size),
+            start
+                .checked_mul(size)
+                .and_then(|b| b.checked_add(HEADER_BYTES)),
+        ) else {
+            return Err(TokensError::RangePastEnd {
+                path: self.path.clone(),
+                start: start as u64,
+                count: count as u64,
+                len: self.len() as u64,
+            });
+        };
+        buf.resize(len, 0);
+        let reopened;
+        let file = match &self.file {
+            Some(file) => file,
+            None => {
+                reopened = self.reopen()?;
+                &reopened
+            }
+        };
+        file.read_exact_at(buf, at as u64)
+            .map_err(|error| match error.kind() {
+                io::ErrorKind::UnexpectedEof => TokensError::ShardChanged {
+                    path: self.path.clone(),
+                    what: format!(
+                        "it no longer holds the {} ids its header promised (it shrank)",
+                        self.len()
+                    ),
+                },
+                _ => io_err(&self.path)(error),
+            })
     }
 
     /// The file this shard was opened from.
@@ -427,7 +550,8 @@ impl Shard {
 
     /// The number of ids.
     pub fn len(&self) -> usize {
-        self.id_bytes().len() / self.header.dtype.itemsize()
+        // The header's count was checked against the file size and MAX_COUNT.
+        usize::try_from(self.header.count).unwrap_or(usize::MAX)
     }
 
     /// True when the shard holds no id.
@@ -436,61 +560,75 @@ impl Shard {
     }
 
     /// The id at `index`.
-    pub fn get(&self, index: usize) -> Option<u32> {
-        let size = self.header.dtype.itemsize();
-        let start = index.checked_mul(size)?;
-        let bytes = self.id_bytes().get(start..start.checked_add(size)?)?;
-        Some(match self.header.dtype {
-            IdDtype::U16 => u32::from(u16::from_le_bytes(bytes.try_into().ok()?)),
-            IdDtype::U32 => u32::from_le_bytes(bytes.try_into().ok()?),
+    pub fn get(&self, index: usize) -> Result<u32, TokensError> {
+        let mut buf = Vec::new();
+        self.read_bytes(index, 1, &mut buf)?;
+        let id = decode_ids(self.header.dtype, &buf).next();
+        id.ok_or_else(|| TokensError::RangePastEnd {
+            path: self.path.clone(),
+            start: index as u64,
+            count: 1,
+            len: self.len() as u64,
         })
     }
 
-    fn range_bytes(&self, start: usize, len: usize) -> Option<&[u8]> {
-        let size = self.header.dtype.itemsize();
-        let begin = start.checked_mul(size)?;
-        let end = start.checked_add(len)?.checked_mul(size)?;
-        self.id_bytes().get(begin..end)
-    }
-
-    /// Copy the ids `start .. start + out.len()` into `out` as i64; `None` (and `out`
-    /// untouched) when the range passes the end.
-    pub fn copy_to_i64(&self, start: usize, out: &mut [i64]) -> Option<()> {
-        let bytes = self.range_bytes(start, out.len())?;
-        match self.header.dtype {
-            IdDtype::U16 => {
-                let (ids, _) = bytes.as_chunks::<2>();
-                for (o, c) in out.iter_mut().zip(ids) {
-                    *o = i64::from(u16::from_le_bytes(*c));
-                }
+    /// Read the T + 1 ids of the window at `start` (T = `inputs.len()` =
+    /// `targets.len()`) into one row of inputs (the first T) and one of targets (the
+    /// last T), each id checked against the shard's vocabulary again (a file changed
+    /// underneath must not feed an id past the embedding table). `scratch` is the
+    /// caller's reusable buffer.
+    pub fn read_window(
+        &self,
+        start: usize,
+        inputs: &mut [i64],
+        targets: &mut [i64],
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), TokensError> {
+        let t = inputs.len();
+        self.read_bytes(start, t.saturating_add(1), scratch)?;
+        let limit = self.vocab.unwrap_or(u32::MAX);
+        let mut ids = decode_ids(self.header.dtype, scratch);
+        let mut previous = ids.next().unwrap_or(0);
+        for (i, (x, y)) in inputs.iter_mut().zip(targets.iter_mut()).enumerate() {
+            let id = ids.next().unwrap_or(0);
+            if previous >= limit || id >= limit {
+                let (index, bad) = if previous >= limit {
+                    (i, previous)
+                } else {
+                    (i + 1, id)
+                };
+                return Err(TokensError::ShardChanged {
+                    path: self.path.clone(),
+                    what: format!(
+                        "id {bad} at index {} is not below the vocabulary size {limit} it was validated against",
+                        start.saturating_add(index)
+                    ),
+                });
             }
-            IdDtype::U32 => {
-                let (ids, _) = bytes.as_chunks::<4>();
-                for (o, c) in out.iter_mut().zip(ids) {
-                    *o = i64::from(u32::from_le_bytes(*c));
-                }
-            }
+            *x = i64::from(previous);
+            *y = i64::from(id);
+            previous = id;
         }
-        Some(())
+        Ok(())
     }
 
-    /// The ids in `range` as u32, `None` when it passes the end.
-    pub fn ids(&self, range: Range<usize>) -> Option<Vec<u32>> {
-        let len = range.end.checked_sub(range.start)?;
-        let bytes = self.range_bytes(range.start, len)?;
-        Some(match self.header.dtype {
-            IdDtype::U16 => {
-                let (ids, _) = bytes.as_chunks::<2>();
-                ids.iter()
-                    .map(|c| u32::from(u16::from_le_bytes(*c)))
-                    .collect()
-            }
-            IdDtype::U32 => {
-                let (ids, _) = bytes.as_chunks::<4>();
-                ids.iter().map(|c| u32::from_le_bytes(*c)).collect()
-            }
-        })
+    /// The ids in `range` as u32.
+    pub fn ids(&self, range: Range<usize>) -> Result<Vec<u32>, TokensError> {
+        let count = range.end.saturating_sub(range.start);
+        let mut buf = Vec::new();
+        self.read_bytes(range.start, count, &mut buf)?;
+        Ok(decode_ids(self.header.dtype, &buf).collect())
     }
+}
+
+/// Little-endian ids of `dtype` in `bytes`, widened to u32.
+fn decode_ids(dtype: IdDtype, bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    let size = dtype.itemsize();
+    bytes.chunks_exact(size).map(move |c| match c {
+        [a, b] => u32::from(u16::from_le_bytes([*a, *b])),
+        [a, b, c, d] => u32::from_le_bytes([*a, *b, *c, *d]),
+        _ => 0,
+    })
 }
 
 #[cfg(test)]
@@ -577,10 +715,10 @@ mod tests {
         let shard = Shard::open(&path, None).unwrap();
         assert_eq!(shard.len(), 5);
         assert_eq!(shard.ids(0..5).unwrap(), ids);
-        assert_eq!(shard.get(3), Some(70000));
-        let mut out = [0i64; 3];
-        shard.copy_to_i64(2, &mut out).unwrap();
-        assert_eq!(out, [65536, 70000, 99_999]);
+        assert_eq!(shard.get(3).unwrap(), 70000);
+        let (mut x, mut y, mut scratch) = ([0i64; 2], [0i64; 2], Vec::new());
+        shard.read_window(2, &mut x, &mut y, &mut scratch).unwrap();
+        assert_eq!((x, y), ([65536, 70000], [70000, 99_999]));
         // A vocabulary up to 65536 still fits uint16.
         let h = write_shard(&dir.path().join("v1.bin"), &[65535], 65536);
         assert_eq!((h.version, h.dtype), (1, IdDtype::U16));
@@ -608,32 +746,73 @@ mod tests {
     }
 
     #[test]
-    fn test_open_tokens_maps_the_file() {
+    fn shard_reads_ids_by_position_and_refuses_ranges_past_the_end() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.bin");
         let ids: Vec<u32> = (0..1000).map(|i| i % 256).collect();
         write_shard(&path, &ids, 256);
         let shard = Shard::open(&path, Some(256)).unwrap();
-        // The ids are the file's own bytes, mapped (not a copy): the slice lies inside
-        // the mapping right after the header.
-        let map_start = shard.map.as_ptr() as usize;
-        let ids_start = shard.id_bytes().as_ptr() as usize;
-        assert_eq!(ids_start - map_start, HEADER_BYTES);
-        assert_eq!(shard.map.len(), 1024 + 2000);
         assert_eq!(shard.len(), 1000);
         assert_eq!(
             shard.ids(250..260).unwrap(),
             (250..260).map(|i| i % 256).collect::<Vec<_>>()
         );
-        assert_eq!(shard.get(1000), None);
-        assert_eq!(shard.ids(999..1001), None);
-        let mut out = [0i64; 2];
-        assert!(shard.copy_to_i64(999, &mut out).is_none());
-        // Read-only: the mapping is an `Mmap`, not an `MmapMut`, and the file is
-        // unchanged after use.
+        assert_eq!(shard.get(999).unwrap(), 999 % 256);
+        assert!(matches!(
+            shard.get(1000),
+            Err(TokensError::RangePastEnd { start: 1000, .. })
+        ));
+        assert!(shard.ids(999..1001).is_err());
+        let (mut x, mut y, mut scratch) = ([0i64; 2], [0i64; 2], Vec::new());
+        shard
+            .read_window(997, &mut x, &mut y, &mut scratch)
+            .unwrap();
+        assert_eq!((x, y), ([997 % 256, 998 % 256], [998 % 256, 999 % 256]));
+        assert!(shard
+            .read_window(998, &mut x, &mut y, &mut scratch)
+            .is_err());
+        // Reading never writes: the file is unchanged after use.
         drop(shard);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(bytes.len(), 3024);
+    }
+
+    /// A shard truncated or rewritten after it was opened is an error naming it at the
+    /// next read, never a signal (a memory map would raise SIGBUS on the lost pages).
+    #[test]
+    fn a_shard_changed_underneath_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.bin");
+        write_shard(&path, &(0..5000).map(|i| i % 300).collect::<Vec<_>>(), 300);
+        let shard = Shard::open(&path, None).unwrap();
+        shard.check_unchanged().unwrap();
+        // Truncate in place, as `open(p, "wb")` does before a rewrite.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(2000)
+            .unwrap();
+        let (mut x, mut y, mut scratch) = ([0i64; 4], [0i64; 4], Vec::new());
+        let e = shard
+            .read_window(4000, &mut x, &mut y, &mut scratch)
+            .unwrap_err();
+        assert!(matches!(e, TokensError::ShardChanged { .. }), "{e}");
+        assert!(e.to_string().contains("live.bin"), "{e}");
+        let e = shard.check_unchanged().unwrap_err();
+        assert!(
+            e.to_string().contains("live.bin") && e.to_string().contains("size"),
+            "{e}"
+        );
+        // Ids past the vocabulary written in place are caught at the read.
+        std::fs::write(&path, [vec![0u8; 1024], vec![0xff; 9000]].concat()).unwrap();
+        let e = shard
+            .read_window(0, &mut x, &mut y, &mut scratch)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("65535") && e.to_string().contains("300"),
+            "{e}"
+        );
     }
 
     #[test]

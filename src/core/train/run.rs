@@ -262,12 +262,7 @@ fn count_shards(
         let mut start = 0usize;
         while start < n {
             let end = start.saturating_add(CHUNK_IDS).min(n);
-            let ids = shard.ids(start..end).ok_or_else(|| {
-                TrainError::Shape(format!(
-                    "{}: ids {start}..{end} past the end",
-                    shard.path().display()
-                ))
-            })?;
+            let ids = shard.ids(start..end)?;
             counts.feed(ids)?;
             start = end;
         }

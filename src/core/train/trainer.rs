@@ -121,7 +121,7 @@ impl Trainer {
 
     /// One optimizer step on the next batch; returns its loss (before the update).
     pub fn train_step(&mut self) -> Result<f32, TrainError> {
-        let batch = self.stream.next_batch();
+        let batch = self.stream.next_batch()?;
         let loss =
             self.model
                 .train_step(&mut self.opt, &batch.inputs, &batch.targets, &mut self.work)?;

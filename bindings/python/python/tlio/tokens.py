@@ -112,6 +112,22 @@ class TokenStream:
     restores the cursor: the copy's next batches are the original's, bit for bit, and
     the two never affect each other. This is what lets a ``spawn`` or ``forkserver``
     DataLoader worker receive a stream.
+
+    Shuffled shard order (``shuffle=True``): each epoch (one pass over every shard)
+    visits the shards in a permutation drawn from the stream's generator at the
+    epoch's start (Fisher-Yates, before that epoch's first phase); passes within a shard
+    are unchanged. The cursor then also carries ``"epoch_rng"``, the generator at the
+    epoch's start, so it still resumes bit for bit, on any world size with the same
+    global batch. A cursor without it (an in-order stream's) loads too: its epoch
+    finishes in file order and the next one is shuffled. An in-order stream refuses a
+    shuffled cursor. Without ``shuffle`` every batch and cursor is as before.
+
+    Thread safety: one stream may be shared by threads; ``cursor()`` or
+    ``state_dict()`` called while another thread is in ``next_batch()`` waits for that
+    batch and returns the position after it. A long batch stays interruptible: Ctrl-C
+    raises ``KeyboardInterrupt`` and leaves the stream where it was. A shard truncated
+    or rewritten after it was opened is a ``ValueError`` naming it at the next read
+    (shards are read with positioned reads, never a memory map, so no SIGBUS).
     """
 
     def __init__(
@@ -124,7 +140,10 @@ class TokenStream:
         *,
         rank: Optional[int] = 0,
         world_size: Optional[int] = 1,
+        shuffle: bool = False,
     ) -> None:
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__}")
         if isinstance(shards, (str, bytes)):
             raise ValueError(
                 f"shards must be a list of paths, not one string ({shards!r}); "
@@ -135,7 +154,7 @@ class TokenStream:
             rank = group_rank if rank is None else rank
             world_size = group_size if world_size is None else world_size
         self._stream = _core.Stream(
-            [os.fspath(p) for p in shards], seq_len, batch, rng, vocab_size, rank, world_size
+            [os.fspath(p) for p in shards], seq_len, batch, rng, vocab_size, rank, world_size, shuffle
         )
 
     def next_batch(self) -> Tuple[np.ndarray, np.ndarray]:
@@ -222,6 +241,11 @@ class TokenStream:
         return self._stream.global_batch
 
     @property
+    def shuffle(self) -> bool:
+        """Whether each epoch visits the shards in a drawn order."""
+        return self._stream.shuffle
+
+    @property
     def shards(self) -> List[str]:
         """The shards' paths, in stream order."""
         return [str(p) for p in self._stream.shards]
@@ -229,5 +253,5 @@ class TokenStream:
     def __repr__(self) -> str:
         return (
             f"TokenStream({self.shards!r}, seq_len={self.seq_len}, batch={self.batch}, "
-            f"rank={self.rank}, world_size={self.world_size})"
+            f"rank={self.rank}, world_size={self.world_size}, shuffle={self.shuffle})"
         )

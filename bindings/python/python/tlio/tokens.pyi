@@ -15,7 +15,8 @@ class _Generator(Protocol):
 
 Cursor = Dict[str, Any]
 """``{"shard": int, "offset": int, "rng": {"state": "<16 hex>", "inc": "<16 hex>"}}``,
-plus ``"global_batch": int`` when the stream has ranks."""
+plus ``"global_batch": int`` when the stream has ranks and ``"epoch_rng"`` (the
+generator at the epoch's start) when its shard order is shuffled."""
 
 Batch = Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
@@ -40,6 +41,7 @@ class TokenStream:
         *,
         rank: Optional[int] = 0,
         world_size: Optional[int] = 1,
+        shuffle: bool = False,
     ) -> None: ...
     def next_batch(self) -> Batch:
         """Fresh int64 (inputs, targets) of shape [batch, seq_len]."""
@@ -67,5 +69,7 @@ class TokenStream:
     def world_size(self) -> int: ...
     @property
     def global_batch(self) -> int: ...
+    @property
+    def shuffle(self) -> bool: ...
     @property
     def shards(self) -> List[str]: ...
