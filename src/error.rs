@@ -256,6 +256,8 @@ registry![
     tlio_core::model::ModelError,
     tlio_core::failpoints::FailpointsError,
     tlio_core::optim::OptimError,
+    tlio_core::remote::RemoteError,
+    tlio_core::s3::S3Error,
     tlio_core::safetensors::SafetensorsError,
     tlio_core::tokens::TokensError,
     tlio_core::tokens::tokenizer::TokenizerError,

@@ -151,6 +151,17 @@ impl Outcome {
     }
 }
 
+/// The object-storage URL a path argument names (`s3://bucket/key`), validated; `None`
+/// for a local path. A malformed URL is the core's error naming the rule.
+pub fn s3_url(path: &std::path::Path) -> anyhow::Result<Option<tlio_core::s3::S3Url>> {
+    match path.to_str() {
+        Some(text) if tlio_core::s3::is_s3_url(text) => {
+            Ok(Some(tlio_core::s3::S3Url::parse(text)?))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Parse the process's arguments without letting clap print or exit, so that a usage
 /// error can be reported as the one-line error of the CLI contract
 /// (`crate::error::report_usage`).

@@ -24,6 +24,8 @@ mod layering;
 pub mod model;
 pub mod optim;
 pub mod pcg;
+pub mod remote;
+pub mod s3;
 pub mod safetensors;
 pub mod text;
 pub mod tokens;

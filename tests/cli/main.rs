@@ -30,6 +30,7 @@ mod inputs;
 mod models;
 mod output;
 mod readme;
+mod s3;
 mod shapes;
 mod sharded;
 mod snapshots;

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::Path;
 
+use anyhow::Context;
 use serde::Serialize;
 
 use super::super::Outcome;
@@ -36,6 +37,20 @@ pub(super) fn inspect_one(
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<Inspected> {
     let context = || format!("cannot inspect {}", path.display());
+    if let Some(url) = crate::cmd::s3_url(path)? {
+        // An object in storage: its header by range requests, never its data.
+        if stats {
+            return Err(crate::error::operational(format!(
+                "cannot inspect {url}: --stats reads every tensor, which tlio does not do over object storage; download the file first"
+            )));
+        }
+        let model = tlio_core::remote::open_model(&url).with_context(context)?;
+        return Ok(Inspected {
+            path: url.to_string(),
+            model,
+            stats: None,
+        });
+    }
     let files = [path];
     let model = Model::open(path).map_err(|e| super::in_context(e, context(), &files))?;
     let (model, stats) = if stats {

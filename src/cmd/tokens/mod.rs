@@ -277,6 +277,44 @@ fn header_row(
 ) -> Result<(HeaderRow, Option<TokensError>), TokensError> {
     let file = path.display().to_string();
     let report = tokens::inspect_header(path)?;
+    Ok(row_of(
+        file,
+        report,
+        &mut |v| {
+            if check_ids || vocab.is_some() {
+                Shard::open(path, v).map(|_| ())
+            } else {
+                Ok(())
+            }
+        },
+        vocab,
+    ))
+}
+
+/// The row of a shard object in storage, from a range request of its header; the ids
+/// are not read (`--check-ids` and `--vocab-size` are refused for a URL).
+fn remote_header_row(
+    url: &tlio_core::s3::S3Url,
+    check_ids: bool,
+    vocab: Option<u32>,
+) -> anyhow::Result<(HeaderRow, Option<TokensError>)> {
+    if check_ids || vocab.is_some() {
+        return Err(crate::error::operational(format!(
+            "cannot check the ids of {url}: --check-ids and --vocab-size read every id, which tlio does not do over object storage; download the shard first"
+        )));
+    }
+    let report = tlio_core::remote::shard_header(url)
+        .with_context(|| format!("cannot read the header of {url}"))?;
+    Ok(row_of(url.to_string(), report, &mut |_| Ok(()), vocab))
+}
+
+/// A row from a header report; `check` is the further verdict of a valid header.
+fn row_of(
+    file: String,
+    report: HeaderReport,
+    check: &mut dyn FnMut(Option<u32>) -> Result<(), TokensError>,
+    vocab: Option<u32>,
+) -> (HeaderRow, Option<TokensError>) {
     let HeaderReport {
         size,
         words,
@@ -284,8 +322,7 @@ fn header_row(
     } = report;
     let dtype = header.as_ref().ok().map(|h| h.dtype.name());
     let verdict = match header {
-        Ok(_) if check_ids || vocab.is_some() => Shard::open(path, vocab).map(|_| ()),
-        Ok(_) => Ok(()),
+        Ok(_) => check(vocab),
         Err(e) => Err(e),
     };
     // Show only the header words that passed validation: after a bad magic nothing in
@@ -313,7 +350,7 @@ fn header_row(
         valid: verdict.is_ok(),
         error: verdict.as_ref().err().map(ToString::to_string),
     };
-    Ok((row, verdict.err()))
+    (row, verdict.err())
 }
 
 fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
@@ -324,7 +361,17 @@ fn header(args: HeaderArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         // A file that cannot be read is an error (exit 2); an invalid file is a "no"
         // answer in the report. The files read before the error are still reported
         // (cli.md: a report line for every file read), then the error.
-        let failed = match header_row(path, args.check_ids, vocab) {
+        let row = match crate::cmd::s3_url(path)? {
+            Some(url) => match remote_header_row(&url, args.check_ids, vocab) {
+                Ok(row) => Ok(row),
+                Err(e) => {
+                    print_header_rows(&rows, printer)?;
+                    return Err(e);
+                }
+            },
+            None => header_row(path, args.check_ids, vocab),
+        };
+        let failed = match row {
             // The row of an unreadable file is not a verdict: it is left out.
             Ok((_, Some(e))) if e.kind() == FailureKind::Operational => Some(e),
             Ok((row, err)) => {

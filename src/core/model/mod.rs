@@ -280,15 +280,7 @@ impl Model {
     /// (exit 1) or an unreadable path (exit 2).
     pub fn open(path: &Path) -> Result<Model, ModelError> {
         let (model, problems) = Model::scan(path)?;
-        let total = problems.len();
-        let (kept, _) = problems.into_parts();
-        match kept.into_iter().next() {
-            None => Ok(model),
-            Some(first) => Err(ModelError::Invalid {
-                first: first.message,
-                more: usize::try_from(total.saturating_sub(1)).unwrap_or(usize::MAX),
-            }),
-        }
+        Model::first_problem(model, problems)
     }
 
     /// Open `path` and list every broken rule (index, reader, int4, architecture,
@@ -342,13 +334,97 @@ impl Model {
 
         // total_size is only meaningful when every shard could be read.
         let complete = problems.len() == before;
-        let entries = index::entries(&shards, weight_map.as_ref(), &mut problems);
         let config = match &dir {
             Some(d) => read_config(&d.join(CONFIG_NAME), &mut problems)?,
             None => None,
         };
-        let quant = int4::quant_of(&shards, &mut problems);
-        let logical = int4::logical(&entries, quant.as_deref(), &mut problems);
+        let located = Located {
+            kind,
+            index_path,
+            single: None,
+            dir,
+        };
+        let model = Model::assemble(
+            path,
+            located,
+            shards,
+            index_metadata,
+            weight_map,
+            config,
+            complete,
+            &mut problems,
+        );
+        Ok((model, problems))
+    }
+
+    /// A single safetensors file whose header was read elsewhere (a range request of
+    /// an object in storage): `path` names it, and the checks are `open`'s.
+    pub fn from_header(path: &Path, header: Header) -> Result<Model, ModelError> {
+        let name = path
+            .file_name()
+            .map_or_else(|| SINGLE_NAME.to_string(), |n| n.to_string_lossy().into());
+        let shards = vec![Shard {
+            name,
+            path: path.to_path_buf(),
+            header,
+        }];
+        let located = Located {
+            kind: Kind::File,
+            index_path: None,
+            single: None,
+            dir: None,
+        };
+        let mut problems = Findings::new();
+        let model = Model::assemble(
+            path,
+            located,
+            shards,
+            BTreeMap::new(),
+            None,
+            None,
+            true,
+            &mut problems,
+        );
+        Model::first_problem(model, problems)
+    }
+
+    /// The model, or its first broken rule with how many more there are.
+    fn first_problem(model: Model, problems: Findings) -> Result<Model, ModelError> {
+        let total = problems.len();
+        let (kept, _) = problems.into_parts();
+        match kept.into_iter().next() {
+            None => Ok(model),
+            Some(first) => Err(ModelError::Invalid {
+                first: first.message,
+                more: usize::try_from(total.saturating_sub(1)).unwrap_or(usize::MAX),
+            }),
+        }
+    }
+
+    /// The checks shared by every way of opening: entries, int4, names, tokenizer.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the parts `scan` and `from_header` each gather, handed over once"
+    )]
+    fn assemble(
+        path: &Path,
+        located: Located,
+        shards: Vec<Shard>,
+        index_metadata: BTreeMap<String, serde_json::Value>,
+        weight_map: Option<BTreeMap<String, String>>,
+        config: Option<serde_json::Map<String, serde_json::Value>>,
+        complete: bool,
+        problems: &mut Findings,
+    ) -> Model {
+        let Located {
+            kind,
+            index_path,
+            dir,
+            ..
+        } = located;
+        let entries = index::entries(&shards, weight_map.as_ref(), problems);
+        let quant = int4::quant_of(&shards, problems);
+        let logical = int4::logical(&entries, quant.as_deref(), problems);
         let mut model = Model {
             path: path.to_path_buf(),
             kind,
@@ -362,17 +438,17 @@ impl Model {
             quant,
         };
         if let (Some(total), true) = (model.index_metadata.get("total_size"), complete) {
-            index::check_total_size(total, &model, &mut problems);
+            index::check_total_size(total, &model, problems);
         }
         // Names are only worth checking when every file could be read.
         if complete {
-            arch::check(&model, &mut problems);
+            arch::check(&model, problems);
         }
         if model.kind == Kind::Directory {
-            check_tokenizer(&model, &mut problems);
+            check_tokenizer(&model, problems);
         }
         model.logical.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok((model, problems))
+        model
     }
 
     /// The logical tensor of that name.

@@ -51,8 +51,8 @@ pub use pack::{
 };
 pub use session::{read_cursor, CursorSession};
 pub use shard::{
-    inspect_header, read_shard_header, HeaderReport, IdDtype, Layout, Shard, ShardHeader,
-    ShardWriter, HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
+    inspect_header, read_shard_header, report_from_bytes, HeaderReport, IdDtype, Layout, Shard,
+    ShardHeader, ShardWriter, HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
 };
 pub use stream::{
     check_batch_shape, check_ranks, shuffle_order, Batch, Ranks, ShardOrder, StreamOptions,

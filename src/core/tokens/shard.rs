@@ -281,6 +281,17 @@ fn read_report(path: &Path) -> Result<(File, HeaderReport), TokensError> {
     let size = file.metadata().map_err(io_err(path))?.len();
     let mut buf = [0u8; HEADER_BYTES];
     let got = read_header_bytes(&mut file, path, &mut buf)?;
+    Ok((file, report_from_bytes(path, &buf, got, size)))
+}
+
+/// The report of a shard of `size` bytes whose first `got` bytes (at most 1024) are in
+/// `buf` (the rest zero): for a reader that fetched them itself (a range request).
+pub fn report_from_bytes(
+    path: &Path,
+    buf: &[u8; HEADER_BYTES],
+    got: usize,
+    size: u64,
+) -> HeaderReport {
     let words = buf.get(..16).filter(|_| got >= 16).map(|w| {
         let (chunks, _) = w.as_chunks::<WORD_BYTES>();
         let mut out = [0i32; 4];
@@ -295,16 +306,13 @@ fn read_report(path: &Path) -> Result<(File, HeaderReport), TokensError> {
             size: got as u64,
         })
     } else {
-        ShardHeader::parse(path, &buf, size)
+        ShardHeader::parse(path, buf, size)
     };
-    Ok((
-        file,
-        HeaderReport {
-            size,
-            words,
-            header,
-        },
-    ))
+    HeaderReport {
+        size,
+        words,
+        header,
+    }
 }
 
 /// Read and validate the header of `path` (1024 bytes read, whatever the file's size).

@@ -214,6 +214,16 @@ pub(crate) fn read_header_from(file: &mut File, size: u64) -> Result<Header, Rea
     parse_header_bytes(&buf, size).map_err(ReadFailure::Invalid)
 }
 
+/// The header length `N` that the 8-byte `prefix` of a file of `size` bytes gives, by
+/// the reader rules `read_header` applies before it reads `N` bytes (for a reader that
+/// fetches the two parts itself, such as range requests to object storage).
+pub fn header_len(prefix: [u8; N_LEN as usize], size: u64) -> Result<u64, SafetensorsError> {
+    check_prefix_len(size)?;
+    let n = u64::from_le_bytes(prefix);
+    check_n(n, size).map_err(|e| with_sniff(e, &prefix))?;
+    Ok(n)
+}
+
 /// What eight leading bytes look like when they are not a safetensors length prefix:
 /// the formats people most often hand to a safetensors tool by mistake.
 pub fn sniff(prefix: &[u8; 8]) -> Option<&'static str> {

@@ -1,0 +1,196 @@
+//! The formats of tlio read from and written to object storage (scale.md section 3):
+//! a safetensors header or a token shard's header by range requests, and checkpoints
+//! committed without rename (`checkpoint`). Every format rule is the local one, called
+//! on the bytes fetched; only the storage differs.
+//!
+//! Invariants: a header is read with range requests only (the object's size from a
+//! HEAD, then the 8-byte prefix and the `N` header bytes, or a shard's 1024 bytes),
+//! never the whole object; every error names the URL.
+
+use std::path::{Path, PathBuf};
+
+use crate::failure::{Failure, FailureKind};
+use crate::model::{Model, ModelError};
+use crate::s3::{S3Error, S3Url};
+#[cfg(feature = "s3")]
+use crate::safetensors::header::{header_len, parse_header_bytes, N_LEN};
+use crate::safetensors::{Header, SafetensorsError};
+#[cfg(feature = "s3")]
+use crate::tokens::HEADER_BYTES;
+use crate::tokens::{HeaderReport, TokensError};
+
+/// Errors of reading tlio's formats from object storage.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// Reaching the object failed (or the URL is malformed).
+    #[error(transparent)]
+    S3(#[from] S3Error),
+    /// The object's safetensors header breaks a reader rule.
+    #[error("{url}")]
+    Safetensors {
+        /// The object.
+        url: String,
+        /// The rule broken (boxed: the error of every remote read stays small).
+        source: Box<SafetensorsError>,
+    },
+    /// The model (one safetensors object) breaks a rule.
+    #[error("{url}")]
+    Model {
+        /// The object.
+        url: String,
+        /// The rule broken (boxed: the error of every remote read stays small).
+        source: Box<ModelError>,
+    },
+    /// The token shard breaks a rule (the error names the URL as its path).
+    #[error(transparent)]
+    Tokens(#[from] TokensError),
+}
+
+impl Failure for RemoteError {
+    fn kind(&self) -> FailureKind {
+        match self {
+            RemoteError::S3(e) => e.kind(),
+            RemoteError::Safetensors { source, .. } => source.kind(),
+            RemoteError::Model { source, .. } => source.kind(),
+            RemoteError::Tokens(e) => e.kind(),
+        }
+    }
+}
+
+/// The size of the object at `url`; a missing object is a `NotFound` error.
+#[cfg(feature = "s3")]
+fn object_size(store: &crate::s3::Store, url: &S3Url) -> Result<u64, S3Error> {
+    match store.head(url.key())? {
+        Some(info) => Ok(info.size),
+        None => Err(S3Error::request(
+            url.to_string(),
+            std::io::ErrorKind::NotFound,
+            "no such object".to_string(),
+        )),
+    }
+}
+
+/// The validated header of the safetensors object at `url` and the object's size,
+/// read with two range requests (the prefix, then the header).
+#[cfg(feature = "s3")]
+pub fn safetensors_header(url: &S3Url) -> Result<(Header, u64), RemoteError> {
+    let store = crate::s3::connect(url)?;
+    let size = object_size(&store, url)?;
+    let invalid = |source| RemoteError::Safetensors {
+        url: url.to_string(),
+        source: Box::new(source),
+    };
+    // Too short for a prefix: the reader rule says so without a request.
+    let mut prefix = [0u8; N_LEN as usize];
+    if size >= N_LEN {
+        let got = store.get_range(url.key(), 0..N_LEN)?;
+        prefix = got
+            .as_slice()
+            .try_into()
+            .map_err(|_| short_read(url, N_LEN, got.len()))?;
+    }
+    let n = header_len(prefix, size).map_err(invalid)?;
+    let end = N_LEN.saturating_add(n);
+    let bytes = if n == 0 {
+        Vec::new()
+    } else {
+        store.get_range(url.key(), N_LEN..end)?
+    };
+    if bytes.len() as u64 != n {
+        return Err(short_read(url, n, bytes.len()).into());
+    }
+    let header = parse_header_bytes(&bytes, size).map_err(invalid)?;
+    Ok((header, size))
+}
+
+/// Without the `s3` feature an object cannot be reached.
+#[cfg(not(feature = "s3"))]
+pub fn safetensors_header(url: &S3Url) -> Result<(Header, u64), RemoteError> {
+    Err(not_built(url))
+}
+
+#[cfg(not(feature = "s3"))]
+fn not_built(url: &S3Url) -> RemoteError {
+    RemoteError::S3(S3Error::NotBuilt {
+        url: url.to_string(),
+    })
+}
+
+/// A server that answered a range request with another number of bytes.
+#[cfg(feature = "s3")]
+fn short_read(url: &S3Url, expected: u64, got: usize) -> S3Error {
+    S3Error::request(
+        url.to_string(),
+        std::io::ErrorKind::UnexpectedEof,
+        format!("a range request for {expected} bytes returned {got}"),
+    )
+}
+
+/// The safetensors object at `url` as a one-file [`Model`] (what `st inspect` shows),
+/// from its header alone; the model's path is the URL.
+pub fn open_model(url: &S3Url) -> Result<Model, RemoteError> {
+    let (header, _) = safetensors_header(url)?;
+    Model::from_header(&url_path(url), header).map_err(|source| RemoteError::Model {
+        url: url.to_string(),
+        source: Box::new(source),
+    })
+}
+
+/// A URL as the path a local report names (core's reports name files by path).
+pub fn url_path(url: &S3Url) -> PathBuf {
+    PathBuf::from(url.to_string())
+}
+
+/// What `tokens header` shows of the shard object at `url`, from one range request
+/// of its first 1024 bytes (fewer when the object is shorter).
+#[cfg(feature = "s3")]
+pub fn shard_header(url: &S3Url) -> Result<HeaderReport, RemoteError> {
+    let store = crate::s3::connect(url)?;
+    let size = object_size(&store, url)?;
+    let want = size.min(HEADER_BYTES as u64);
+    let got = if want == 0 {
+        Vec::new()
+    } else {
+        store.get_range(url.key(), 0..want)?
+    };
+    if got.len() as u64 != want {
+        return Err(short_read(url, want, got.len()).into());
+    }
+    let mut buf = [0u8; HEADER_BYTES];
+    for (b, g) in buf.iter_mut().zip(&got) {
+        *b = *g;
+    }
+    Ok(crate::tokens::report_from_bytes(
+        Path::new(&url.to_string()),
+        &buf,
+        got.len(),
+        size,
+    ))
+}
+
+/// Without the `s3` feature an object cannot be reached.
+#[cfg(not(feature = "s3"))]
+pub fn shard_header(url: &S3Url) -> Result<HeaderReport, RemoteError> {
+    Err(not_built(url))
+}
+
+/// Download the object at `url` into the file `dest` (created or truncated); returns
+/// its size. For readers that need the whole object (`--check-ids`).
+#[cfg(feature = "s3")]
+pub fn download(url: &S3Url, dest: &Path) -> Result<u64, RemoteError> {
+    let store = crate::s3::connect(url)?;
+    let mut file = std::fs::File::create(dest).map_err(|e| {
+        S3Error::request(
+            url.to_string(),
+            e.kind(),
+            format!("{}: {e}", dest.display()),
+        )
+    })?;
+    Ok(store.download(url.key(), &mut file, &mut |_| {})?)
+}
+
+/// Without the `s3` feature an object cannot be reached.
+#[cfg(not(feature = "s3"))]
+pub fn download(url: &S3Url, _dest: &Path) -> Result<u64, RemoteError> {
+    Err(not_built(url))
+}

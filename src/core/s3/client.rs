@@ -1,0 +1,558 @@
+//! The blocking client over `object_store`'s S3 store: one small runtime per [`Store`],
+//! every call run to completion on it, every failure mapped to one [`S3Error`] naming
+//! the object's URL and saying how it failed (missing, refused, unreachable).
+//!
+//! Invariants: each request has a connect timeout, a read timeout and an overall
+//! timeout, and is retried a bounded number of times within a bounded time; nothing
+//! here reads credentials from anywhere but the [`Config`] given; large uploads go in
+//! parts, so no object is held whole in memory.
+
+use std::io::{self, Read, Write};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::{
+    Attribute, AttributeValue, Attributes, BackoffConfig, ClientOptions, GetOptions, GetRange,
+    ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
+    WriteMultipart,
+};
+
+use super::{Conditional, Config, ObjectInfo, S3Error, S3Url};
+
+/// How long establishing a connection may take (a server that is down fails at once on
+/// loopback; elsewhere this bounds the wait for a SYN that is never answered).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest silence while reading a response before the request counts as failed.
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest a single request may take in all (one part of a multipart upload included).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// Retries of a failed request (server errors, dropped connections).
+const MAX_RETRIES: usize = 3;
+/// Past this time since the first attempt, a request is not retried again.
+const RETRY_TIMEOUT: Duration = Duration::from_secs(10);
+/// First pause between retries; doubled each time, up to [`MAX_BACKOFF`].
+const INIT_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest pause between retries.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Files at least this large are uploaded in parts.
+pub const MULTIPART_THRESHOLD: u64 = 64 << 20;
+/// The size of one part of a multipart upload.
+pub const PART_BYTES: usize = 16 << 20;
+/// Parts in flight at once during a multipart upload.
+const PARTS_IN_FLIGHT: usize = 4;
+/// Read buffer while uploading or downloading a file.
+const IO_BUFFER_BYTES: usize = 4 << 20;
+
+/// An object's bytes and its entity tag.
+pub type Fetched = (Vec<u8>, Option<String>);
+
+/// A connection to one bucket, with its own runtime; every method blocks.
+#[derive(Debug)]
+pub struct Store {
+    bucket_url: S3Url,
+    endpoint: String,
+    store: Arc<AmazonS3>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Store {
+    /// A client for the bucket of `url` configured by `config`; no request is sent yet.
+    pub fn connect(url: &S3Url, config: &Config) -> Result<Store, S3Error> {
+        // rustls needs a process-wide provider for https; installing it twice is a
+        // no-op error that says one is already there.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config_err = |reason: String| S3Error::Config {
+            url: url.to_string(),
+            reason,
+        };
+        let options = ClientOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_read_timeout(READ_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_allow_http(
+                config
+                    .endpoint
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("http://")),
+            );
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: INIT_BACKOFF,
+                max_backoff: MAX_BACKOFF,
+                base: 2.0,
+            },
+            max_retries: MAX_RETRIES,
+            retry_timeout: RETRY_TIMEOUT,
+        };
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(url.bucket())
+            .with_region(&config.region)
+            .with_access_key_id(&config.access_key_id)
+            .with_secret_access_key(&config.secret_access_key)
+            .with_client_options(options)
+            .with_retry(retry);
+        if let Some(token) = &config.session_token {
+            builder = builder.with_token(token);
+        }
+        let endpoint = match &config.endpoint {
+            Some(e) => {
+                builder = builder
+                    .with_endpoint(e)
+                    .with_virtual_hosted_style_request(false);
+                e.clone()
+            }
+            None => format!("https://s3.{}.amazonaws.com", config.region),
+        };
+        let store = builder
+            .build()
+            .map_err(|e| config_err(crate::failure::full_text(&e)))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| config_err(format!("cannot start the I/O runtime: {e}")))?;
+        Ok(Store {
+            bucket_url: S3Url::parse(&format!("{}{}", super::URL_SCHEME, url.bucket()))?,
+            endpoint,
+            store: Arc::new(store),
+            runtime,
+        })
+    }
+
+    /// The URL of `key` in this bucket, for messages.
+    fn url(&self, key: &str) -> String {
+        if key.is_empty() {
+            self.bucket_url.to_string()
+        } else {
+            format!("{}/{key}", self.bucket_url)
+        }
+    }
+
+    fn key(&self, key: &str) -> Result<Key, S3Error> {
+        Key::parse(key).map_err(|e| S3Error::BadUrl {
+            url: self.url(key),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Map an `object_store` error about `key` to one error naming it.
+    fn fail(&self, key: &str, err: &object_store::Error) -> S3Error {
+        let (kind, message) = classify(err, &self.endpoint, self.bucket_url.bucket());
+        S3Error::request(self.url(key), kind, message)
+    }
+
+    /// The whole object, at most `limit` bytes (a larger one is [`S3Error::TooLarge`]).
+    pub fn get(&self, key: &str, limit: u64) -> Result<Vec<u8>, S3Error> {
+        let path = self.key(key)?;
+        self.runtime.block_on(async {
+            let got = self
+                .store
+                .get_opts(&path, GetOptions::default())
+                .await
+                .map_err(|e| self.fail(key, &e))?;
+            if got.meta.size > limit {
+                return Err(S3Error::TooLarge {
+                    url: self.url(key),
+                    size: got.meta.size,
+                    limit,
+                });
+            }
+            let bytes = got.bytes().await.map_err(|e| self.fail(key, &e))?;
+            Ok(bytes.to_vec())
+        })
+    }
+
+    /// The whole object and its entity tag, or `None` when it does not exist.
+    pub fn get_if_exists(&self, key: &str, limit: u64) -> Result<Option<Fetched>, S3Error> {
+        let path = self.key(key)?;
+        self.runtime.block_on(async {
+            let got = match self.store.get_opts(&path, GetOptions::default()).await {
+                Ok(g) => g,
+                Err(object_store::Error::NotFound { .. }) => {
+                    return self.check_bucket(key).await.map(|()| None)
+                }
+                Err(e) => return Err(self.fail(key, &e)),
+            };
+            if got.meta.size > limit {
+                return Err(S3Error::TooLarge {
+                    url: self.url(key),
+                    size: got.meta.size,
+                    limit,
+                });
+            }
+            let etag = got.meta.e_tag.clone();
+            let bytes = got.bytes().await.map_err(|e| self.fail(key, &e))?;
+            Ok(Some((bytes.to_vec(), etag)))
+        })
+    }
+
+    /// A missing object in a missing bucket is the bucket's error, not the object's.
+    async fn check_bucket(&self, key: &str) -> Result<(), S3Error> {
+        let probe = self.store.list_with_delimiter(None).await;
+        match probe {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.fail(key, &e)),
+        }
+    }
+
+    /// Bytes `range` of the object (a range request).
+    pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Vec<u8>, S3Error> {
+        let path = self.key(key)?;
+        self.runtime.block_on(async {
+            let options = GetOptions {
+                range: Some(GetRange::Bounded(range)),
+                ..GetOptions::default()
+            };
+            let got = self
+                .store
+                .get_opts(&path, options)
+                .await
+                .map_err(|e| self.fail(key, &e))?;
+            let bytes = got.bytes().await.map_err(|e| self.fail(key, &e))?;
+            Ok(bytes.to_vec())
+        })
+    }
+
+    /// The object's size and entity tag, or `None` when it does not exist (in a bucket
+    /// that does).
+    pub fn head(&self, key: &str) -> Result<Option<ObjectInfo>, S3Error> {
+        let path = self.key(key)?;
+        self.runtime.block_on(async {
+            match self.store.head(&path).await {
+                Ok(meta) => Ok(Some(info(meta))),
+                Err(object_store::Error::NotFound { .. }) => {
+                    self.check_bucket(key).await.map(|()| None)
+                }
+                Err(e) => Err(self.fail(key, &e)),
+            }
+        })
+    }
+
+    /// The user metadata value `name` of the object, with its size; `None` when the
+    /// object does not exist.
+    pub fn metadata(&self, key: &str, name: &str) -> Result<Option<Option<String>>, S3Error> {
+        let path = self.key(key)?;
+        self.runtime.block_on(async {
+            let options = GetOptions {
+                head: true,
+                ..GetOptions::default()
+            };
+            match self.store.get_opts(&path, options).await {
+                Ok(got) => Ok(Some(
+                    got.attributes
+                        .get(&Attribute::Metadata(name.to_string().into()))
+                        .map(|v| v.as_ref().to_string()),
+                )),
+                Err(object_store::Error::NotFound { .. }) => {
+                    self.check_bucket(key).await.map(|()| None)
+                }
+                Err(e) => Err(self.fail(key, &e)),
+            }
+        })
+    }
+
+    /// Write `data` to `key`, replacing whatever is there.
+    pub fn put(&self, key: &str, data: Vec<u8>) -> Result<(), S3Error> {
+        let path = self.key(key)?;
+        self.runtime.block_on(async {
+            self.store
+                .put(&path, PutPayload::from(data))
+                .await
+                .map(|_| ())
+                .map_err(|e| self.fail(key, &e))
+        })
+    }
+
+    /// Write `data` to `key` only if the condition holds: `etag` `None` means the key
+    /// must not exist (`If-None-Match: *`), `Some(tag)` that it still has that tag
+    /// (`If-Match`). `metadata` is stored as user metadata (`x-amz-meta-*`).
+    pub fn put_if(
+        &self,
+        key: &str,
+        data: Vec<u8>,
+        etag: Option<&str>,
+        metadata: &[(&str, &str)],
+    ) -> Result<Conditional, S3Error> {
+        let path = self.key(key)?;
+        let mut attributes = Attributes::new();
+        for (name, value) in metadata {
+            attributes.insert(
+                Attribute::Metadata(name.to_string().into()),
+                AttributeValue::from(value.to_string()),
+            );
+        }
+        let mode = match etag {
+            None => PutMode::Create,
+            Some(tag) => PutMode::Update(UpdateVersion {
+                e_tag: Some(tag.to_string()),
+                version: None,
+            }),
+        };
+        let options = PutOptions {
+            mode,
+            attributes,
+            ..PutOptions::default()
+        };
+        self.runtime.block_on(async {
+            match self
+                .store
+                .put_opts(&path, PutPayload::from(data), options)
+                .await
+            {
+                Ok(r) => Ok(Conditional::Written(r.e_tag)),
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) => Ok(Conditional::Lost),
+                // An If-Match on an object that is gone: the condition failed too.
+                Err(object_store::Error::NotFound { .. }) if etag.is_some() => {
+                    Ok(Conditional::Lost)
+                }
+                Err(e) => Err(self.fail(key, &e)),
+            }
+        })
+    }
+
+    /// Upload the file at `path` to `key` (in parts when large), calling `seen` with
+    /// each chunk as it is read (the caller hashes what is sent); returns its size.
+    pub fn upload(
+        &self,
+        key: &str,
+        path: &Path,
+        seen: &mut dyn FnMut(&[u8]),
+    ) -> Result<u64, S3Error> {
+        let target = self.key(key)?;
+        let local = |e: io::Error| {
+            S3Error::request(self.url(key), e.kind(), format!("{}: {e}", path.display()))
+        };
+        let mut file = crate::files::open_regular(path).map_err(local)?;
+        let size = file.metadata().map_err(local)?.len();
+        if size < MULTIPART_THRESHOLD {
+            let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+            file.read_to_end(&mut data).map_err(local)?;
+            seen(&data);
+            let n = data.len() as u64;
+            self.runtime.block_on(async {
+                self.store
+                    .put(&target, PutPayload::from(data))
+                    .await
+                    .map_err(|e| self.fail(key, &e))
+            })?;
+            return Ok(n);
+        }
+        self.runtime.block_on(async {
+            let upload = self
+                .store
+                .put_multipart(&target)
+                .await
+                .map_err(|e| self.fail(key, &e))?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+            let mut buf = vec![0u8; IO_BUFFER_BYTES];
+            let mut total = 0u64;
+            loop {
+                let n = match file.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        writer.abort().await.ok();
+                        return Err(local(e));
+                    }
+                };
+                let chunk = buf.get(..n).ok_or_else(|| {
+                    local(io::Error::other(
+                        "a read reported more bytes than its buffer",
+                    ))
+                })?;
+                seen(chunk);
+                total = total.saturating_add(n as u64);
+                if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                    return Err(self.fail(key, &e));
+                }
+                writer.write(chunk);
+            }
+            writer.finish().await.map_err(|e| self.fail(key, &e))?;
+            Ok(total)
+        })
+    }
+
+    /// Download `key` into `out`, calling `seen` with each chunk; returns its size.
+    pub fn download(
+        &self,
+        key: &str,
+        out: &mut dyn Write,
+        seen: &mut dyn FnMut(&[u8]),
+    ) -> Result<u64, S3Error> {
+        let path = self.key(key)?;
+        self.runtime.block_on(async {
+            let got = self
+                .store
+                .get_opts(&path, GetOptions::default())
+                .await
+                .map_err(|e| self.fail(key, &e))?;
+            let mut stream = got.into_stream();
+            let mut total = 0u64;
+            while let Some(chunk) = stream.try_next().await.map_err(|e| self.fail(key, &e))? {
+                seen(&chunk);
+                out.write_all(&chunk).map_err(|e| {
+                    S3Error::request(self.url(key), e.kind(), format!("writing the copy: {e}"))
+                })?;
+                total = total.saturating_add(chunk.len() as u64);
+            }
+            Ok(total)
+        })
+    }
+
+    /// Every object whose key starts with `prefix/` (all of the bucket for an empty
+    /// prefix), in key order.
+    pub fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, S3Error> {
+        let path = self.key_or_root(prefix)?;
+        self.runtime.block_on(async {
+            let mut found: Vec<ObjectInfo> = self
+                .store
+                .list(path.as_ref())
+                .map_ok(info)
+                .try_collect()
+                .await
+                .map_err(|e| self.fail(prefix, &e))?;
+            found.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok(found)
+        })
+    }
+
+    /// The names one level below `prefix/`: the "directories" (common prefixes) and
+    /// the objects, each as its last segment, sorted.
+    pub fn list_dir(&self, prefix: &str) -> Result<(Vec<String>, Vec<ObjectInfo>), S3Error> {
+        let path = self.key_or_root(prefix)?;
+        self.runtime.block_on(async {
+            let listed = self
+                .store
+                .list_with_delimiter(path.as_ref())
+                .await
+                .map_err(|e| self.fail(prefix, &e))?;
+            let mut dirs: Vec<String> = listed
+                .common_prefixes
+                .iter()
+                .filter_map(|p| p.filename().map(str::to_string))
+                .collect();
+            dirs.sort();
+            let mut objects: Vec<ObjectInfo> = listed.objects.into_iter().map(info).collect();
+            objects.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok((dirs, objects))
+        })
+    }
+
+    fn key_or_root(&self, prefix: &str) -> Result<Option<Key>, S3Error> {
+        if prefix.is_empty() {
+            Ok(None)
+        } else {
+            self.key(prefix).map(Some)
+        }
+    }
+
+    /// Delete `key` (deleting a missing object is not an error).
+    pub fn delete(&self, key: &str) -> Result<(), S3Error> {
+        let path = self.key(key)?;
+        self.runtime.block_on(async {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(self.fail(key, &e)),
+            }
+        })
+    }
+}
+
+fn info(meta: object_store::ObjectMeta) -> ObjectInfo {
+    ObjectInfo {
+        key: meta.location.to_string(),
+        size: meta.size,
+        etag: meta.e_tag,
+    }
+}
+
+/// How an `object_store` error failed, as an I/O kind and one short message: a
+/// missing bucket, a missing object, refused credentials, an unreachable server.
+fn classify(err: &object_store::Error, endpoint: &str, bucket: &str) -> (io::ErrorKind, String) {
+    let text = crate::failure::full_text(err);
+    if text.contains("NoSuchBucket") {
+        return (
+            io::ErrorKind::NotFound,
+            format!("no such bucket {bucket} at {endpoint}"),
+        );
+    }
+    match err {
+        object_store::Error::NotFound { .. } => {
+            return (io::ErrorKind::NotFound, "no such object".to_string())
+        }
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => {
+            return (
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "the server at {endpoint} refused the request: {}",
+                    leaf(err)
+                ),
+            )
+        }
+        _ => {}
+    }
+    if let Some(kind) = network_kind(err) {
+        return (
+            kind,
+            format!("cannot reach the server at {endpoint}: {}", leaf(err)),
+        );
+    }
+    if text.contains("AccessDenied")
+        || text.contains("InvalidAccessKeyId")
+        || text.contains("SignatureDoesNotMatch")
+    {
+        return (
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the server at {endpoint} refused the request: {}",
+                leaf(err)
+            ),
+        );
+    }
+    (io::ErrorKind::Other, text)
+}
+
+/// The deepest cause's message (the one that says what happened).
+fn leaf(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = err;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}
+
+/// `ConnectionRefused` or `TimedOut` when a transport error is in the chain.
+fn network_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(c) = cause {
+        if let Some(r) = c.downcast_ref::<reqwest::Error>() {
+            if r.is_timeout() {
+                return Some(io::ErrorKind::TimedOut);
+            }
+            if r.is_connect() {
+                return Some(io::ErrorKind::ConnectionRefused);
+            }
+        }
+        if let Some(e) = c.downcast_ref::<io::Error>() {
+            match e.kind() {
+                io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::NotConnected => return Some(io::ErrorKind::ConnectionRefused),
+                io::ErrorKind::TimedOut => return Some(io::ErrorKind::TimedOut),
+                _ => {}
+            }
+        }
+        cause = c.source();
+    }
+    None
+}

@@ -1,0 +1,350 @@
+//! Object storage (S3-compatible, scale.md section 3): `s3://bucket/prefix` URLs with
+//! strict validation, the configuration from the standard AWS variables, and a small
+//! blocking client ([`Store`]) over the `object_store` crate with its own runtime,
+//! timeouts and bounded retries.
+//!
+//! Invariants: every failure is one error naming the URL (never a hang: each request
+//! has a connect timeout, a read timeout and a bounded number of retries); credentials
+//! come only from the environment given, never from an instance-metadata service (a
+//! missing key is an error at once, not a slow probe); without the `s3` feature the
+//! URL rules still apply and connecting is [`S3Error::NotBuilt`].
+
+use std::io;
+
+#[cfg(feature = "s3")]
+mod client;
+mod url;
+
+pub use url::{is_s3_url, S3Url, MAX_KEY_BYTES, URL_SCHEME};
+
+#[cfg(feature = "s3")]
+pub use client::Store;
+
+/// The standard AWS variables this module reads (and nothing else).
+pub const ENV_VARS: [&str; 6] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+];
+
+/// The region used when neither `AWS_REGION` nor `AWS_DEFAULT_REGION` is set.
+pub const DEFAULT_REGION: &str = "us-east-1";
+
+/// Errors of object storage; each names the URL it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum S3Error {
+    /// The text is not a valid `s3://bucket/key` URL.
+    #[error("{url}: not a valid s3://bucket/key URL: {reason}")]
+    BadUrl {
+        /// The text given.
+        url: String,
+        /// The rule it breaks.
+        reason: String,
+    },
+    /// This build has no object-storage client.
+    #[error("{url}: this build lacks the `s3` feature needed to reach object storage")]
+    NotBuilt {
+        /// The URL asked for.
+        url: String,
+    },
+    /// The configuration (the AWS variables) is unusable.
+    #[error("{url}: {reason}")]
+    Config {
+        /// The URL asked for.
+        url: String,
+        /// What is missing or wrong, naming the variable.
+        reason: String,
+    },
+    /// A request failed: the kind of the source says how (`NotFound` for a missing
+    /// object or bucket, `PermissionDenied` for refused credentials, `ConnectionRefused`
+    /// or `TimedOut` for a server that cannot be reached).
+    #[error("{url}")]
+    Request {
+        /// The object or prefix the request was about.
+        url: String,
+        /// What went wrong, as an I/O error of the matching kind.
+        source: io::Error,
+    },
+    /// An object larger than the caller can hold in memory.
+    #[error("{url}: {size} bytes, more than the {limit} read into memory")]
+    TooLarge {
+        /// The object.
+        url: String,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+}
+
+impl S3Error {
+    /// A request error of `kind` with `message`.
+    pub fn request(url: impl Into<String>, kind: io::ErrorKind, message: String) -> Self {
+        S3Error::Request {
+            url: url.into(),
+            source: io::Error::new(kind, message),
+        }
+    }
+
+    /// True when the error says the object (or bucket) does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, S3Error::Request { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+impl crate::failure::Failure for S3Error {
+    fn kind(&self) -> crate::failure::FailureKind {
+        use crate::failure::FailureKind;
+        match self {
+            S3Error::BadUrl { .. } => FailureKind::Invalid,
+            S3Error::NotBuilt { .. }
+            | S3Error::Config { .. }
+            | S3Error::Request { .. }
+            | S3Error::TooLarge { .. } => FailureKind::Operational,
+        }
+    }
+}
+
+/// The configuration read from the AWS variables.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `AWS_ACCESS_KEY_ID`.
+    pub access_key_id: String,
+    /// `AWS_SECRET_ACCESS_KEY`.
+    pub secret_access_key: String,
+    /// `AWS_SESSION_TOKEN`, when set.
+    pub session_token: Option<String>,
+    /// `AWS_REGION`, else `AWS_DEFAULT_REGION`, else [`DEFAULT_REGION`].
+    pub region: String,
+    /// `AWS_ENDPOINT_URL`, when set (then requests use path-style addressing).
+    pub endpoint: Option<String>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print a secret, even in a debug dump.
+        f.debug_struct("Config")
+            .field("access_key_id", &self.access_key_id)
+            .field("region", &self.region)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Config {
+    /// Read the variables through `var` (the process environment in [`Config::from_env`]);
+    /// `url` is named in the error.
+    pub fn from_vars(url: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<Self, S3Error> {
+        let get = |name: &str| var(name).filter(|v| !v.is_empty());
+        let missing = |name: &str| {
+            S3Error::request(
+            url,
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "no credentials: {name} is not set (object storage needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+            ),
+        )
+        };
+        let access_key_id = get("AWS_ACCESS_KEY_ID").ok_or_else(|| missing("AWS_ACCESS_KEY_ID"))?;
+        let secret_access_key =
+            get("AWS_SECRET_ACCESS_KEY").ok_or_else(|| missing("AWS_SECRET_ACCESS_KEY"))?;
+        let region = get("AWS_REGION")
+            .or_else(|| get("AWS_DEFAULT_REGION"))
+            .unwrap_or_else(|| DEFAULT_REGION.to_string());
+        let endpoint = match get("AWS_ENDPOINT_URL") {
+            Some(e) => Some(check_endpoint(url, &e)?),
+            None => None,
+        };
+        Ok(Config {
+            access_key_id,
+            secret_access_key,
+            session_token: get("AWS_SESSION_TOKEN"),
+            region,
+            endpoint,
+        })
+    }
+
+    /// Read the variables from the process environment.
+    pub fn from_env(url: &str) -> Result<Self, S3Error> {
+        Config::from_vars(url, &|name| std::env::var(name).ok())
+    }
+}
+
+/// An endpoint is `https://host[:port][/]`, or `http://` to a loopback host (a local
+/// test server); plain http elsewhere would send the data in the clear.
+fn check_endpoint(url: &str, endpoint: &str) -> Result<String, S3Error> {
+    let bad = |reason: &str| S3Error::Config {
+        url: url.to_string(),
+        reason: format!(
+            "AWS_ENDPOINT_URL {}: {reason}",
+            crate::text::quote(endpoint)
+        ),
+    };
+    let (scheme, rest) = endpoint
+        .split_once("://")
+        .ok_or_else(|| bad("not an http:// or https:// URL"))?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty()
+        || rest.contains(['/', '?', '#', '@'])
+        || rest.chars().any(char::is_whitespace)
+    {
+        return Err(bad("expected scheme://host[:port] and nothing more"));
+    }
+    match scheme {
+        "https" => Ok(endpoint.trim_end_matches('/').to_string()),
+        "http" if is_loopback_authority(rest) => Ok(endpoint.trim_end_matches('/').to_string()),
+        "http" => Err(bad(
+            "plain http is used only on loopback (127.0.0.1, ::1, localhost); use https",
+        )),
+        _ => Err(bad("not an http:// or https:// URL")),
+    }
+}
+
+/// `host[:port]` names this machine.
+fn is_loopback_authority(authority: &str) -> bool {
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// What a listing or a HEAD says about one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// The full key.
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its entity tag, when the server gave one.
+    pub etag: Option<String>,
+}
+
+/// What a conditional put did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conditional {
+    /// The object was written; its new entity tag, when the server gave one.
+    Written(Option<String>),
+    /// The precondition failed: another writer got there first.
+    Lost,
+}
+
+/// Connect to the bucket of `url` with the process environment's configuration.
+#[cfg(feature = "s3")]
+pub fn connect(url: &S3Url) -> Result<Store, S3Error> {
+    Store::connect(url, &Config::from_env(&url.to_string())?)
+}
+
+/// Without the `s3` feature there is no client: connecting is [`S3Error::NotBuilt`].
+#[cfg(not(feature = "s3"))]
+pub fn connect(url: &S3Url) -> Result<std::convert::Infallible, S3Error> {
+    Err(S3Error::NotBuilt {
+        url: url.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let owned: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| {
+            owned
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    #[test]
+    fn config_needs_both_keys_and_names_the_missing_variable() {
+        let err = Config::from_vars("s3://b/k", &vars(&[("AWS_ACCESS_KEY_ID", "a")])).unwrap_err();
+        let text = crate::failure::full_text(&err);
+        assert!(text.starts_with("s3://b/k: no credentials"), "{text}");
+        assert!(text.contains("AWS_SECRET_ACCESS_KEY"), "{text}");
+        assert!(
+            matches!(&err, S3Error::Request { source, .. } if source.kind() == io::ErrorKind::PermissionDenied)
+        );
+        let empty = Config::from_vars("s3://b/k", &vars(&[("AWS_ACCESS_KEY_ID", "")])).unwrap_err();
+        assert!(crate::failure::full_text(&empty).contains("AWS_ACCESS_KEY_ID"));
+    }
+
+    #[test]
+    fn config_reads_region_fallback_and_token() {
+        let base = [("AWS_ACCESS_KEY_ID", "a"), ("AWS_SECRET_ACCESS_KEY", "s")];
+        let c = Config::from_vars("s3://b", &vars(&base)).unwrap();
+        assert_eq!(c.region, DEFAULT_REGION);
+        assert_eq!(c.session_token, None);
+        assert_eq!(c.endpoint, None);
+        let mut more = base.to_vec();
+        more.extend([
+            ("AWS_DEFAULT_REGION", "eu-west-1"),
+            ("AWS_SESSION_TOKEN", "t"),
+        ]);
+        let c = Config::from_vars("s3://b", &vars(&more)).unwrap();
+        assert_eq!(c.region, "eu-west-1");
+        assert_eq!(c.session_token.as_deref(), Some("t"));
+        more.push(("AWS_REGION", "ap-south-1"));
+        assert_eq!(
+            Config::from_vars("s3://b", &vars(&more)).unwrap().region,
+            "ap-south-1"
+        );
+        // The secret and the token never appear in a debug dump.
+        let dump = format!("{c:?}");
+        assert!(!dump.contains("\"s\"") && !dump.contains("\"t\""), "{dump}");
+    }
+
+    #[test]
+    fn endpoint_http_only_on_loopback() {
+        let with = |e: &str| {
+            Config::from_vars(
+                "s3://b",
+                &vars(&[
+                    ("AWS_ACCESS_KEY_ID", "a"),
+                    ("AWS_SECRET_ACCESS_KEY", "s"),
+                    ("AWS_ENDPOINT_URL", e),
+                ]),
+            )
+        };
+        for ok in [
+            "http://127.0.0.1:9000",
+            "http://127.0.0.1:9000/",
+            "http://localhost:5000",
+            "http://[::1]:80",
+            "https://s3.example.com",
+            "https://minio.internal:9443",
+        ] {
+            assert!(with(ok).is_ok(), "{ok}");
+        }
+        assert_eq!(
+            with("http://127.0.0.1:9000/").unwrap().endpoint.as_deref(),
+            Some("http://127.0.0.1:9000")
+        );
+        for bad in [
+            "http://10.0.0.1:9000",
+            "http://example.com",
+            "ftp://127.0.0.1",
+            "127.0.0.1:9000",
+            "https://",
+            "https://host/path",
+            "https://user@host",
+        ] {
+            let err = with(bad).unwrap_err();
+            assert!(
+                crate::failure::full_text(&err).contains("AWS_ENDPOINT_URL"),
+                "{bad}: {err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! `s3://` URLs against a real local S3 server (moto, started here through the test
+//! virtual environment's Python by `tests/s3_server.py`, on 127.0.0.1 and a free port):
+//! `st inspect` and `tokens header` of objects uploaded with boto3 give the local
+//! results, and a server that is down, a missing bucket or object, missing
+//! credentials and malformed URLs each give one clear error naming the URL.
+//!
+//! The server is started once per test binary and stops when this process exits (its
+//! standard input closes). Without a Python that has moto the tests fail: they are
+//! never skipped.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command as StdCommand, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::tlio;
+
+/// The server process and its request channel.
+struct Server {
+    url: String,
+    channel: Mutex<(ChildStdin, BufReader<ChildStdout>)>,
+    _child: Child,
+}
+
+/// The Python of the test virtual environment: `TLIO_TEST_PYTHON`, else `.venv` at the
+/// repository root (where `tests/run` makes it).
+fn python() -> PathBuf {
+    std::env::var_os("TLIO_TEST_PYTHON").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"),
+        PathBuf::from,
+    )
+}
+
+fn server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3_server.py");
+        let mut child = StdCommand::new(python())
+            .arg(&script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start the local S3 server with {} (run bash tests/run, which installs moto): {e}",
+                    python().display()
+                )
+            });
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut url = String::new();
+        stdout.read_line(&mut url).unwrap();
+        let url = url.trim().to_string();
+        assert!(
+            url.starts_with("http://127.0.0.1:"),
+            "the local S3 server did not start (is moto installed in {}?): {url:?}",
+            python().display()
+        );
+        Server {
+            url,
+            channel: Mutex::new((stdin, stdout)),
+            _child: child,
+        }
+    })
+}
+
+/// Send one request line to the server; its `ok` value.
+fn ask(request: &str) -> String {
+    let s = server();
+    let mut guard = s.channel.lock().unwrap();
+    let (stdin, stdout) = &mut *guard;
+    writeln!(stdin, "{request}").unwrap();
+    stdin.flush().unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let line = line.trim_end();
+    match line.strip_prefix("ok") {
+        Some(v) => v.trim().to_string(),
+        None => panic!("{request}: {line}"),
+    }
+}
+
+/// A fresh bucket for one test.
+fn bucket() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let name = format!(
+        "tlio-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    ask(&format!("bucket {name}"));
+    name
+}
+
+/// `tlio` with the server's endpoint and test credentials, and no other AWS variable.
+fn tlio_s3() -> assert_cmd::Command {
+    let mut cmd = tlio();
+    for var in [
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_PROFILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("AWS_ENDPOINT_URL", &server().url)
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing");
+    cmd
+}
+
+fn model_file(dir: &Path) -> PathBuf {
+    let path = dir.join("model.safetensors");
+    let header = br#"{"__metadata__":{"format":"pt"},"wte":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header);
+    bytes.extend((0..6u32).flat_map(|i| (i as f32).to_le_bytes()));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn shard_file(dir: &Path) -> PathBuf {
+    let path = dir.join("shard.bin");
+    let mut header = [0u8; 1024];
+    for (i, w) in [20240520i32, 1, 5, 50257].iter().enumerate() {
+        header[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    let mut bytes = header.to_vec();
+    bytes.extend((0..5u16).flat_map(u16::to_le_bytes));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn stdout_of(cmd: &mut assert_cmd::Command) -> String {
+    String::from_utf8(cmd.assert().success().get_output().stdout.clone()).unwrap()
+}
+
+#[test]
+fn st_inspect_of_an_object_matches_the_local_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_file(tmp.path());
+    let b = bucket();
+    ask(&format!("put {b} models/m.safetensors {}", model.display()));
+    let url = format!("s3://{b}/models/m.safetensors");
+    let remote = stdout_of(tlio_s3().args(["--json", "st", "inspect", &url]));
+    let local = stdout_of(tlio().args(["--json", "st", "inspect"]).arg(&model));
+    let strip = |text: &str| {
+        let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+        for f in v["files"].as_array_mut().unwrap() {
+            f.as_object_mut().unwrap().remove("path");
+        }
+        v
+    };
+    assert_eq!(strip(&remote), strip(&local));
+    let doc: serde_json::Value = serde_json::from_str(&remote).unwrap();
+    assert_eq!(doc["files"][0]["path"], url.as_str());
+    // The table names the URL too.
+    let table = stdout_of(tlio_s3().args(["st", "inspect", &url]));
+    assert!(table.contains("wte"), "{table}");
+}
+
+#[test]
+fn tokens_header_of_an_object_matches_the_local_shard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shard = shard_file(tmp.path());
+    let b = bucket();
+    ask(&format!("put {b} data/shard.bin {}", shard.display()));
+    let url = format!("s3://{b}/data/shard.bin");
+    let remote = stdout_of(tlio_s3().args(["--json", "tokens", "header", &url]));
+    let local = stdout_of(tlio().args(["--json", "tokens", "header"]).arg(&shard));
+    assert_eq!(
+        remote.replace(&url, "FILE"),
+        local.replace(&shard.display().to_string(), "FILE")
+    );
+    assert!(remote.contains("\"valid\":true"), "{remote}");
+}
+
+#[test]
+fn an_invalid_object_is_a_no_answer_naming_the_url() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = tmp.path().join("junk");
+    std::fs::write(&junk, b"PK\x03\x04 this is no safetensors file").unwrap();
+    let b = bucket();
+    ask(&format!("put {b} junk.safetensors {}", junk.display()));
+    let url = format!("s3://{b}/junk.safetensors");
+    let out = tlio_s3().args(["st", "inspect", &url]).assert().code(1);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(
+        err.starts_with("tlio: error: cannot inspect s3://"),
+        "{err}"
+    );
+    assert!(err.contains(&url) && err.contains("zip archive"), "{err}");
+}
+
+#[test]
+fn missing_objects_and_buckets_are_errors_naming_the_url() {
+    let b = bucket();
+    let url = format!("s3://{b}/absent.safetensors");
+    let out = tlio_s3().args(["st", "inspect", &url]).assert().code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(
+        err.contains(&url) && err.contains("no such object"),
+        "{err}"
+    );
+
+    let url = "s3://no-such-bucket-here/m.safetensors";
+    let out = tlio_s3().args(["tokens", "header", url]).assert().code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(err.contains(url) && err.contains("no such bucket"), "{err}");
+}
+
+#[test]
+fn missing_credentials_fail_at_once_naming_the_variable() {
+    let b = bucket();
+    let url = format!("s3://{b}/m.safetensors");
+    let start = Instant::now();
+    let out = tlio_s3()
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .args(["st", "inspect", &url])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(
+        err.contains(&url) && err.contains("AWS_SECRET_ACCESS_KEY"),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_server_that_is_down_is_an_error_within_seconds() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let start = Instant::now();
+    let out = tlio_s3()
+        .env("AWS_ENDPOINT_URL", &endpoint)
+        .args(["st", "inspect", "s3://some-bucket/m.safetensors"])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(
+        err.contains("s3://some-bucket/m.safetensors") && err.contains("cannot reach the server"),
+        "{err}"
+    );
+    assert!(err.contains(&endpoint), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn malformed_urls_and_plain_http_elsewhere_are_refused() {
+    for (url, rule) in [
+        ("s3://", "no bucket name"),
+        ("s3://Bad_Bucket/k", "breaks S3's rules"),
+        ("s3://bucket//k", "empty segment"),
+        ("s3://bucket/a/../k", "\"..\" segment"),
+    ] {
+        let out = tlio_s3().args(["st", "inspect", url]).assert().code(1);
+        let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+        assert!(
+            err.contains("not a valid s3://bucket/key URL") && err.contains(rule),
+            "{url}: {err}"
+        );
+    }
+    let out = tlio_s3()
+        .env("AWS_ENDPOINT_URL", "http://192.0.2.1:9000")
+        .args(["tokens", "header", "s3://bucket/x.bin"])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(
+        err.contains("AWS_ENDPOINT_URL") && err.contains("loopback"),
+        "{err}"
+    );
+}
+
+#[test]
+fn data_reading_flags_are_refused_for_urls() {
+    let out = tlio_s3()
+        .args(["st", "inspect", "--stats", "s3://bucket/m.safetensors"])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(err.contains("--stats"), "{err}");
+    let out = tlio_s3()
+        .args(["tokens", "header", "--check-ids", "s3://bucket/x.bin"])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(err.contains("--check-ids"), "{err}");
+}
