@@ -460,7 +460,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
 }
 
 fn latest(dir: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
-    let loaded = checkpoint::load(dir, None)
+    let loaded = checkpoint::pick(dir, None)
         .with_context(|| format!("cannot load a checkpoint from {}", dir.display()))?;
     if printer.json {
         #[derive(Serialize)]

@@ -73,6 +73,63 @@ pub fn sha256_stream(
     Ok((total, hasher.finalize().into()))
 }
 
+/// Bytes read and hashed per step of [`sha256_read_owned`]: small enough that a chunk
+/// is still in the CPU cache when it is hashed right after being copied in.
+pub const OWNED_CHUNK_BYTES: usize = 1 << 20;
+
+/// Read all of `reader`, expected to hold `size` bytes, into one owned buffer while
+/// hashing it: each chunk is read into its final place and hashed at once (one pass
+/// over the bytes, no second copy). Returns the bytes read (fewer than `size` when the
+/// source ended early, `size + 1` when it holds more), the digest of the first `size`
+/// bytes and the buffer. An allocation that cannot be made is an error, never an abort.
+pub fn sha256_read_owned(
+    reader: &mut dyn Read,
+    size: u64,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<(u64, [u8; 32], Vec<u8>)> {
+    let len = usize::try_from(size)
+        .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "does not fit in memory"))?;
+    let mut buf: Vec<u8> = Vec::new();
+    buf.try_reserve_exact(len).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            format!("cannot allocate {len} bytes to read it: {e}"),
+        )
+    })?;
+    let mut hasher = Sha256::new();
+    while buf.len() < len {
+        let before = buf.len();
+        let want = (len - before).min(OWNED_CHUNK_BYTES) as u64;
+        // `read_to_end` fills the reserved capacity in place without zeroing it first
+        // and retries interrupted reads; `take` stops it at this chunk.
+        let n = Read::take(&mut *reader, want).read_to_end(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(buf.get(before..).unwrap_or_default());
+        progress(n as u64);
+    }
+    let mut total = buf.len() as u64;
+    if total == size {
+        // One byte more means the file grew after its size was taken.
+        let mut probe = [0u8; 1];
+        if read_some(reader, &mut probe)? > 0 {
+            total = total.saturating_add(1);
+        }
+    }
+    Ok((total, hasher.finalize().into(), buf))
+}
+
+/// One `read`, retried when interrupted.
+fn read_some(reader: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match reader.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -421,6 +421,78 @@ fn load_step<'py>(
     })
 }
 
+/// One safetensors file of a loaded checkpoint: its bytes (an owned numpy uint8 array
+/// over the very buffer the core read and hashed, not copied), its tensors as
+/// `tlio.safetensors` rows (byte ranges from the start of the file) and its metadata.
+type FileParts<'py> = (
+    Bound<'py, PyArray1<u8>>,
+    Vec<(String, &'static str, Vec<u64>, u64, u64)>,
+    BTreeMap<String, String>,
+);
+
+/// The rows and metadata of a verified safetensors file held in memory.
+fn file_parts<'py>(py: Python<'py>, name: &str, bytes: Vec<u8>) -> PyResult<FileParts<'py>> {
+    let header = checkpoint::TensorBytes::parse(&bytes)
+        .map_err(|e| PyValueError::new_err(format!("{name}: {}", one_line(&e))))?;
+    let start = header.header().data_start();
+    let rows = header
+        .header()
+        .tensors()
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dtype.name(),
+                t.shape.clone(),
+                start.saturating_add(t.data_offsets.0),
+                start.saturating_add(t.data_offsets.1),
+            )
+        })
+        .collect();
+    let meta = header.header().metadata.clone();
+    Ok((PyArray1::from_vec(py, bytes), rows, meta))
+}
+
+/// Choose, verify and read a checkpoint as `load` does, every file read once into
+/// owned memory while it is hashed (GIL released, files on parallel threads), for
+/// `tlio.torch` and the any-dtype form of `load_checkpoint`, which decode tensors in
+/// Python from those bytes. Returns (path, step, trainer_state_json, rng, config,
+/// skipped, files) with files `{name: (bytes, rows, metadata)}` for each safetensors
+/// file of the step.
+#[pyfunction]
+#[pyo3(signature = (dir, step=None))]
+fn load_files<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    step: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    guard(|| {
+        let step = step
+            .filter(|s| !s.is_none())
+            .map(|s| count_arg(s, "step"))
+            .transpose()?;
+        let mut loaded = py
+            .detach(|| checkpoint::load(&dir, step))
+            .map_err(|e| ckpt_err(py, e))?;
+        let files = PyDict::new(py);
+        for (name, bytes) in std::mem::take(&mut loaded.files) {
+            if name.ends_with(".safetensors") {
+                let parts = file_parts(py, &loaded.file(&name).display().to_string(), bytes)?;
+                files.set_item(name, parts)?;
+            }
+        }
+        let state_json = String::from_utf8(loaded.state.to_json().map_err(core_err)?)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let rng = loaded.state.rng_state.map(|r| (r.state, r.inc));
+        let config = loaded.config.as_deref().map(|c| PyBytes::new(py, c));
+        let skipped = skipped_dirs(py, &loaded)?;
+        let path = loaded.path.display().to_string();
+        Ok((path, loaded.step, state_json, rng, config, skipped, files)
+            .into_pyobject(py)?
+            .into_any())
+    })
+}
+
 /// The problems of one step directory, each naming the file and the rule (empty when
 /// it verifies).
 #[pyfunction]
@@ -578,6 +650,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(save_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(load_step, m)?)?;
+    m.add_function(wrap_pyfunction!(load_files, m)?)?;
     m.add_function(wrap_pyfunction!(verify_step_dir, m)?)?;
     m.add_function(wrap_pyfunction!(py_step_name, m)?)?;
     Ok(())

@@ -3,20 +3,33 @@
 //! and are ignored. `survey` applies the same rules to every directory for
 //! `ckpt verify` and `gc`.
 //!
-//! Invariant: a loaded checkpoint verified completely, and its state and config are
-//! the very bytes that were hashed.
+//! Invariants: a loaded checkpoint verified completely, and everything it holds (the
+//! state, the config, every file's bytes) is the very bytes that were hashed, read
+//! once from descriptors opened before any was read, into owned memory: nothing is
+//! read by path afterwards, so a save that deletes or replaces the step meanwhile
+//! changes nothing loaded. A step that disappears while it is being read (a
+//! concurrent save's `keep`) makes the choice start over from the directory as it is
+//! now, never fail while a verified step exists.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::manifest::Manifest;
-use super::optimizer::{model_params, OptimizerError, OptimizerFile};
+use super::optimizer::{check_header, OptimizerError, OptimizerFile};
 use super::state::TrainerState;
-use super::verify::{inspect, inspect_with, step_dir_bytes, Inspection, Problem};
+use super::verify::{inspect, inspect_with, read_step, step_dir_bytes, Inspection, Problem};
 use super::{list, step_name, CheckpointError, Latest, Listing};
 use super::{MODEL_NAME, OPTIMIZER_NAME};
-use crate::safetensors::{MappedFile, SafetensorsError};
+use crate::safetensors::float::decode_f32;
+use crate::safetensors::{parse_header, Header, SafetensorsError, TensorInfo};
 
-/// A checkpoint that verified.
+/// How many times one `load` starts its choice over because the directory changed
+/// under it (a step it was reading was removed or replaced by a concurrent save).
+/// Opening a step's files takes microseconds, so losing that race this many times in a
+/// row means a directory rewritten continuously; the load then reports what it saw.
+pub const MAX_RESTARTS: usize = 16;
+
+/// A checkpoint that verified, with the bytes of its files.
 #[derive(Debug, Clone)]
 pub struct Loaded {
     /// The step directory.
@@ -32,6 +45,57 @@ pub struct Loaded {
     /// What `load` refused on the way to this checkpoint, newest first: a bad `LATEST`
     /// and each newer step that did not verify, with why (names exact, not escaped).
     pub skipped: Vec<(String, String)>,
+    /// The verified bytes of every listed file except the JSON ones (`state` and
+    /// `config` hold those), by name: owned memory, read once while being hashed.
+    pub files: BTreeMap<String, Vec<u8>>,
+}
+
+/// A safetensors file held in memory: its validated header and its bytes.
+#[derive(Debug)]
+pub struct TensorBytes<'a> {
+    header: Header,
+    bytes: &'a [u8],
+}
+
+impl<'a> TensorBytes<'a> {
+    /// Validate the header of a whole file held in `bytes`.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, SafetensorsError> {
+        Ok(TensorBytes {
+            header: parse_header(bytes)?,
+            bytes,
+        })
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The bytes of a tensor of the header (inside the file: the header was validated
+    /// against exactly these bytes).
+    pub fn info_bytes(&self, info: &TensorInfo) -> Option<&'a [u8]> {
+        let start = self.header.data_start().checked_add(info.data_offsets.0)?;
+        let end = self.header.data_start().checked_add(info.data_offsets.1)?;
+        self.bytes
+            .get(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
+    }
+
+    /// Decode tensor `name` to f32 values (as `MappedFile::decode_f32`).
+    pub fn decode_f32(&self, name: &str) -> Result<Vec<f32>, SafetensorsError> {
+        let missing = || SafetensorsError::NoSuchTensor {
+            tensor: name.to_string(),
+        };
+        let info = self.header.get(name).ok_or_else(missing)?;
+        let bytes = self.info_bytes(info).ok_or_else(missing)?;
+        let mut out = Vec::new();
+        if !decode_f32(info.dtype, bytes, &mut out) {
+            return Err(SafetensorsError::CannotDecode {
+                tensor: name.to_string(),
+                dtype: info.dtype,
+            });
+        }
+        Ok(out)
+    }
 }
 
 impl Loaded {
@@ -40,19 +104,36 @@ impl Loaded {
         self.path.join(name)
     }
 
-    /// The model file, mapped (its bytes verified by `load` a moment ago).
-    pub fn model(&self) -> Result<MappedFile, SafetensorsError> {
-        MappedFile::open(&self.file(MODEL_NAME))
+    /// The verified bytes of a listed (non-JSON) file.
+    pub fn bytes(&self, name: &str) -> Option<&[u8]> {
+        self.files.get(name).map(Vec::as_slice)
+    }
+
+    /// The model file, from the bytes `load` verified.
+    pub fn model(&self) -> Result<TensorBytes<'_>, SafetensorsError> {
+        TensorBytes::parse(self.bytes(MODEL_NAME).unwrap_or_default())
     }
 
     /// The optimizer file, validated against the model's parameters; `None` when the
     /// checkpoint has no optimizer state.
     pub fn optimizer(&self) -> Result<Option<OptimizerFile>, OptimizerError> {
-        if self.manifest.get(OPTIMIZER_NAME).is_none() {
+        let Some(bytes) = self.bytes(OPTIMIZER_NAME) else {
             return Ok(None);
+        };
+        let params: BTreeMap<String, Vec<u64>> = self
+            .model()?
+            .header()
+            .tensors()
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect();
+        let file = TensorBytes::parse(bytes)?;
+        let state = check_header(file.header(), Some(&params))?;
+        let mut tensors = BTreeMap::new();
+        for t in file.header().tensors() {
+            tensors.insert(t.name.clone(), (t.shape.clone(), file.decode_f32(&t.name)?));
         }
-        let params = model_params(&self.file(MODEL_NAME))?;
-        OptimizerFile::read(&self.file(OPTIMIZER_NAME), Some(&params)).map(Some)
+        Ok(Some(OptimizerFile { state, tensors }))
     }
 }
 
@@ -67,88 +148,142 @@ fn loaded(path: PathBuf, step: u64, ins: Inspection) -> Result<Loaded, String> {
             config: ins.config,
             manifest,
             skipped: Vec::new(),
+            files: ins.data,
         }),
         (first, _, _) => Err(first.unwrap_or_else(|| "incomplete".to_string())),
     }
 }
 
-/// The steps `load` tries, newest first (those not newer than `LATEST`), and the ones
-/// it ignores for being newer.
-fn candidates(listing: &Listing) -> (Vec<u64>, Vec<u64>) {
+/// The step `load`'s rules chose, without the bytes of its files (`pick`).
+#[derive(Debug, Clone)]
+pub struct Picked {
+    /// The step directory.
+    pub path: PathBuf,
+    /// Its step.
+    pub step: u64,
+    /// What was refused on the way, as [`Loaded::skipped`].
+    pub skipped: Vec<(String, String)>,
+}
+
+/// The steps tried, newest first, with the reasons known before any is tried (a bad
+/// `LATEST`, a missing asked-for step) and those reported after them (steps newer than
+/// `LATEST`, never tried).
+struct Plan {
+    tried: Vec<u64>,
+    before: Vec<(String, String)>,
+    after: Vec<(String, String)>,
+}
+
+/// `load`'s candidates: with `step`, that step and the older ones (`LATEST` plays no
+/// part: the caller named the step); else those not newer than `LATEST`.
+fn plan(listing: &Listing, step: Option<u64>) -> Plan {
+    let mut out = Plan {
+        tried: Vec::new(),
+        before: Vec::new(),
+        after: Vec::new(),
+    };
+    if let Some(n) = step {
+        if !listing.steps.contains(&n) {
+            out.before
+                .push((step_name(n), "does not exist".to_string()));
+        }
+        out.tried = listing.steps.iter().rev().copied().filter(|&k| k <= n).collect();
+        return out;
+    }
+    match listing.latest() {
+        Latest::Names(n) if !listing.steps.contains(&n) => out.before.push((
+            "LATEST".to_string(),
+            format!("names {}, which does not exist", step_name(n)),
+        )),
+        Latest::Malformed(why) => out.before.push(("LATEST".to_string(), why)),
+        _ => {}
+    }
     let bound = listing.latest().step();
-    let mut tried = Vec::new();
-    let mut newer = Vec::new();
     for &n in listing.steps.iter().rev() {
         match bound {
-            Some(b) if n > b => newer.push(n),
-            _ => tried.push(n),
+            Some(b) if n > b => out.after.push((
+                step_name(n),
+                "newer than LATEST (never declared complete)".to_string(),
+            )),
+            _ => out.tried.push(n),
         }
     }
-    (tried, newer)
+    out.after.reverse();
+    out
+}
+
+/// Apply `load`'s rules with `attempt` as the check of one step directory: the first
+/// candidate it accepts, with what was refused before it. When a candidate fails and
+/// the directory's steps or `LATEST` changed meanwhile, the choice starts over from the
+/// new listing (at most [`MAX_RESTARTS`] times): a step removed by a concurrent save is
+/// not a broken step, and a newer one may have been declared.
+pub fn choose<T>(
+    dir: &Path,
+    step: Option<u64>,
+    attempt: &mut dyn FnMut(&Path, u64) -> Result<T, String>,
+) -> Result<(T, Picked), CheckpointError> {
+    let mut listing = list(dir)?;
+    let mut restarts = 0usize;
+    'again: loop {
+        let Plan {
+            tried,
+            before: mut reasons,
+            after,
+        } = plan(&listing, step);
+        for n in tried {
+            let path = dir.join(step_name(n));
+            match attempt(&path, n) {
+                Ok(value) => {
+                    return Ok((
+                        value,
+                        Picked {
+                            path,
+                            step: n,
+                            skipped: reasons,
+                        },
+                    ))
+                }
+                Err(why) => {
+                    if restarts < MAX_RESTARTS {
+                        let now = list(dir)?;
+                        if now.steps != listing.steps || now.latest != listing.latest {
+                            restarts = restarts.saturating_add(1);
+                            listing = now;
+                            continue 'again;
+                        }
+                    }
+                    reasons.push((step_name(n), why));
+                }
+            }
+        }
+        reasons.extend(after);
+        return Err(CheckpointError::NotFound {
+            dir: dir.to_path_buf(),
+            reasons,
+        });
+    }
 }
 
 /// Load the checkpoint `load` rules pick from `dir`; with `step`, that step when it
 /// verifies, else the newest older one that does (a caller resuming "at step N or
 /// before" never gets a later step). `skipped` lists what was refused on the way.
+/// Every listed file is read once, into owned memory, while it is hashed
+/// ([`read_step`]); [`Loaded::files`] holds the bytes.
 pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {
-    if let Some(n) = step {
-        return load_at_most(dir, n);
-    }
-    let listing = list(dir)?;
-    let (tried, newer) = candidates(&listing);
-    let mut reasons = Vec::new();
-    match listing.latest() {
-        Latest::Names(n) if !listing.steps.contains(&n) => reasons.push((
-            "LATEST".to_string(),
-            format!("names {}, which does not exist", step_name(n)),
-        )),
-        Latest::Malformed(why) => reasons.push(("LATEST".to_string(), why)),
-        _ => {}
-    }
-    for n in tried {
-        let path = dir.join(step_name(n));
-        match loaded(path, n, inspect(&dir.join(step_name(n)))) {
-            Ok(mut l) => {
-                l.skipped = reasons;
-                return Ok(l);
-            }
-            Err(why) => reasons.push((step_name(n), why)),
-        }
-    }
-    for n in newer.into_iter().rev() {
-        reasons.push((
-            step_name(n),
-            "newer than LATEST (never declared complete)".to_string(),
-        ));
-    }
-    Err(CheckpointError::NotFound {
-        dir: dir.to_path_buf(),
-        reasons,
-    })
+    let (mut loaded, picked) = choose(dir, step, &mut |path, n| {
+        loaded(path.to_path_buf(), n, read_step(path))
+    })?;
+    loaded.skipped = picked.skipped;
+    Ok(loaded)
 }
 
-/// `load(dir, Some(n))`: step `n`, or the newest older step that verifies. `LATEST`
-/// plays no part: the caller named the step.
-fn load_at_most(dir: &Path, n: u64) -> Result<Loaded, CheckpointError> {
-    let listing = list(dir)?;
-    let mut reasons = Vec::new();
-    if !listing.steps.contains(&n) {
-        reasons.push((step_name(n), "does not exist".to_string()));
-    }
-    for &k in listing.steps.iter().rev().filter(|&&k| k <= n) {
-        let path = dir.join(step_name(k));
-        match loaded(path.clone(), k, inspect(&path)) {
-            Ok(mut l) => {
-                l.skipped = reasons;
-                return Ok(l);
-            }
-            Err(why) => reasons.push((step_name(k), why)),
-        }
-    }
-    Err(CheckpointError::NotFound {
-        dir: dir.to_path_buf(),
-        reasons,
+/// The step `load` would pick, verified by streaming (nothing kept in memory): for
+/// `ckpt latest`, which prints the path and reads nothing else.
+pub fn pick(dir: &Path, step: Option<u64>) -> Result<Picked, CheckpointError> {
+    choose(dir, step, &mut |path, n| {
+        loaded(path.to_path_buf(), n, inspect(path)).map(|_| ())
     })
+    .map(|(_, picked)| picked)
 }
 
 /// One step directory as `ckpt verify` shows it.

@@ -28,12 +28,12 @@ mod powerloss;
 mod tests;
 
 pub use gc::{gc, GcReason, GcReport, Removal};
-pub use load::{load, survey, Loaded, Survey, SurveyRow};
+pub use load::{choose, load, pick, survey, Loaded, Picked, Survey, SurveyRow, TensorBytes};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 pub use optimizer::{OptimizerFile, OptimizerState};
 pub use save::{save, save_waiting, save_with, save_with_wait, Payload, SaveReport, SaveRequest};
 pub use state::{DataCursor, RngState, TrainerState};
-pub use verify::{verify, Problem};
+pub use verify::{read_step, verify, Problem};
 
 /// The pointer file naming the newest declared-complete step.
 pub const LATEST_NAME: &str = "LATEST";
@@ -221,7 +221,7 @@ impl Latest {
 }
 
 /// The entries of a checkpoint directory that the protocol knows about.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Listing {
     /// Step directories (by canonical name), ascending by step.
     pub steps: Vec<u64>,

@@ -15,7 +15,7 @@ use super::fsops::open_no_follow;
 use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 use super::state::TrainerState;
 use super::{parse_step_name, CONFIG_NAME, MODEL_NAME, STATE_NAME};
-use crate::digest::{hex, sha256_stream};
+use crate::digest::{hex, sha256_read_owned, sha256_stream};
 
 /// Largest manifest read (a manifest lists a handful of files).
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
@@ -148,6 +148,10 @@ pub struct Inspection {
     pub state: Option<TrainerState>,
     /// The config bytes, when present and verified.
     pub config: Option<Vec<u8>>,
+    /// Every listed file's bytes but the JSON files' (parsed into `state` and kept as
+    /// `config`), by name, when the inspection kept them ([`read_step`]) and the
+    /// directory verified; empty otherwise.
+    pub data: BTreeMap<String, Vec<u8>>,
 }
 
 /// The problems of one step directory (empty when it verifies).
@@ -188,6 +192,27 @@ pub fn inspect(step_dir: &Path) -> Inspection {
 
 /// `inspect`, reporting the bytes hashed as it goes.
 pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspection {
+    inspect_keeping(step_dir, Keep::Json, progress)
+}
+
+/// Verify one step directory and keep every listed file's bytes (`Inspection::data`):
+/// each file is opened once, without following a symlink, and read once into owned
+/// memory, hashed as it is read; nothing is read by path again afterwards, so what a
+/// loader decodes is exactly what was hashed, whatever happens to the files later.
+pub fn read_step(step_dir: &Path) -> Inspection {
+    inspect_keeping(step_dir, Keep::All, &mut |_| {})
+}
+
+/// Which listed files' bytes an inspection keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// The JSON files up to [`MAX_JSON_BYTES`] (the loader parses them).
+    Json,
+    /// Every file (a load that decodes tensors from what it verified).
+    All,
+}
+
+fn inspect_keeping(step_dir: &Path, keep: Keep, progress: &mut dyn FnMut(u64)) -> Inspection {
     let mut out = Inspection::default();
     let Some(entries) = read_entries(step_dir, &mut out) else {
         return out;
@@ -196,12 +221,16 @@ pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspectio
         return out;
     };
     check_manifest_step(step_dir, &manifest, &mut out);
+    // Every listed file is opened before any is read: from here on a deletion or a
+    // rename of the step directory changes nothing this inspection sees.
+    let opened = open_entries(step_dir, &manifest.files, &entries, &mut out);
     let mut config_sha = None;
-    for (local, sha) in check_entries(step_dir, &manifest.files, &entries, progress) {
+    for (local, sha) in check_entries(&manifest.files, opened, keep, progress) {
         out.problems.extend(local.problems);
         out.size = out.size.saturating_add(local.size);
         out.state = out.state.or(local.state);
         out.config = out.config.or(local.config);
+        out.data.extend(local.data);
         config_sha = config_sha.or(sha);
     }
     for name in entries.keys() {
@@ -218,22 +247,58 @@ pub fn inspect_with(step_dir: &Path, progress: &mut dyn FnMut(u64)) -> Inspectio
     if !out.problems.is_empty() {
         out.state = None;
         out.config = None;
+        out.data.clear();
     }
     out
 }
 
-/// [`check_entry`] of every listed file, the files hashed on parallel threads (a
+/// Open every listed file that the directory holds as a regular file (a problem for
+/// each that is missing or cannot be opened), in manifest order.
+fn open_entries(
+    step_dir: &Path,
+    files: &[ManifestEntry],
+    entries: &BTreeMap<String, Kind>,
+    out: &mut Inspection,
+) -> Vec<Option<File>> {
+    files
+        .iter()
+        .map(|entry| {
+            let name = &entry.name;
+            match entries.get(name.as_str()) {
+                None => {
+                    out.problems.push(Problem::Missing(name.clone()));
+                    None
+                }
+                // Already reported as a symlink or not a regular file.
+                Some(Kind::Symlink | Kind::Other) => None,
+                Some(Kind::File) => match open_no_follow(&step_dir.join(name)) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        out.problems.push(Problem::Unreadable {
+                            name: name.clone(),
+                            reason: e.to_string(),
+                        });
+                        None
+                    }
+                },
+            }
+        })
+        .collect()
+}
+
+/// [`check_entry`] of every opened file, the files read on parallel threads (a
 /// checkpoint is a few large files, and sha256 of one file is sequential), each into
 /// its own [`Inspection`]; returned in manifest order, so problems come in the same
 /// order whatever the threads did. Progress is reported from the calling thread.
 fn check_entries(
-    step_dir: &Path,
     files: &[ManifestEntry],
-    entries: &BTreeMap<String, Kind>,
+    opened: Vec<Option<File>>,
+    keep: Keep,
     progress: &mut dyn FnMut(u64),
 ) -> Vec<(Inspection, Option<String>)> {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::mpsc;
+    use std::sync::{mpsc, Mutex};
+    let slots: Vec<Mutex<Option<File>>> = opened.into_iter().map(Mutex::new).collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(files.len())
@@ -244,7 +309,7 @@ fn check_entries(
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 let tx = tx.clone();
-                let next = &next;
+                let (next, slots) = (&next, &slots);
                 s.spawn(move || {
                     let mut done = Vec::new();
                     loop {
@@ -252,11 +317,18 @@ fn check_entries(
                         let Some(entry) = files.get(i) else {
                             return done;
                         };
+                        // Each index is taken by exactly one worker; a poisoned slot
+                        // (a panic elsewhere) still holds its file.
+                        let file = slots
+                            .get(i)
+                            .and_then(|m| m.lock().unwrap_or_else(|p| p.into_inner()).take());
                         let (mut local, mut sha) = (Inspection::default(), None);
-                        let mut tick = |n| {
-                            let _ = tx.send(n);
-                        };
-                        check_entry(step_dir, entry, entries, &mut local, &mut tick, &mut sha);
+                        if let Some(file) = file {
+                            let mut tick = |n| {
+                                let _ = tx.send(n);
+                            };
+                            check_entry(file, entry, keep, &mut local, &mut tick, &mut sha);
+                        }
                         done.push((i, local, sha));
                     }
                 })
@@ -386,26 +458,17 @@ fn check_manifest_step(step_dir: &Path, manifest: &Manifest, out: &mut Inspectio
     }
 }
 
-/// One listed file: present, its size and sha256 as listed, then its content by kind.
+/// One opened listed file: its size and sha256 as listed, then its content by kind.
 fn check_entry(
-    step_dir: &Path,
+    mut file: File,
     entry: &ManifestEntry,
-    entries: &BTreeMap<String, Kind>,
+    keep: Keep,
     out: &mut Inspection,
     progress: &mut dyn FnMut(u64),
     config_sha: &mut Option<String>,
 ) {
     let name = &entry.name;
-    match entries.get(name.as_str()) {
-        None => {
-            out.problems.push(Problem::Missing(name.clone()));
-            return;
-        }
-        Some(Kind::File) => {}
-        Some(_) => return,
-    }
-    let path = step_dir.join(name);
-    let Some((actual, kept)) = hash_entry(&path, entry, out, progress) else {
+    let Some((actual, kept)) = hash_entry(&mut file, entry, keep, out, progress) else {
         return;
     };
     if actual != entry.sha256 {
@@ -418,27 +481,59 @@ fn check_entry(
     }
     if name.ends_with(".json") {
         check_json(entry, kept, actual, out, config_sha);
-    } else if name.ends_with(".safetensors") {
-        if let Some(reason) = safetensors_problem(&path) {
+        return;
+    }
+    if name.ends_with(".safetensors") {
+        // The header of the bytes just hashed (kept) or of the same descriptor read
+        // again (never the path: the file may have been replaced since).
+        let header = match keep {
+            Keep::All => crate::safetensors::parse_header(&kept),
+            Keep::Json => header_of(&mut file, entry.size, name),
+        };
+        if let Err(e) = header {
             out.problems.push(Problem::BadSafetensors {
                 name: name.clone(),
-                reason,
+                reason: crate::failure::full_text(&e),
             });
+            return;
         }
+    }
+    if keep == Keep::All {
+        out.data.insert(name.clone(), kept);
     }
 }
 
-/// Hash a listed file (keeping a small JSON file's bytes); `None` with the problem
-/// recorded when it cannot be read or its size is not the listed one.
+/// The safetensors header of an opened file of `size` bytes, read from its start.
+fn header_of(
+    file: &mut File,
+    size: u64,
+    name: &str,
+) -> Result<crate::safetensors::Header, crate::safetensors::SafetensorsError> {
+    use std::io::Seek;
+    let io = |source| crate::safetensors::SafetensorsError::Io {
+        path: name.into(),
+        source,
+    };
+    file.seek(io::SeekFrom::Start(0)).map_err(io)?;
+    crate::safetensors::header::read_header_from(file, size).map_err(|e| match e {
+        crate::safetensors::header::ReadFailure::Io(source) => io(source),
+        crate::safetensors::header::ReadFailure::Invalid(e) => e,
+    })
+}
+
+/// Read and hash an opened listed file (keeping a small JSON file's bytes, or every
+/// byte with `Keep::All`, read straight into one buffer of the listed size); `None`
+/// with the problem recorded when it cannot be read or its size is not the listed one.
 fn hash_entry(
-    path: &Path,
+    file: &mut File,
     entry: &ManifestEntry,
+    keep: Keep,
     out: &mut Inspection,
     progress: &mut dyn FnMut(u64),
 ) -> Option<(String, Vec<u8>)> {
     let name = &entry.name;
-    // Opening and reading fail alike, and the size is checked before reading (from
-    // the metadata) and after (by the bytes actually read).
+    // The size is checked before reading (from the metadata) and after (by the bytes
+    // actually read: a file that shrank or grew meanwhile is caught).
     let unreadable = |e: io::Error| Problem::Unreadable {
         name: name.clone(),
         reason: e.to_string(),
@@ -450,21 +545,18 @@ fn hash_entry(
             actual,
         })
     };
-    let mut file = match open_no_follow(path) {
-        Ok(f) => f,
-        Err(e) => {
-            out.problems.push(unreadable(e));
-            return None;
-        }
-    };
     if let Some(p) = wrong_size(file.metadata().map(|m| m.len()).unwrap_or(u64::MAX)) {
         out.problems.push(p);
         return None;
     }
-    let mut kept = Vec::new();
     let is_json = name.ends_with(".json");
-    let keep = (is_json && entry.size <= MAX_JSON_BYTES).then_some(&mut kept);
-    let (n, digest) = match sha256_stream(&mut file, keep, progress) {
+    let keeps = keep == Keep::All || (is_json && entry.size <= MAX_JSON_BYTES);
+    let hashed = if keeps {
+        sha256_read_owned(file, entry.size, progress)
+    } else {
+        sha256_stream(file, None, progress).map(|(n, d)| (n, d, Vec::new()))
+    };
+    let (n, digest, kept) = match hashed {
         Ok(r) => r,
         Err(e) => {
             out.problems.push(unreadable(e));

@@ -244,17 +244,39 @@ def load_checkpoint(dir: PathLike, step: Optional[int] = None) -> Checkpoint:
     )
 
 
+def _arrays(path: str, parts: tuple) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+    """Every tensor of a loaded file (``_core.load_files``' owned bytes, rows and
+    metadata) decoded as ``load_safetensors`` decodes: numpy-native dtypes as writable
+    views of the verified bytes (a copy when a tensor's start is not aligned for its
+    dtype), BF16 and F8 decoded to float32."""
+    from tlio.safetensors import _DECODED, _NATIVE, _raw_only, _st
+
+    buf, rows, meta = parts
+    out: Dict[str, np.ndarray] = {}
+    for name, dtype, shape, start, end in rows:
+        shape = tuple(shape)
+        if dtype in _DECODED:
+            out[name] = _st.decode(dtype, name, buf[start:end]).reshape(shape)
+            continue
+        np_dtype = _NATIVE.get(dtype)
+        if np_dtype is None:
+            raise _raw_only(path, name, dtype)
+        a = buf[start:end]
+        if a.ctypes.data % np_dtype.itemsize:
+            a = a.copy()
+        out[name] = a.view(np_dtype).reshape(shape)
+    return out, dict(meta)
+
+
 def _torch_form(dir: PathLike, step: Optional[int]) -> Optional[tuple]:
     """The checkpoint ``load`` picks, decoded as ``load_safetensors`` decodes (any
-    dtype), when its optimizer state is python.md's torch form; else ``None``."""
-    from tlio.safetensors import load_safetensors
-
-    path, n, state_json, rng, config, skipped = _core.load_step(os.fspath(dir), step)
-    model, _ = load_safetensors(os.path.join(path, "model.safetensors"))
-    opt_path = os.path.join(path, "optimizer.safetensors")
+    dtype) from the bytes the core verified, when its optimizer state is python.md's
+    torch form; else ``None``."""
+    path, n, state_json, rng, config, skipped, files = _core.load_files(os.fspath(dir), step)
+    model, _ = _arrays(os.path.join(path, "model.safetensors"), files["model.safetensors"])
     opt = None
-    if os.path.exists(opt_path):
-        arrays, meta = load_safetensors(opt_path)
+    if "optimizer.safetensors" in files:
+        arrays, meta = _arrays(os.path.join(path, "optimizer.safetensors"), files["optimizer.safetensors"])
         doc = json.loads(meta.get("state", "{}"))
         if not str(doc.get("type", "")).startswith("torch."):
             return None

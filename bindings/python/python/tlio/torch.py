@@ -43,7 +43,6 @@ from tlio import _torch_optim
 from tlio._torch_dist import collective_load, collective_save
 from tlio import _torch_shard
 from tlio.checkpoint import EXTRA_KEYS, Checkpoint, _integer, _json, _rng
-from tlio.safetensors import load_safetensors, read_header
 from tlio._torch_data import TokenDataset
 
 __all__ = ["save", "load", "TokenDataset"]
@@ -119,23 +118,24 @@ def _item(name: str, t: torch.Tensor) -> Tuple[tuple, torch.Tensor]:
     return (name, st, list(c.shape), flat, "raw"), c
 
 
-def _tensor(name: str, arr: np.ndarray, st: str, shape: Tuple[int, ...]) -> torch.Tensor:
-    """A loaded raw array (``load_safetensors(raw=True)``) as a torch tensor of its
-    stored dtype, sharing the array's memory: a private copy-on-write map of the file
-    (or a buffer read from it), which no other tensor and no writer of the file
-    shares. Checkpoint files are only ever replaced by rename or unlinked, never
-    rewritten in place, so the map stays the verified bytes; a copy here would double
-    the load's time and memory (``load_state_dict`` copies the model's tensors into the
-    parameters anyway, and the optimizer's moments are written in place, page by page,
-    on its next step)."""
+def _tensor(name: str, buf: np.ndarray, st: str, shape: Tuple[int, ...], start: int, end: int) -> torch.Tensor:
+    """One tensor of a loaded file as a torch tensor of its stored dtype, over the
+    file's bytes in ``buf``: owned memory the core read and verified (never a map of
+    the file, so nothing done to the file later reaches it), of which this tensor alone
+    covers ``[start, end)``. A tensor whose start is not aligned for its dtype gets its
+    own copy."""
     try:
         dtype, raw = _FROM_ST[st]
     except KeyError:
         raise ValueError(f"tensor {name!r} is {st}, which tlio.torch cannot load") from None
-    t = torch.from_numpy(np.ascontiguousarray(arr).view(raw).reshape(shape))
+    raw = np.dtype(raw)
+    a = buf[start:end]
+    if a.ctypes.data % raw.itemsize:
+        a = a.copy()
+    t = torch.from_numpy(a.view(raw).reshape(shape))
     if dtype == torch.bfloat16:
         t = t.view(torch.int16).view(torch.bfloat16)
-    elif raw is np.uint8 and dtype != torch.uint8:
+    elif raw == np.uint8 and dtype != torch.uint8:
         t = t.view(dtype)
     return t
 
@@ -292,11 +292,11 @@ def save(
     return path
 
 
-def _read(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
-    """Every tensor of a checkpoint file as torch tensors of their stored dtypes."""
-    header, _ = read_header(path)
-    arrays, meta = load_safetensors(path, raw=True)
-    return {k: _tensor(k, a, *header[k]) for k, a in arrays.items()}, meta
+def _read(parts: tuple) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
+    """Every tensor of a loaded checkpoint file (``_core.load_files``' bytes, rows and
+    metadata) as torch tensors of their stored dtypes, sharing the verified bytes."""
+    buf, rows, meta = parts
+    return {n: _tensor(n, buf, st, tuple(shape), a, b) for n, st, shape, a, b in rows}, dict(meta)
 
 
 def _retie(model: torch.nn.Module, tied: Mapping[str, str]) -> None:
@@ -417,21 +417,25 @@ def load(
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if step is not None:
         step = _integer("step", step)
-    path, n, state_json, rng, config, skipped = _core.load_step(os.fspath(dir), step)
+    # Every file read once into owned memory while it is hashed: what is decoded is
+    # what was verified, and nothing maps the files (a file replaced or truncated later
+    # cannot reach the model or the optimizer's state).
+    path, n, state_json, rng, config, skipped, files = _core.load_files(os.fspath(dir), step)
     if _torch_shard.is_sharded_step(path):  # saved by a sharded run: read whole tensors
+        del files
         return _torch_shard.load(dir, model, optimizer, stream, step=n, solo=True)
     state = json.loads(state_json)
     model_path = os.path.join(path, MODEL_FILE)
-    sd, meta = _read(model_path)
+    sd, meta = _read(files[MODEL_FILE])
     tied = _model_state(model_path, sd, meta)
     # Everything is checked before anything is applied: a failed load changes nothing.
     _check_model(model, sd, model_path)
     opt = opt_state = None
     if optimizer is not None:
         opt_path = os.path.join(path, OPTIMIZER_FILE)
-        if not os.path.exists(opt_path):
+        if OPTIMIZER_FILE not in files:
             raise ValueError(f"{path} has no {OPTIMIZER_FILE} to restore the optimizer from")
-        tensors, ometa = _read(opt_path)
+        tensors, ometa = _read(files[OPTIMIZER_FILE])
         want = TYPE_PREFIX + type(optimizer).__name__
         opt_state, opt = _torch_optim.plan(optimizer, _param_names(model), tensors, ometa, opt_path, want)
     cursor = None
