@@ -275,6 +275,12 @@ fn save(args: SaveArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     for path in &report.removed {
         printer.info(format!("removed {}", path.display()));
     }
+    // The step is committed: what cleanup could not do is a warning, not a failure.
+    for problem in &report.cleanup_problems {
+        printer.warn(format!(
+            "{problem} (the save succeeded; the next save or gc removes it)"
+        ));
+    }
     if printer.json {
         #[derive(Serialize)]
         struct Out<'a> {

@@ -16,6 +16,7 @@ pub const ENV_VAR: &str = "FAILPOINTS";
 /// Every failpoint compiled into tlio (a unit test checks the sources against it).
 pub const KNOWN: &[&str] = &[
     "ckpt/fsync",
+    "ckpt/remove",
     "ckpt/rename",
     "model/before-commit",
     "train/after-step",

@@ -263,7 +263,7 @@ fn save(
             Ok((state, opt_meta))
         })();
         let (state, opt_meta) = prepared.map_err(|e| ckpt_err(py, e))?;
-        let result = py.detach(|| -> Result<PathBuf, CheckpointError> {
+        let result = py.detach(|| -> Result<checkpoint::SaveReport, CheckpointError> {
             let model_meta = BTreeMap::from([(FORMAT_KEY.to_string(), FORMAT_VALUE.to_string())]);
             let (mt, ot) = (&model_tensors, &opt_tensors);
             let req = SaveRequest {
@@ -285,11 +285,27 @@ fn save(
                 // `tlio ckpt save` does, then fails with OSError.
                 lock_wait: checkpoint::SAVE_LOCK_WAIT,
             };
-            checkpoint::save(&dir, req).map(|r| r.path)
+            checkpoint::save(&dir, req)
         });
-        let path = result.map_err(|e| ckpt_err(py, e))?;
-        Ok(path.display().to_string())
+        committed(py, result.map_err(|e| ckpt_err(py, e))?)
     })
+}
+
+/// The path of a committed save, after warning (`warnings.warn`, `UserWarning`) of
+/// each cleanup problem: the step is committed, so the save succeeded.
+fn committed(py: Python<'_>, report: checkpoint::SaveReport) -> PyResult<String> {
+    for problem in &report.cleanup_problems {
+        let text = format!("{problem} (the save succeeded; the next save or gc removes it)");
+        let text = std::ffi::CString::new(text.replace('\0', "\\0"))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        PyErr::warn(
+            py,
+            &py.get_type::<pyo3::exceptions::PyUserWarning>(),
+            &text,
+            1,
+        )?;
+    }
+    Ok(report.path.display().to_string())
 }
 
 /// Held tensors as core tensors (views of the caller's arrays, no copy).
@@ -353,7 +369,7 @@ fn save_tensors(
         let mut state = TrainerState::from_json_with_defaults(state_json.as_bytes())
             .map_err(|e| ckpt_err(py, e.into()))?;
         state.rng_state = rng.map(|(state, inc)| RngState { state, inc });
-        let result = py.detach(|| -> Result<PathBuf, CheckpointError> {
+        let result = py.detach(|| -> Result<checkpoint::SaveReport, CheckpointError> {
             let (mt, ot) = (&model_tensors, &opt_tensors);
             let req = SaveRequest {
                 step: state.step,
@@ -372,10 +388,9 @@ fn save_tensors(
                 force: false,
                 lock_wait: checkpoint::SAVE_LOCK_WAIT,
             };
-            checkpoint::save(&dir, req).map(|r| r.path)
+            checkpoint::save(&dir, req)
         });
-        let path = result.map_err(|e| ckpt_err(py, e))?;
-        Ok(path.display().to_string())
+        committed(py, result.map_err(|e| ckpt_err(py, e))?)
     })
 }
 

@@ -1,6 +1,7 @@
 //! The one seam through which every file-system effect of a save (and of `gc`) goes:
 //! the real implementation evaluates the `ckpt/fsync` and `ckpt/rename` failpoints
-//! before every fsync and rename; the recording one also keeps the sequence of
+//! before every fsync and rename (and `ckpt/remove`, which fails a removal with an
+//! error, before every removal); the recording one also keeps the sequence of
 //! operations with the bytes written, so a test can replay any crash state.
 //!
 //! Invariant: the protocol code never calls `std::fs` for an effect directly; what the
@@ -142,10 +143,16 @@ impl FsOps for RealFs {
     }
 
     fn remove_dir_all(&mut self, path: &Path) -> io::Result<()> {
+        fail::fail_point!("ckpt/remove", |_| Err(io::Error::other(
+            "failpoint ckpt/remove"
+        )));
         fs::remove_dir_all(path)
     }
 
     fn remove_file(&mut self, path: &Path) -> io::Result<()> {
+        fail::fail_point!("ckpt/remove", |_| Err(io::Error::other(
+            "failpoint ckpt/remove"
+        )));
         fs::remove_file(path)
     }
 }

@@ -187,7 +187,13 @@ fn plan(listing: &Listing, step: Option<u64>) -> Plan {
             out.before
                 .push((step_name(n), "does not exist".to_string()));
         }
-        out.tried = listing.steps.iter().rev().copied().filter(|&k| k <= n).collect();
+        out.tried = listing
+            .steps
+            .iter()
+            .rev()
+            .copied()
+            .filter(|&k| k <= n)
+            .collect();
         return out;
     }
     match listing.latest() {

@@ -23,6 +23,8 @@ pub mod state;
 pub mod verify;
 
 #[cfg(test)]
+mod load_tests;
+#[cfg(test)]
 mod powerloss;
 #[cfg(test)]
 mod tests;

@@ -21,7 +21,7 @@ use super::gc::{plan_keep, remove_entry};
 use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 use super::optimizer::{check_any_header, model_params};
 use super::state::TrainerState;
-use super::verify::{inspect, safetensors_problem};
+use super::verify::{inspect, safetensors_problem, MAX_JSON_BYTES};
 use super::{
     io_at, list, step_name, CheckpointError, DirLock, Listing, SaveAnyway, CONFIG_NAME,
     LATEST_NAME, LATEST_TMP_NAME, MODEL_NAME, OPTIMIZER_NAME, SAVE_LOCK_NOTICE, SAVE_LOCK_WAIT,
@@ -112,6 +112,10 @@ pub struct SaveReport {
     pub files: Vec<ManifestEntry>,
     /// Entries removed in step 5 (stale `.tmp` directories, steps beyond `keep`).
     pub removed: Vec<PathBuf>,
+    /// What step 5 could not do, one line each naming the entry. The save succeeded
+    /// all the same (LATEST names the new step); the next save or gc removes what is
+    /// left, and a step left half-deleted fails verification, so no load takes it.
+    pub cleanup_problems: Vec<String>,
 }
 
 /// Save with the real file system (failpoints included).
@@ -248,6 +252,15 @@ pub(crate) fn state_bytes(
         ));
     }
     let config_sha = match config {
+        // A load refuses a larger config.json (it is parsed whole); a step it could not
+        // load must never be committed, let alone count toward `keep`.
+        Some(bytes) if bytes.len() as u64 > MAX_JSON_BYTES => {
+            return Err(CheckpointError::Config(format!(
+                "config.json would be {} bytes, more than the {MAX_JSON_BYTES} bytes (64 MiB) \
+                 a load reads; nothing was written",
+                bytes.len()
+            )))
+        }
         Some(bytes) => {
             serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
                 .map_err(|e| CheckpointError::Config(e.to_string()))?;
@@ -353,12 +366,13 @@ pub fn save_with_wait(
             return Err(e);
         }
     };
-    let removed = publish(fs, dir, req.step, &target, req.keep)?;
+    let (removed, cleanup_problems) = publish(fs, dir, req.step, &target, req.keep)?;
     Ok(SaveReport {
         path: target.final_path,
         step: req.step,
         files,
         removed,
+        cleanup_problems,
     })
 }
 
@@ -413,7 +427,7 @@ pub(crate) fn publish(
     step: u64,
     target: &Target,
     keep: Option<usize>,
-) -> Result<Vec<PathBuf>, CheckpointError> {
+) -> Result<(Vec<PathBuf>, Vec<String>), CheckpointError> {
     let (tmp, final_path) = (&target.tmp, &target.final_path);
     // Step 3: the directory appears whole under its name.
     if target.exists {
@@ -436,22 +450,45 @@ pub(crate) fn publish(
     fs.rename(&latest_tmp, &latest).map_err(io_at(&latest))?;
     fs.fsync_dir(dir).map_err(io_at(dir))?;
 
-    // Step 5: cleanup, only now that the new step is declared.
-    let mut removed = Vec::new();
-    let listing = list(dir)?;
-    for t in &listing.tmps {
-        let path = dir.join(t);
-        remove_entry(fs, &path).map_err(io_at(&path))?;
-        removed.push(path);
-    }
+    // Step 5: cleanup, only now that the new step is declared. From here on the save
+    // has succeeded: a failure is reported, never raised (a caller retrying a
+    // committed save would be refused, and the step is there).
+    Ok(cleanup(fs, dir, keep, step))
+}
+
+/// Step 5: stale `.tmp` entries and, with `keep`, the steps beyond the newest `keep`
+/// valid ones (the step just committed, `committed`, counts without being read: every
+/// rule load applies was checked before it was written, and its bytes were hashed as
+/// they were written). Returns what was removed and what could not be.
+fn cleanup(
+    fs: &mut dyn FsOps,
+    dir: &Path,
+    keep: Option<usize>,
+    committed: u64,
+) -> (Vec<PathBuf>, Vec<String>) {
+    let (mut removed, mut problems) = (Vec::new(), Vec::new());
+    let listing = match list(dir) {
+        Ok(l) => l,
+        Err(e) => {
+            problems.push(crate::failure::full_text(&e));
+            return (removed, problems);
+        }
+    };
+    let mut doomed: Vec<PathBuf> = listing.tmps.iter().map(|t| dir.join(t)).collect();
     if let Some(keep) = keep {
-        for n in plan_keep(dir, &listing, keep, Some(step)) {
-            let path = dir.join(step_name(n));
-            remove_entry(fs, &path).map_err(io_at(&path))?;
-            removed.push(path);
+        doomed.extend(
+            plan_keep(dir, &listing, keep, Some(committed))
+                .into_iter()
+                .map(|n| dir.join(step_name(n))),
+        );
+    }
+    for path in doomed {
+        match remove_entry(fs, &path) {
+            Ok(()) => removed.push(path),
+            Err(e) => problems.push(format!("cannot remove {}: {e}", path.display())),
         }
     }
-    Ok(removed)
+    (removed, problems)
 }
 
 /// Steps 1 and 2 inside the tmp directory.

@@ -222,12 +222,13 @@ fn commit_target(
         .map_err(ck_io_at(&path))?;
     fs.fsync_file(&path).map_err(ck_io_at(&path))?;
     fs.fsync_dir(tmp).map_err(ck_io_at(tmp))?;
-    let removed = publish(fs, dir, step, target, keep)?;
+    let (removed, cleanup_problems) = publish(fs, dir, step, target, keep)?;
     Ok(SaveReport {
         path: target.final_path.clone(),
         step,
         files: manifest.files,
         removed,
+        cleanup_problems,
     })
 }
 
