@@ -259,6 +259,7 @@ registry![
     tlio_core::remote::RemoteError,
     tlio_core::s3::S3Error,
     tlio_core::safetensors::SafetensorsError,
+    tlio_core::safetensors::slice::SliceError,
     tlio_core::tokens::TokensError,
     tlio_core::tokens::tokenizer::TokenizerError,
     tlio_core::train::TrainError,
