@@ -6,6 +6,7 @@ every rank (each writes its own shards) and resumable bit for bit with ``--resum
     torchrun --nproc_per_node 2 examples/train_fsdp.py --shard train.bin --out run --layout fsdp
     torchrun --nproc_per_node 2 examples/train_fsdp.py --shard train.bin --out run --layout fsdp --resume
     torchrun --nproc_per_node 4 examples/train_fsdp.py --shard train.bin --out run4 --layout fsdp_tp --tp 2
+    torchrun --nproc_per_node 2 examples/train_fsdp.py --shard train.bin --out run5 --layout fsdp --async-save
 
 Layouts (gloo on CPU; a mesh of every rank):
   fsdp     ``fully_shard`` of every block, then of the whole model: every parameter and
@@ -20,6 +21,8 @@ Deterministic as train_torch.py (fixed seeds, deterministic algorithms, one thre
 dropout): a run killed at any instant and restarted with ``--resume`` at the same world
 size and layout ends exactly where an uninterrupted run ends. A checkpoint of one layout
 loads into any other (``tlio.torch.load`` reshards), and into train_torch.py's plain model.
+``--async-save`` saves with ``blocking=False``: every rank copies its shards to host
+memory and writes them in the background, coordinated on a process group of tlio's own.
 
 Each step prints ``rank R step N loss L``; a start prints ``rank R pid P start S``; the
 final line (rank 0) is ``sha256 state_dict=<hex> optimizer=<hex>``, train_torch.py's
@@ -104,6 +107,8 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=32)
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")
+    ap.add_argument("--async-save", action="store_true",
+                    help="save with blocking=False: the loop pays for a copy of the state, the write runs behind it")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -126,6 +131,7 @@ def main() -> None:
             pass
     say(f"rank {rank} pid {os.getpid()} start {start}")
 
+    pending = None  # a path, or the PendingSave of the save in flight
     for step in range(start + 1, args.steps + 1):
         x, y = stream.next_batch()
         logits = model(torch.from_numpy(x))
@@ -136,8 +142,11 @@ def main() -> None:
         say(f"rank {rank} step {step} loss {loss.item():.4f}")
         if step % args.every == 0:
             tokens = step * stream.global_batch * args.seq_len
-            tt.save(args.out, step, model, opt, stream, extra={"tokens_seen": tokens}, keep=3)
+            pending = tt.save(args.out, step, model, opt, stream, extra={"tokens_seen": tokens}, keep=3,
+                              blocking=not args.async_save)
 
+    if isinstance(pending, tt.PendingSave):
+        pending.wait()  # before the process group goes: the background commit uses it
     whole = Gathered(model, opt)
     s, o = digests(whole, whole)
     if rank == 0:

@@ -84,6 +84,10 @@ def collective_save(save: F) -> F:
         dist = process_group()
         if dist is None:
             return save(dir, step, *args, **kwargs)
+        if kwargs.get("blocking") is False:  # the same protocol in the background
+            from tlio import _torch_async
+
+            return _torch_async.collective(save, dist, dir, step, args, kwargs)
         rank = dist.get_rank()
         # Every rank must be saving the same step: a rank whose step counter drifted
         # would otherwise return a path that is not its state.

@@ -10,7 +10,9 @@ then given to exactly one of the ranks that hold it (a replicated one to the lea
 loaded of its holders, by bytes), and each rank writes its chunks into files of its own
 (``model-rankNNNNN.safetensors``, ``optimizer-rankNNNNN.safetensors``), hashed while
 written, by the core; rank 0 gathers the small tables and commits (coverage checked,
-shards.json and MANIFEST.json written, renames, LATEST) or aborts.
+shards.json and MANIFEST.json written, renames, LATEST) or aborts. An async save
+(``blocking=False``) extracts and stages every rank's chunks in the call and runs the
+rest, from ``begin`` on, in the background on ``tlio._torch_async``'s own gloo group.
 
 Load: rank 0 opens the step a load picks and broadcasts its number; every rank opens
 that step, computes the regions its local shards need (the whole tensor for a plain
@@ -89,7 +91,7 @@ class Group:
     a gloo group (the default itself when it is gloo) whose timeout bounds every exchange;
     a single process (``dist`` None) is a group of one."""
 
-    def __init__(self, solo: bool = False) -> None:
+    def __init__(self, solo: bool = False, pg: Any = None) -> None:
         dist = torch.distributed
         self.dist = dist if not solo and dist.is_available() and dist.is_initialized() else None
         if self.dist is None:
@@ -97,7 +99,9 @@ class Group:
             return
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         default = dist.distributed_c10d._get_default_group()
-        if "gloo" in str(dist.get_backend()).lower():
+        if pg is not None:  # the async saves' own group (tlio._torch_async.group)
+            self.pg = pg
+        elif "gloo" in str(dist.get_backend()).lower():
             self.pg = default
         else:  # tables travel as CPU objects: a gloo group of its own (torch's default
             # timeout for gloo), created once per default group, by every rank alike
@@ -372,9 +376,41 @@ def _table(entries: Sequence[Sequence[list]], writer: Dict[tuple, int]) -> List[
 
 
 def save(dir: Any, step: Any, model: Any, optimizer: Any = None, stream: Any = None, *,
-         extra: Any = None, keep: Any = None, config: Any = None, overwrite: bool = False) -> str:
-    """tlio.torch.save for a state holding DTensors: the collective sharded save."""
-    g = Group()
+         extra: Any = None, keep: Any = None, config: Any = None, overwrite: bool = False,
+         blocking: bool = True) -> Any:
+    """tlio.torch.save for a state holding DTensors: the collective sharded save. With
+    ``blocking=False`` this rank's chunks are staged now (``tlio._torch_async``) and the
+    collective write and commit are returned as a ``Deferred`` for the background, on
+    the async saves' own process group."""
+    if blocking:
+        return _commit(Group(), dir, step, overwrite,
+                       lambda: _prepare(model, optimizer, stream, extra, config, keep, step))
+    from tlio import _torch_async
+
+    g = Group(pg=_torch_async.group())
+    prepared: Optional[dict] = None
+    error: Optional[BaseException] = None
+    try:
+        stage = _torch_async.stager()
+        prepared = _prepare(model, optimizer, stream, extra, config, keep, step)
+        for c in prepared["chunks"]:
+            c.tensor = stage.copy((c.group, c.name), c.tensor)
+        stage.finish()
+    except BaseException as e:  # raised here at once, and by the other ranks' wait
+        error = e
+
+    def staged() -> dict:
+        if error is not None:
+            raise error
+        assert prepared is not None
+        return prepared
+
+    return _torch_async.Deferred(lambda: _commit(g, dir, step, overwrite, staged), error, step)
+
+
+def _commit(g: Group, dir: Any, step: Any, overwrite: bool, prepare: Callable[[], dict]) -> str:
+    """The collective part of a sharded save on ``g``'s ranks; ``prepare`` gives this
+    rank's checked state (``_prepare``) or raises why it has none."""
     # 1. rank 0 begins the step (lock, refusals, fresh tmp dir).
     handle = None
     error: Optional[BaseException] = None
@@ -398,7 +434,7 @@ def save(dir: Any, step: Any, model: Any, optimizer: Any = None, stream: Any = N
         try:
             if str(step) != outcome[2]:
                 raise ValueError(f"tlio.torch.save: this rank saves step {step}, rank 0 step {outcome[2]}")
-            prepared = _prepare(model, optimizer, stream, extra, config, keep, step)
+            prepared = prepare()
             entries_mine = [c.entry() for c in prepared["chunks"]]
         except BaseException as e:
             error, mine, entries_mine = e, _failure(e), []

@@ -17,6 +17,8 @@ optimizer (``tlio._torch_optim``) and the stream before it applies anything, so 
 refused load changes nothing.
 Under torch.distributed both are collectives (``tlio._torch_dist``): rank 0 writes,
 every rank returns the same path, and every rank loads the step rank 0 chose.
+``save(..., blocking=False)`` stages the state into host buffers and writes it in the
+background (``tlio._torch_async``): the same files, one save in flight per process.
 torch's own generator state is not saved: a loop that needs bitwise dropout across a
 resume seeds it from (seed, step).
 """
@@ -39,13 +41,15 @@ except ModuleNotFoundError as _e:
     ) from None
 
 from tlio._tlio import checkpoint as _core
-from tlio import _torch_optim
+from tlio import _torch_async, _torch_optim
 from tlio._torch_dist import collective_load, collective_save
 from tlio import _torch_shard
 from tlio.checkpoint import EXTRA_KEYS, Checkpoint, _integer, _json, _rng
 from tlio._torch_data import TokenDataset
 
-__all__ = ["save", "load", "TokenDataset"]
+from tlio._torch_async import PendingSave
+
+__all__ = ["save", "load", "PendingSave", "TokenDataset"]
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -100,15 +104,19 @@ def _refuse_kind(name: str, t: torch.Tensor, whose: str = "tensor") -> None:
         raise ValueError(f"{what} is on the meta device and holds no data (materialize it first)")
 
 
-def _item(name: str, t: torch.Tensor) -> Tuple[tuple, torch.Tensor]:
+def _item(name: str, t: torch.Tensor, stage: Optional[_torch_async.Staging] = None,
+          group: str = MODEL_FILE) -> Tuple[tuple, torch.Tensor]:
     """One tensor as a raw-bytes item for the core writer, and the CPU tensor whose
     memory it borrows (kept alive by the caller until the write returns). A conjugate
-    or negative view is written as the values it shows (resolved), as torch.save does."""
+    or negative view is written as the values it shows (resolved), as torch.save does.
+    With ``stage`` (an async save) the item borrows a staged copy, never ``t``'s memory."""
     _refuse_kind(name, t)
     try:
         st, raw = _DTYPES[t.dtype]
     except KeyError:
         raise ValueError(f"tensor {name!r} has dtype {t.dtype}, which tlio.torch cannot store") from None
+    if stage is not None:
+        t = stage.copy((group, name), t)
     c = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
     if raw is np.uint16 or raw is np.uint8 and t.dtype != torch.uint8:
         bits = c.view(torch.int16 if raw is np.uint16 else torch.uint8).numpy().view(raw)
@@ -154,7 +162,7 @@ def _storage_key(t: torch.Tensor, param: Optional[torch.nn.Parameter] = None) ->
     )
 
 
-def _model_items(model: torch.nn.Module):
+def _model_items(model: torch.nn.Module, stage: Optional[_torch_async.Staging] = None):
     sd = model.state_dict()
     params = dict(model.named_parameters(remove_duplicate=False))
     items, keep_alive, tied, first = [], [], {}, {}
@@ -167,7 +175,7 @@ def _model_items(model: torch.nn.Module):
             tied[name] = first[key]
             continue
         first[key] = name
-        item, c = _item(name, t)
+        item, c = _item(name, t, stage)
         items.append(item)
         keep_alive.append(c)
     meta = {TIED_KEY: json.dumps(tied, separators=(",", ":"))} if tied else {}
@@ -191,7 +199,8 @@ def _plain(value: Any, what: str) -> Any:
     return value
 
 
-def _optimizer_items(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+def _optimizer_items(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     stage: Optional[_torch_async.Staging] = None):
     names = _param_names(model)
     groups, state, items, keep_alive = [], {}, [], []
     for g in optimizer.param_groups:
@@ -208,7 +217,7 @@ def _optimizer_items(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
                 if not isinstance(key, str) or "." in key:
                     raise ValueError(f"optimizer state key {key!r} of {name!r} is not a plain name")
                 if isinstance(v, torch.Tensor):
-                    item, c = _item(f"{name}.{key}", v)
+                    item, c = _item(f"{name}.{key}", v, stage, OPTIMIZER_FILE)
                     items.append(item)
                     keep_alive.append(c)
                 else:
@@ -226,6 +235,7 @@ def _stream_state(stream) -> Tuple[Dict[str, Any], Dict[str, int]]:
     return data, rng
 
 
+@_torch_async.saving
 @_torch_shard.dispatch_save
 @collective_save
 def save(
@@ -239,7 +249,8 @@ def save(
     keep: Optional[int] = None,
     config: Optional[Mapping[str, Any]] = None,
     overwrite: bool = False,
-) -> str:
+    blocking: bool = True,
+) -> "str | _torch_async.PendingSave":
     """Save ``step`` of a torch loop in ``dir`` atomically; returns the step directory.
 
     ``model``'s ``state_dict()`` goes to model.safetensors in each tensor's own dtype
@@ -259,6 +270,13 @@ def save(
     When the model's or the optimizer's state holds DTensors (FSDP2, tensor parallel,
     2-D meshes, HSDP), the save is sharded (``tlio._torch_shard``): every rank writes
     its own chunks, replicated ones once, and rank 0 commits the chunk table.
+
+    ``blocking=False`` returns a ``PendingSave`` as soon as the state is copied into
+    host buffers tlio reuses from save to save (``tlio._torch_async``); the write, the
+    hashes, the fsyncs and the commit run in the background. ``wait()`` gives the path
+    or raises the save's error, which the next ``save`` or ``load`` raises otherwise.
+    Every save and load first waits for the one in flight. The files are the same, byte
+    for byte, as a blocking save's.
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -279,15 +297,23 @@ def save(
         config_bytes = (_json("config", config, indent=2) + "\n").encode()
     if keep is not None:
         keep = _integer("keep", keep)
-    model_items, model_meta, alive = _model_items(model)
+    stage = None if blocking else _torch_async.stager()
+    model_items, model_meta, alive = _model_items(model, stage)
     opt_items = opt_json = None
     if optimizer is not None:
-        opt_items, opt_json, opt_alive = _optimizer_items(model, optimizer)
+        opt_items, opt_json, opt_alive = _optimizer_items(model, optimizer, stage)
         alive += opt_alive
-    path = _core.save_tensors(
-        os.fspath(dir), model_items, model_meta, opt_items, opt_json,
-        state_json, _rng(rng), config_bytes, keep, bool(overwrite),
-    )
+
+    def write() -> str:
+        return _core.save_tensors(
+            os.fspath(dir), model_items, model_meta, opt_items, opt_json,
+            state_json, _rng(rng), config_bytes, keep, bool(overwrite),
+        )
+
+    if stage is not None:
+        stage.finish()
+        return _torch_async.Deferred(write, step=step)  # ``write`` holds the staged items
+    path = write()
     del alive
     return path
 
@@ -381,6 +407,7 @@ def _apply(model, sd, tied, optimizer, opt_state, stream, cursor) -> None:
     _retie(model, tied)
 
 
+@_torch_async.settled
 @_torch_shard.dispatch_load
 @collective_load
 def load(

@@ -1,9 +1,10 @@
 import os
-from typing import Any, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Iterator, Literal, Mapping, Optional, Tuple, Union, overload
 
 import torch
 from torch.utils.data import IterableDataset
 
+from tlio._torch_async import PendingSave as PendingSave
 from tlio.checkpoint import Checkpoint
 from tlio.tokens import Cursor, TokenStream
 
@@ -14,6 +15,7 @@ OPTIMIZER_FILE: str
 TIED_KEY: str
 TYPE_PREFIX: str
 
+@overload
 def save(
     dir: PathLike,
     step: int,
@@ -25,7 +27,22 @@ def save(
     keep: Optional[int] = ...,
     config: Optional[Mapping[str, Any]] = ...,
     overwrite: bool = ...,
+    blocking: Literal[True] = ...,
 ) -> str: ...
+@overload
+def save(
+    dir: PathLike,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = ...,
+    stream: Optional[TokenStream] = ...,
+    *,
+    extra: Optional[Mapping[str, Any]] = ...,
+    keep: Optional[int] = ...,
+    config: Optional[Mapping[str, Any]] = ...,
+    overwrite: bool = ...,
+    blocking: Literal[False],
+) -> PendingSave: ...
 def load(
     dir: PathLike,
     model: torch.nn.Module,
