@@ -119,7 +119,9 @@ fn runs(dir: &Path) -> Vec<(&'static str, Vec<OsString>)> {
     let shard = dir.join("s.bin");
     let gpt2 = dir.join("g.bin");
     let q = dir.join("q.safetensors");
+    let (sharded_step, _, _) = crate::sharded::sharded_step(&dir.join("sharded"), 3);
     vec![
+        ("st inspect", os(&[&"st", &"inspect", &sharded_step])),
         (
             "st inspect",
             os(&[
@@ -224,6 +226,16 @@ fn runs(dir: &Path) -> Vec<(&'static str, Vec<OsString>)> {
         (
             "ckpt verify",
             os(&[&"ckpt", &"verify", &dir.join("ck/step-000005")]),
+        ),
+        (
+            "ckpt export",
+            os(&[
+                &"ckpt",
+                &"export",
+                &dir.join("ck/step-000005"),
+                &"-o",
+                &dir.join("exported"),
+            ]),
         ),
         (
             "ckpt latest",

@@ -16,7 +16,7 @@ use crate::tlio;
 
 /// A 6x4 F32 tensor `w` (rows split over two ranks) and a 4-element `b` on rank 1,
 /// with `lm_head.weight` tied to `w`; returns the step directory and `w`'s bytes.
-fn sharded_step(dir: &Path, step: u64) -> (PathBuf, Vec<u8>, Vec<u8>) {
+pub(crate) fn sharded_step(dir: &Path, step: u64) -> (PathBuf, Vec<u8>, Vec<u8>) {
     let w: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
     let b: Vec<f32> = vec![1.0, -2.0, 0.25, 8.0];
     let wb: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();

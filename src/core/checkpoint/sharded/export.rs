@@ -53,6 +53,17 @@ pub fn export(
     out_dir: &Path,
     max_shard_bytes: Option<u64>,
 ) -> Result<ExportReport, ShardedError> {
+    // A FIFO, file or socket where the step directory should be is named as what it is
+    // (a step-NNNNNN name alone would send the user looking for the wrong mistake).
+    if let Ok(meta) = std::fs::metadata(step_dir) {
+        if !meta.is_dir() {
+            return Err(ShardedError::Request(format!(
+                "{} is a {}, not a step directory",
+                step_dir.display(),
+                crate::files::kind_name(&meta.file_type())
+            )));
+        }
+    }
     let step = dir_step(step_dir).ok_or_else(|| {
         ShardedError::Request(format!(
             "{} is not a step directory (step-NNNNNN); `tlio ckpt latest DIR` names the one to export",
