@@ -4,6 +4,8 @@ import) applies to them alone and their memory and exit are their own.
   fail DIR      save step 2 of the small model with blocking=False while a failpoint holds
                 the background write at its first fsync; remove step-000002.tmp meanwhile
                 (the directory vanishes under the write); prints the error wait() raised
+  keep DIR      save step 2 of the small model with blocking=False and keep=1 (FAILPOINTS
+                holds its write); prints "staged", then the path wait() returns
   exit DIR      save step 1 with blocking=False and leave the interpreter at once, without
                 wait(); prints whether the save was still in flight
   rss DIR N     N async saves of a model of a few MiB with AdamW, a training step between
@@ -58,6 +60,13 @@ def fail(dir):
         print(f"raised {type(e).__name__}: {e}", flush=True)
 
 
+def keep_one(dir):
+    model, opt = small(2)
+    p = tt.save(dir, 2, model, opt, keep=1, blocking=False)
+    print("staged", flush=True)
+    print(p.wait(), flush=True)
+
+
 def exit_at_once(dir):
     model, opt = small(1)
     p = tt.save(dir, 1, model, opt, blocking=False)
@@ -83,6 +92,8 @@ if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     if mode == "fail":
         fail(args[0])
+    elif mode == "keep":
+        keep_one(args[0])
     elif mode == "exit":
         exit_at_once(args[0])
     elif mode == "rss":

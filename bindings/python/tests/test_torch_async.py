@@ -162,6 +162,37 @@ def test_failure_inside_a_background_write_is_raised_and_leaves_the_previous_ste
     tlio("ckpt", "verify", str(dir))
 
 
+def test_latest_and_keep_act_only_after_the_background_commit(tmp_path):
+    """While an async save with keep=1 is held inside its write, LATEST names the previous
+    step, which nothing removes, and gc cannot run (the save holds the lock); once the
+    step is committed, LATEST names it and keep removes the older step."""
+    dir = tmp_path / "ckpt"
+    m, opt = odd_setup(0)
+    tt.save(dir, 1, m, opt)
+    t0 = time.time()
+    p = subprocess.Popen([sys.executable, str(CHILD), "keep", str(dir)], stdout=subprocess.PIPE, text=True,
+                         env=_env(FAILPOINTS="ckpt/fsync=1*sleep(3000)->off"))
+    try:
+        assert p.stdout.readline() == "staged\n"
+        tmp = dir / "step-000002.tmp"
+        deadline = time.monotonic() + TIMEOUT
+        while not _written_since(tmp / "model.safetensors", t0):
+            assert p.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        gc = tlio("ckpt", "gc", "--keep", "1", str(dir), check=False)
+        assert gc.returncode != 0 and "lock" in gc.stderr, gc.stderr
+        assert tmp.is_dir() and (dir / "step-000001").is_dir()
+        assert (dir / "LATEST").read_text().strip() == "step-000001"
+        assert p.stdout.readline().strip() == str(dir / "step-000002")
+        assert p.wait(timeout=TIMEOUT) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=TIMEOUT)
+    assert sorted(os.listdir(dir)) == [".lock", "LATEST", "step-000002"]
+    assert (dir / "LATEST").read_text().strip() == "step-000002"
+
+
 def test_interpreter_exit_completes_a_pending_save(tmp_path):
     dir = tmp_path / "ckpt"
     # The first fsync holds the write for a second: the interpreter reaches its exit
