@@ -152,7 +152,7 @@ def test_failure_inside_a_background_write_is_raised_and_leaves_the_previous_ste
     tt.save(dir, 1, m, opt)
     want = snapshot(m, opt)[0]
     out = subprocess.run([sys.executable, str(CHILD), "fail", str(dir)], capture_output=True, text=True,
-                         timeout=TIMEOUT, env=_env(FAILPOINTS="ckpt/fsync=1*sleep(3000)->off"))
+                         timeout=TIMEOUT, env=_env(FAILPOINTS="ckpt/fsync=1*sleep(6000)->off"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "done before wait: False" in out.stdout, out.stdout
     assert "raised FileNotFoundError" in out.stdout and "step-000002.tmp" in out.stdout, out.stdout
@@ -171,7 +171,7 @@ def test_latest_and_keep_act_only_after_the_background_commit(tmp_path):
     tt.save(dir, 1, m, opt)
     t0 = time.time()
     p = subprocess.Popen([sys.executable, str(CHILD), "keep", str(dir)], stdout=subprocess.PIPE, text=True,
-                         env=_env(FAILPOINTS="ckpt/fsync=1*sleep(3000)->off"))
+                         env=_env(FAILPOINTS="ckpt/fsync=1*sleep(6000)->off"))
     try:
         assert p.stdout.readline() == "staged\n"
         tmp = dir / "step-000002.tmp"
