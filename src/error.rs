@@ -261,6 +261,7 @@ registry![
     tlio_core::safetensors::SafetensorsError,
     tlio_core::safetensors::slice::SliceError,
     tlio_core::tokens::TokensError,
+    tlio_core::tokens::parts::PartsError,
     tlio_core::tokens::tokenizer::TokenizerError,
     tlio_core::train::TrainError,
 ];

@@ -115,7 +115,7 @@ pub enum Command {
     /// dequantize.
     #[command(subcommand, after_help = ST_EXAMPLES)]
     St(st::StCommand),
-    /// Token shards: header, pack, windows, decode.
+    /// Token shards: header, pack, merge, windows, decode.
     #[command(subcommand, after_help = TOKENS_EXAMPLES)]
     Tokens(tokens::TokensCommand),
     /// Train a model on token shards with atomic checkpoints and exact resume: bigram.

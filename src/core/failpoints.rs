@@ -19,6 +19,7 @@ pub const KNOWN: &[&str] = &[
     "ckpt/remove",
     "ckpt/rename",
     "model/before-commit",
+    "tokens/part-marker",
     "train/after-step",
 ];
 

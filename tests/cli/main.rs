@@ -29,6 +29,7 @@ mod hardening;
 mod inputs;
 mod models;
 mod output;
+mod parts;
 mod readme;
 mod s3;
 mod shapes;

@@ -1,6 +1,7 @@
 //! `tlio tokens`: `header` (show and validate shard headers), `pack` (build shards from
 //! bytes, id text or raw arrays, or from text, JSONL or Parquet documents through a real
-//! tokenizer), `windows` (print what the token stream yields, from a seed or a saved
+//! tokenizer, whole or one part of N), `merge` (the shards of a pack made in parts),
+//! `windows` (print what the token stream yields, from a seed or a saved
 //! cursor), `decode` (the text of a shard's ids). Each command is one core call plus
 //! printing.
 
@@ -12,6 +13,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
 mod pack;
+mod parts;
 mod windows;
 
 use pack::pack;
@@ -39,6 +41,10 @@ pub enum TokensCommand {
     /// Build shards from standard input or files, in bounded memory.
     #[command(after_help = PACK_EXAMPLES)]
     Pack(PackArgs),
+    /// Write the final shards of a pack made in parts (--part K/N), byte-identical to
+    /// one pack of the same inputs; exit 1 naming the parts missing or incomplete.
+    #[command(after_help = MERGE_EXAMPLES)]
+    Merge(MergeArgs),
     /// Print the batches the token stream yields, one JSON line per batch.
     #[command(after_help = WINDOWS_EXAMPLES)]
     Windows(WindowsArgs),
@@ -59,6 +65,12 @@ Examples:
   tlio tokens pack ids.txt --from ids --vocab-size 50257 -o train.bin
   tlio tokens pack docs.jsonl.zst --tokenizer gpt2 --from jsonl --val-tokens 100000000 -o fw
   tlio tokens pack t.parquet --from parquet --tokenizer tokenizer.json --eot none -o ll";
+
+const MERGE_EXAMPLES: &str = "\
+Examples:
+  tlio tokens merge fw
+  tlio tokens merge --verify fw
+  tlio --json tokens merge corpus.bin";
 
 const DECODE_EXAMPLES: &str = "\
 Examples:
@@ -161,6 +173,22 @@ pub struct PackArgs {
     /// The header of shards whose vocabulary exceeds 65,536 (uint32 ids).
     #[arg(long, value_enum, default_value_t = ShardFormat::Llama3)]
     pub format: ShardFormat,
+    /// Pack only part K of N (K from 0) into SHARD.parts/K-of-N, for `tokens merge`;
+    /// `slurm` takes K and N from a Slurm array task's environment. A complete part is
+    /// not packed again.
+    #[arg(long, value_name = "K/N")]
+    pub part: Option<String>,
+}
+
+/// Arguments of `tokens merge`.
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The output the parts were packed for (the -o of `tokens pack --part`).
+    #[arg(value_name = "SHARD")]
+    pub output: PathBuf,
+    /// Also check every part's ids against the digest in its marker (reads them twice).
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// Arguments of `tokens decode`.
@@ -249,6 +277,7 @@ pub fn run(cmd: TokensCommand, printer: &Printer) -> anyhow::Result<Outcome> {
     match cmd {
         TokensCommand::Header(args) => header(args, printer),
         TokensCommand::Pack(args) => pack(args, printer),
+        TokensCommand::Merge(args) => parts::merge(args, printer),
         TokensCommand::Windows(args) => windows(args, printer),
         TokensCommand::Decode(args) => decode(args, printer),
     }

@@ -4,7 +4,7 @@
 use super::*;
 
 #[derive(Serialize)]
-struct PackedShard {
+pub(super) struct PackedShard {
     file: String,
     n: u64,
     magic: i32,
@@ -13,16 +13,19 @@ struct PackedShard {
 }
 
 #[derive(Serialize)]
-struct PackReport {
-    shards: Vec<PackedShard>,
-    tokens: u64,
+pub(super) struct PackReport {
+    pub(super) shards: Vec<PackedShard>,
+    pub(super) tokens: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    documents: Option<u64>,
+    pub(super) documents: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    skipped: Option<u64>,
+    pub(super) skipped: Option<u64>,
 }
 
 pub(super) fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
+    if let Some(part) = args.part.clone() {
+        return super::parts::pack_part(&args, &part, printer);
+    }
     if let Some(spec) = args.tokenizer.clone() {
         return pack_text(args, &spec, printer);
     }
@@ -51,7 +54,7 @@ pub(super) fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome>
 }
 
 /// The inputs named on the command line; none means standard input.
-fn input_paths(args: &PackArgs) -> Vec<PathBuf> {
+pub(super) fn input_paths(args: &PackArgs) -> Vec<PathBuf> {
     if args.inputs.is_empty() {
         vec![PathBuf::from("-")]
     } else {
@@ -61,7 +64,7 @@ fn input_paths(args: &PackArgs) -> Vec<PathBuf> {
 
 /// The id format and vocabulary of a pack without a tokenizer, refusing the flags and
 /// formats that need one.
-fn id_format(args: &PackArgs) -> anyhow::Result<(InputFormat, u32)> {
+pub(super) fn id_format(args: &PackArgs) -> anyhow::Result<(InputFormat, u32)> {
     let tokenizer_only = [
         ("--val-tokens", args.val_tokens.is_some()),
         ("--eot", args.eot.is_some()),
@@ -122,7 +125,7 @@ fn open_id_inputs(paths: &[PathBuf]) -> anyhow::Result<(Vec<PackInput>, Option<u
     Ok((inputs, total))
 }
 
-fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
+pub(super) fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
     shards
         .iter()
         .map(|(path, h)| PackedShard {
@@ -137,7 +140,7 @@ fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> 
 
 /// Like every command that writes files, pack says what it wrote as chatter on stderr
 /// (silenced by -q), or as one JSON document on stdout with --json.
-fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome> {
+pub(super) fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome> {
     if printer.json {
         printer.json_line(report)?;
     } else {
@@ -167,7 +170,45 @@ fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Result<Outcome
 }
 
 fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Outcome> {
-    let format = corpus_format(&args)?;
+    let (tokenizer, opts, paths) = text_options(&args, spec)?;
+    let bar = printer.bar(0, "", "{spinner} {elapsed} {msg}");
+    let started = std::time::Instant::now();
+    let summary = tokens::pack_text(&paths, &tokenizer, &opts, &mut |p: &TextPackProgress| {
+        show_text_progress(&bar, started, p);
+    });
+    bar.finish_and_clear();
+    let summary = summary?;
+    let report = PackReport {
+        shards: packed_shards(&summary.shards),
+        tokens: summary.tokens,
+        documents: Some(summary.documents),
+        skipped: Some(summary.skipped),
+    };
+    report_pack(&report, printer)
+}
+
+/// The progress line of a pack with a tokenizer.
+pub(super) fn show_text_progress(
+    bar: &indicatif::ProgressBar,
+    started: std::time::Instant,
+    p: &TextPackProgress,
+) {
+    let secs = started.elapsed().as_secs_f64().max(1e-3);
+    bar.set_message(format!(
+        "{} documents, {} tokens, {:.1} MB/s",
+        p.documents,
+        p.tokens,
+        p.bytes as f64 / 1e6 / secs
+    ));
+    bar.tick();
+}
+
+/// The tokenizer, options and input paths of a pack with a tokenizer, from its flags.
+pub(super) fn text_options(
+    args: &PackArgs,
+    spec: &str,
+) -> anyhow::Result<(Tokenizer, TextPackOptions, Vec<PathBuf>)> {
+    let format = corpus_format(args)?;
     let tokenizer = Tokenizer::load(spec).map_err(TokensError::from)?;
     // Core names the field (eot); the flag's words are the CLI's.
     let eot = match args.eot.as_deref() {
@@ -197,7 +238,7 @@ fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Ou
         },
         (None, None) => ShardPlan::Single(args.output.clone()),
     };
-    let paths = input_paths(&args);
+    let paths = input_paths(args);
     check_text_inputs(&paths, format)?;
     let threads = match args.threads {
         Some(n) => n,
@@ -212,27 +253,7 @@ fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Ou
         skip_bad: args.skip_bad,
         layout: layout(args.format),
     };
-    let bar = printer.bar(0, "", "{spinner} {elapsed} {msg}");
-    let started = std::time::Instant::now();
-    let summary = tokens::pack_text(&paths, &tokenizer, &opts, &mut |p: &TextPackProgress| {
-        let secs = started.elapsed().as_secs_f64().max(1e-3);
-        bar.set_message(format!(
-            "{} documents, {} tokens, {:.1} MB/s",
-            p.documents,
-            p.tokens,
-            p.bytes as f64 / 1e6 / secs
-        ));
-        bar.tick();
-    });
-    bar.finish_and_clear();
-    let summary = summary?;
-    let report = PackReport {
-        shards: packed_shards(&summary.shards),
-        tokens: summary.tokens,
-        documents: Some(summary.documents),
-        skipped: Some(summary.skipped),
-    };
-    report_pack(&report, printer)
+    Ok((tokenizer, opts, paths))
 }
 
 /// The text format of a pack with a tokenizer, refusing id formats and `--vocab-size`

@@ -26,7 +26,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use rayon::prelude::*;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
-use super::pack::{ShardPlan, Sink};
+use super::pack::{IdSink, ShardPlan, Sink};
 use super::shard::{Layout, ShardHeader};
 use super::tokenizer::Tokenizer;
 use super::TokensError;
@@ -300,8 +300,17 @@ impl Reader<'_> {
         emit: &mut dyn FnMut(String) -> Result<(), TokensError>,
     ) -> Result<(), TokensError> {
         let name = path.display().to_string();
+        self.jsonl_lines(open_stream(path)?, &name, emit)
+    }
+
+    /// The documents of the JSONL lines `reader` yields; `name` is shown in errors.
+    fn jsonl_lines(
+        &mut self,
+        mut reader: Box<dyn BufRead + Send>,
+        name: &str,
+        emit: &mut dyn FnMut(String) -> Result<(), TokensError>,
+    ) -> Result<(), TokensError> {
         let limit = u64::try_from(MAX_DOCUMENT_BYTES).unwrap_or(u64::MAX);
-        let mut reader = open_stream(path)?;
         let mut line = Vec::new();
         let mut number = 0u64;
         loop {
@@ -309,7 +318,7 @@ impl Reader<'_> {
             let got = (&mut reader)
                 .take(limit.saturating_add(1))
                 .read_until(b'\n', &mut line)
-                .map_err(|e| read_err(&name, e))?;
+                .map_err(|e| read_err(name, e))?;
             if got == 0 {
                 return Ok(());
             }
@@ -425,9 +434,49 @@ impl Reader<'_> {
     }
 }
 
+/// Where a pack's documents come from: a whole input file, or the byte range
+/// `start..end` of an uncompressed JSONL file that begins and ends at line boundaries
+/// (one part of a partitioned pack).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Source {
+    /// The whole file (`-`: standard input), decompressed as its name says.
+    Whole(PathBuf),
+    /// Lines `start..end` (byte offsets) of an uncompressed JSONL file.
+    Lines {
+        /// The file.
+        path: PathBuf,
+        /// The first byte, the start of a line.
+        start: u64,
+        /// One past the last byte, the end of a line (or of the file).
+        end: u64,
+    },
+}
+
+/// The name of a byte range of `path` in messages: line numbers count from its start.
+pub(super) fn range_name(path: &Path, start: u64) -> String {
+    format!("{} (from byte {start})", path.display())
+}
+
+/// Open bytes `start..end` of the regular file `path`, buffered.
+pub(super) fn open_range(
+    path: &Path,
+    start: u64,
+    end: u64,
+) -> Result<BufReader<io::Take<std::fs::File>>, TokensError> {
+    use std::io::{Seek, SeekFrom};
+    let name = path.display().to_string();
+    let mut file = crate::files::open_regular(path).map_err(|e| read_err(&name, e))?;
+    file.seek(SeekFrom::Start(start))
+        .map_err(|e| read_err(&name, e))?;
+    Ok(BufReader::with_capacity(
+        1 << 20,
+        file.take(end.saturating_sub(start)),
+    ))
+}
+
 /// Reads every input in order and sends batches of documents down `send`.
 fn read_all(
-    inputs: &[PathBuf],
+    inputs: &[Source],
     opts: &TextPackOptions,
     send: &std::sync::mpsc::SyncSender<Vec<String>>,
 ) -> Result<u64, TokensError> {
@@ -449,11 +498,22 @@ fn read_all(
         }
         Ok(())
     };
-    for path in inputs {
-        match opts.format {
-            CorpusFormat::Text => reader.text(path, &mut emit)?,
-            CorpusFormat::Jsonl => reader.jsonl(path, &mut emit)?,
-            CorpusFormat::Parquet => reader.parquet(path, &mut emit)?,
+    for source in inputs {
+        match (source, opts.format) {
+            (Source::Whole(path), CorpusFormat::Text) => reader.text(path, &mut emit)?,
+            (Source::Whole(path), CorpusFormat::Jsonl) => reader.jsonl(path, &mut emit)?,
+            (Source::Whole(path), CorpusFormat::Parquet) => reader.parquet(path, &mut emit)?,
+            (Source::Lines { path, start, end }, CorpusFormat::Jsonl) => {
+                let lines = open_range(path, *start, *end)?;
+                reader.jsonl_lines(Box::new(lines), &range_name(path, *start), &mut emit)?;
+            }
+            // The part planner cuts only uncompressed JSONL inside a file.
+            (Source::Lines { path, .. }, CorpusFormat::Text | CorpusFormat::Parquet) => {
+                return Err(TokensError::BadOptions(format!(
+                    "{}: only JSONL is read by byte range",
+                    path.display()
+                )))
+            }
         }
     }
     if !batch.is_empty() {
@@ -469,7 +529,7 @@ fn tokenize_all(
     tokenizer: &Tokenizer,
     eot: Option<u32>,
     pool: &rayon::ThreadPool,
-    sink: &mut Sink,
+    sink: &mut dyn IdSink,
     progress: &mut dyn FnMut(&TextPackProgress),
 ) -> Result<u64, TokensError> {
     let mut totals = TextPackProgress::default();
@@ -498,16 +558,12 @@ fn tokenize_all(
     Ok(totals.documents)
 }
 
-/// Tokenize the documents of `inputs` with `tokenizer` into the shards of
-/// `opts.plan`: `[eot] + encode(document)` for each document, in order. Reading runs
-/// on its own thread, tokenizing on `opts.threads` threads; `progress` gets the running
-/// totals after every batch. On error nothing is left under any output name.
-pub fn pack_text(
-    inputs: &[PathBuf],
+/// Check the options every text pack shares: the thread count, and an end-of-text id
+/// inside the tokenizer's vocabulary.
+pub(super) fn check_text_options(
     tokenizer: &Tokenizer,
     opts: &TextPackOptions,
-    progress: &mut dyn FnMut(&TextPackProgress),
-) -> Result<TextPackSummary, TokensError> {
+) -> Result<(), TokensError> {
     if opts.threads == 0 || opts.threads > MAX_THREADS {
         return Err(TokensError::BadOptions(format!(
             "threads must be 1 to {MAX_THREADS}, got {}",
@@ -522,13 +578,19 @@ pub fn pack_text(
             )));
         }
     }
-    opts.plan.refuse_inputs(
-        inputs
-            .iter()
-            .map(PathBuf::as_path)
-            .filter(|p| p.as_os_str() != "-"),
-    )?;
-    let mut sink = Sink::new(opts.plan.clone(), tokenizer.vocab_size(), opts.layout)?;
+    Ok(())
+}
+
+/// Tokenize the documents of `sources`, in order, into `sink`: reading on its own
+/// thread, tokenizing on `opts.threads` threads. Returns the documents packed and the
+/// bad lines or rows skipped. The caller owns the sink (and its cleanup on error).
+pub(super) fn tokenize_sources(
+    sources: &[Source],
+    tokenizer: &Tokenizer,
+    opts: &TextPackOptions,
+    sink: &mut dyn IdSink,
+    progress: &mut dyn FnMut(&TextPackProgress),
+) -> Result<(u64, u64), TokensError> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)
         .build()
@@ -537,8 +599,8 @@ pub fn pack_text(
         })?;
     let (send, recv) = sync_channel::<Vec<String>>(BATCHES_AHEAD);
     let (read_result, write_result) = std::thread::scope(|scope| {
-        let reading = scope.spawn(move || read_all(inputs, opts, &send));
-        let written = tokenize_all(&recv, tokenizer, opts.eot, &pool, &mut sink, progress);
+        let reading = scope.spawn(move || read_all(sources, opts, &send));
+        let written = tokenize_all(&recv, tokenizer, opts.eot, &pool, sink, progress);
         // Unblock the reader if we stopped early.
         drop(recv);
         let read = reading
@@ -548,13 +610,39 @@ pub fn pack_text(
     });
     // A write error is the first cause when both failed (the reader then only saw the
     // channel close).
-    let (skipped, documents) = match (read_result, write_result) {
-        (_, Err(e)) | (Err(e), Ok(_)) => {
-            sink.abort();
-            return Err(e);
-        }
-        (Ok(s), Ok(d)) => (s, d),
-    };
+    match (read_result, write_result) {
+        (_, Err(e)) | (Err(e), Ok(_)) => Err(e),
+        (Ok(skipped), Ok(documents)) => Ok((documents, skipped)),
+    }
+}
+
+/// Tokenize the documents of `inputs` with `tokenizer` into the shards of
+/// `opts.plan`: `[eot] + encode(document)` for each document, in order. Reading runs
+/// on its own thread, tokenizing on `opts.threads` threads; `progress` gets the running
+/// totals after every batch. On error nothing is left under any output name.
+pub fn pack_text(
+    inputs: &[PathBuf],
+    tokenizer: &Tokenizer,
+    opts: &TextPackOptions,
+    progress: &mut dyn FnMut(&TextPackProgress),
+) -> Result<TextPackSummary, TokensError> {
+    check_text_options(tokenizer, opts)?;
+    opts.plan.refuse_inputs(
+        inputs
+            .iter()
+            .map(PathBuf::as_path)
+            .filter(|p| p.as_os_str() != "-"),
+    )?;
+    let mut sink = Sink::new(opts.plan.clone(), tokenizer.vocab_size(), opts.layout)?;
+    let sources: Vec<Source> = inputs.iter().cloned().map(Source::Whole).collect();
+    let (documents, skipped) =
+        match tokenize_sources(&sources, tokenizer, opts, &mut sink, progress) {
+            Ok(counts) => counts,
+            Err(e) => {
+                sink.abort();
+                return Err(e);
+            }
+        };
     let tokens = sink.tokens();
     let shards = sink.finish()?;
     Ok(TextPackSummary {

@@ -32,6 +32,7 @@ mod hf;
 #[cfg(feature = "tokenizers")]
 mod o200k;
 mod pack;
+pub mod parts;
 #[cfg(feature = "tokenizers")]
 mod runs;
 mod session;
@@ -48,6 +49,10 @@ pub use corpus::{
 };
 pub use pack::{
     output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
+};
+pub use parts::{
+    merge_parts, pack_part, part_area, tokenizer_identity, MergeSummary, Part, PartJob, PartMarker,
+    PartOutcome, PartSource, PartsError,
 };
 pub use session::{read_cursor, CursorSession};
 pub use shard::{

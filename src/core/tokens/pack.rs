@@ -15,7 +15,7 @@ use super::TokensError;
 use crate::atomic::{self, Prepared};
 
 /// Bytes read from an input at a time.
-const READ_CHUNK: usize = 1 << 20;
+pub(super) const READ_CHUNK: usize = 1 << 20;
 /// Digits in the shard number of `OUT_000000.bin`.
 const SHARD_NUMBER_DIGITS: usize = 6;
 /// The vocabulary of `--from bytes`: every byte value is an id.
@@ -192,6 +192,29 @@ impl ShardPlan {
             }
         }
         Ok(())
+    }
+}
+
+/// Where the ids of a pack go: the final shards ([`Sink`]), or the raw id stream of
+/// one part of a partitioned pack (which `tokens merge` cuts into the same shards).
+pub(super) trait IdSink {
+    /// The vocabulary every id must be below.
+    fn vocab(&self) -> u32;
+    /// Append ids.
+    fn push(&mut self, ids: &[u32]) -> Result<(), TokensError>;
+    /// Ids accepted so far.
+    fn tokens(&self) -> u64;
+}
+
+impl IdSink for Sink {
+    fn vocab(&self) -> u32 {
+        self.vocab
+    }
+    fn push(&mut self, ids: &[u32]) -> Result<(), TokensError> {
+        Sink::push(self, ids)
+    }
+    fn tokens(&self) -> u64 {
+        Sink::tokens(self)
     }
 }
 
@@ -416,15 +439,15 @@ impl IdText {
 }
 
 /// Pack one input into the sink.
-fn pack_input(
+pub(super) fn pack_input(
     input: &mut PackInput,
-    sink: &mut Sink,
+    sink: &mut dyn IdSink,
     format: InputFormat,
     buf: &mut [u8],
     ids: &mut Vec<u32>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(), TokensError> {
-    let vocab = sink.vocab;
+    let vocab = sink.vocab();
     let name = input.name.as_str();
     let mut position = 0u64;
     let mut carry = 0usize;
