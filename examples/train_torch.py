@@ -133,7 +133,10 @@ def say(line: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shard", required=True, help="a token shard (tlio tokens pack --tokenizer gpt2)")
+    ap.add_argument("--shard", required=True, nargs="+",
+                    help="token shards (tlio tokens pack --tokenizer gpt2), read in this order")
+    ap.add_argument("--shuffle", action="store_true",
+                    help="visit the shards in a new order each epoch (passes within a shard unchanged)")
     ap.add_argument("--out", required=True, help="the checkpoint directory")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--every", type=int, default=10, help="save every K steps")
@@ -153,13 +156,13 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
 
-    vocab = read_tokens_header(args.shard)["vocab_size"] or 50257
+    vocab = read_tokens_header(args.shard[0])["vocab_size"] or 50257
     torch.manual_seed(args.seed)
     model = GPT(vocab, args.d_model, 2, 2, args.seq_len)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     # rank and world_size come from the process group under torchrun, else 0 and 1.
-    stream = TokenStream([args.shard], args.seq_len, args.batch, PCG32(args.seed), vocab,
-                         rank=None, world_size=None)
+    stream = TokenStream(args.shard, args.seq_len, args.batch, PCG32(args.seed), vocab,
+                         rank=None, world_size=None, shuffle=args.shuffle)
     start = 0
     if args.resume:
         try:

@@ -132,6 +132,10 @@ pub struct BigramArgs {
     /// write 0); must equal every recorded one.
     #[arg(long, value_name = "V")]
     pub vocab_size: Option<u32>,
+    /// Visit the shards in a new order each epoch, drawn from the stream's generator
+    /// (passes within a shard are unchanged). A resume may switch it on, not off.
+    #[arg(long)]
+    pub shuffle: bool,
 }
 
 /// Run a train command.
@@ -183,7 +187,13 @@ fn bigram(args: BigramArgs, printer: &Printer) -> anyhow::Result<Outcome> {
             MethodArg::Counts => Method::Counts,
         },
         vocab_size: args.vocab_size,
+        shuffle: args.shuffle,
     };
+    if args.shuffle && args.method == MethodArg::Counts {
+        return Err(crate::error::operational(
+            "--shuffle applies to --method gradient (counts reads every shard whole, in any order)",
+        ));
+    }
     let mut view = ProgressView {
         printer,
         ckpt: args.out.join(CKPT_DIR),

@@ -605,3 +605,71 @@ fn bigram_help_states_the_model_state_limit_before_a_user_tries() {
         "{help}"
     );
 }
+
+#[test]
+fn shuffled_runs_resume_bitwise_and_cannot_resume_unshuffled() {
+    let dir = tmp();
+    let texts = [
+        TEXT.to_string(),
+        TEXT.to_uppercase(),
+        TEXT.chars().rev().collect::<String>(),
+    ];
+    let mut shards = Vec::new();
+    for (i, (text, times)) in texts.iter().zip([2, 3, 5]).enumerate() {
+        let path = dir.path().join(format!("s{i}.bin"));
+        let ids: Vec<u16> = text.repeat(times).bytes().map(u16::from).collect();
+        write_shard(&path, &ids, 256);
+        shards.push(path.to_str().unwrap().to_string());
+    }
+    let args = |out: &Path, shuffle: bool| {
+        let mut a: Vec<String> = ["train", "bigram"].map(String::from).to_vec();
+        a.extend(shards.iter().cloned());
+        a.extend(
+            [
+                "--out",
+                out.to_str().unwrap(),
+                "--max-steps",
+                "60",
+                "--ckpt-every",
+                "10",
+                "--batch",
+                "4",
+                "--seq-len",
+                "16",
+                "--seed",
+                "7",
+                "--lr",
+                "0.05",
+            ]
+            .map(String::from),
+        );
+        if shuffle {
+            a.push("--shuffle".into());
+        }
+        a
+    };
+    let full = dir.path().join("full");
+    let shuffled = run_ok(&args(&full, true));
+    let plain = run_ok(&args(&dir.path().join("plain"), false));
+    assert_ne!(shuffled, plain, "the shard order changed nothing");
+    let cut = dir.path().join("cut");
+    tlio()
+        .args(args(&cut, true))
+        .env("FAILPOINTS", "train/after-step=34*off->return")
+        .assert()
+        .failure();
+    // Resuming without --shuffle would change the order: refused.
+    let mut unshuffled = args(&cut, false);
+    unshuffled.push("--resume".into());
+    let out = tlio().args(&unshuffled).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("epoch_rng"), "{err}");
+    let mut resume = args(&cut, true);
+    resume.push("--resume".into());
+    assert_eq!(run_ok(&resume), shuffled);
+    assert_eq!(final_files(&full, 60), final_files(&cut, 60));
+    // The count model reads every shard whole: the flag is refused, not ignored.
+    let mut counts = args(&dir.path().join("counts"), true);
+    counts.extend(["--method", "counts"].map(String::from));
+    tlio().args(&counts).assert().code(2);
+}

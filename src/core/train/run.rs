@@ -33,7 +33,7 @@ use super::TrainError;
 use crate::checkpoint::{self, Loaded, Payload, SaveRequest, TrainerState};
 use crate::digest::sha256_hex;
 use crate::pcg::{Pcg32, DEFAULT_SEQ};
-use crate::tokens::{Shard, TokenStream};
+use crate::tokens::{Ranks, Shard, ShardOrder, StreamOptions, TokenStream};
 
 /// Ids read per chunk when counting a shard.
 const CHUNK_IDS: usize = 1 << 20;
@@ -114,7 +114,17 @@ fn run_gradient(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<RunOutcome, TrainError> {
     let rng = Pcg32::seed(spec.seed, DEFAULT_SEQ);
-    let stream = TokenStream::new(shards, spec.seq_len, spec.batch, rng, Some(vocab))?;
+    let order = if spec.shuffle {
+        ShardOrder::Shuffled
+    } else {
+        ShardOrder::InOrder
+    };
+    let options = StreamOptions {
+        ranks: Ranks::SINGLE,
+        order,
+    };
+    let stream =
+        TokenStream::with_options(shards, spec.seq_len, spec.batch, rng, Some(vocab), options)?;
     let mut trainer = match &loaded {
         Some(l) => Trainer::from_checkpoint(stream, vocab, spec.optim, config, l)?,
         None => Trainer::fresh(stream, vocab, spec.optim, config)?,

@@ -55,6 +55,11 @@ pub struct RunSpec {
     pub method: Method,
     /// V, required only when no shard records it.
     pub vocab_size: Option<u32>,
+    /// Visit the shards in a new order each epoch (tokens.md's shuffled shard order).
+    /// Not part of the run's config: a cursor resumes into a shuffled stream (the
+    /// current epoch ends in file order), and a shuffled cursor is refused by an
+    /// unshuffled stream, so a resume can switch it on but never off.
+    pub shuffle: bool,
 }
 
 /// What the loop reports while it runs (the command layer draws it).
