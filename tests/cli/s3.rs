@@ -68,7 +68,7 @@ fn server() -> &'static Server {
 }
 
 /// Send one request line to the server; its `ok` value.
-fn ask(request: &str) -> String {
+pub(crate) fn ask(request: &str) -> String {
     let s = server();
     let mut guard = s.channel.lock().unwrap();
     let (stdin, stdout) = &mut *guard;
@@ -84,7 +84,7 @@ fn ask(request: &str) -> String {
 }
 
 /// A fresh bucket for one test.
-fn bucket() -> String {
+pub(crate) fn bucket() -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     let name = format!(
         "tlio-test-{}-{}",
@@ -96,7 +96,7 @@ fn bucket() -> String {
 }
 
 /// `tlio` with the server's endpoint and test credentials, and no other AWS variable.
-fn tlio_s3() -> assert_cmd::Command {
+pub(crate) fn tlio_s3() -> assert_cmd::Command {
     let mut cmd = tlio();
     for var in [
         "AWS_SESSION_TOKEN",
@@ -134,7 +134,7 @@ fn shard_file(dir: &Path) -> PathBuf {
     path
 }
 
-fn stdout_of(cmd: &mut assert_cmd::Command) -> String {
+pub(crate) fn stdout_of(cmd: &mut assert_cmd::Command) -> String {
     String::from_utf8(cmd.assert().success().get_output().stdout.clone()).unwrap()
 }
 

@@ -89,9 +89,24 @@ fn dtypes() -> Vec<(&'static str, u64, Option<usize>, bool, bool)> {
 #[pyfunction]
 fn header(py: Python<'_>, path: PathBuf) -> PyResult<FileHeader> {
     guard(|| {
-        let h = py
-            .detach(|| read_header(&path))
-            .map_err(|e| at_path(&path, e))?;
+        // An s3:// object: its header by range requests (tlio-core's remote reader).
+        let remote = match path.to_str() {
+            Some(text) if tlio_core::s3::is_s3_url(text) => Some(
+                tlio_core::s3::S3Url::parse(text)
+                    .map_err(|e| crate::tokens::remote_err(e.into()))?,
+            ),
+            _ => None,
+        };
+        let h = match remote {
+            Some(url) => {
+                py.detach(|| tlio_core::remote::safetensors_header(&url))
+                    .map_err(crate::tokens::remote_err)?
+                    .0
+            }
+            None => py
+                .detach(|| read_header(&path))
+                .map_err(|e| at_path(&path, e))?,
+        };
         let start = h.data_start();
         let rows = h.tensors().iter().map(|t| row(t, start)).collect();
         let present = h.has_metadata();

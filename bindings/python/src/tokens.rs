@@ -13,9 +13,9 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyTypeError, PyValueError
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tlio_core::pcg::Pcg32;
+use tlio_core::remote::{self, RemoteError};
 use tlio_core::tokens::{
-    check_batch_shape, check_ranks, read_shard_header, Cursor, Ranks, Shard, ShardOrder,
-    StreamOptions, TokenStream, TokensError, HEADER_BYTES,
+    Cursor, Ranks, Shard, ShardOrder, StreamOptions, TokenStream, TokensError, HEADER_BYTES,
 };
 
 use crate::errors::{core_err, guard, one_line};
@@ -32,6 +32,15 @@ pub fn tokens_err(err: TokensError) -> PyErr {
         };
     }
     core_err(err)
+}
+
+/// A remote-or-local error as the Python exception python.md names (a shard's own
+/// error as [`tokens_err`] maps it).
+pub fn remote_err(err: RemoteError) -> PyErr {
+    match err {
+        RemoteError::Tokens(e) => tokens_err(e),
+        other => core_err(other),
+    }
 }
 
 /// A non-negative integer argument that fits `u64` (crate::args' one rule).
@@ -63,7 +72,9 @@ fn vocab_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
 #[pyfunction]
 fn read_tokens_header<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
     guard(|| {
-        let header = py.detach(|| read_shard_header(&path)).map_err(tokens_err)?;
+        let header = py
+            .detach(|| remote::read_shard_header(&path))
+            .map_err(remote_err)?;
         let d = PyDict::new(py);
         d.set_item("magic", header.magic)?;
         d.set_item("version", header.version)?;
@@ -188,27 +199,26 @@ impl Stream {
                 rank: rank.map_or(Ok(0), |r| size_arg(r, "rank"))?,
                 world_size: world_size.map_or(Ok(1), |w| size_arg(w, "world_size"))?,
             };
-            // A path that cannot be made absolute (no working directory) is kept as
-            // given; it opened all the same.
-            let absolute = paths
-                .iter()
-                .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
-                .collect();
             let inner = py
-                .detach(|| -> Result<TokenStream, TokensError> {
-                    // Shape and ranks first, so a bad argument is reported before any
-                    // shard is read.
-                    check_batch_shape(seq_len, batch)?;
-                    check_ranks(batch, ranks)?;
+                .detach(|| {
                     let order = if shuffle {
                         ShardOrder::Shuffled
                     } else {
                         ShardOrder::InOrder
                     };
                     let options = StreamOptions { ranks, order };
-                    TokenStream::open_with(&paths, seq_len, batch, rng, vocab, options)
+                    // Shape and ranks are checked before any shard is read; s3://
+                    // sources are expanded and fetched through core's verified cache.
+                    remote::open_stream(&paths, seq_len, batch, rng, vocab, options)
                 })
-                .map_err(tokens_err)?;
+                .map_err(remote_err)?;
+            // What a pickled stream opens again: each shard opened (patterns and
+            // manifests expanded), local paths made absolute, URLs as they are.
+            let absolute = inner
+                .shards()
+                .iter()
+                .map(|s| remote::absolute_source(s.path()))
+                .collect();
             Ok(Stream {
                 inner: Mutex::new(inner),
                 absolute,
@@ -338,9 +348,13 @@ impl Stream {
 
     /// The shards' paths, in stream order.
     #[getter]
-    fn shards(&self, py: Python<'_>) -> Vec<PathBuf> {
+    fn shards(&self, py: Python<'_>) -> Vec<std::ffi::OsString> {
+        // As text, not pathlib paths: a path object would fold an s3:// URL's "//".
         self.with(py, |s| {
-            s.shards().iter().map(|s| s.path().to_path_buf()).collect()
+            s.shards()
+                .iter()
+                .map(|s| s.path().as_os_str().to_os_string())
+                .collect()
         })
     }
 }

@@ -70,10 +70,22 @@ fn verify_one(
         bar.set_length(total);
         bar.set_position(done);
     };
-    let found = verify_model(path, opts, &mut progress);
-    bar.finish_and_clear();
-    let found = found
-        .map_err(|e| super::in_context(e, format!("cannot verify {}", path.display()), &[path]))?;
+    let found = match crate::cmd::s3_url(path)? {
+        // An object: header by range requests, data (for --finite) streamed.
+        Some(url) => {
+            let found = tlio_core::remote::verify::verify_object(&url, opts, &mut progress);
+            bar.finish_and_clear();
+            // Every error of a remote verify already names the URL.
+            found?
+        }
+        None => {
+            let found = verify_model(path, opts, &mut progress);
+            bar.finish_and_clear();
+            found.map_err(|e| {
+                super::in_context(e, format!("cannot verify {}", path.display()), &[path])
+            })?
+        }
+    };
     let report = VerifyReport {
         path: path.display().to_string(),
         ok: found.is_empty(),

@@ -27,7 +27,7 @@ use tlio_core::text::escape;
 use tlio_core::tokens::{
     self, CorpusFormat, Cursor, CursorSession, HeaderReport, InputFormat, Layout, PackInput,
     PackOptions, Ranks, Shard, ShardOrder, ShardPlan, StreamOptions, TextPackOptions,
-    TextPackProgress, TokenStream, Tokenizer, TokensError, BYTES_VOCAB, DEFAULT_SHARD_TOKENS,
+    TextPackProgress, Tokenizer, TokensError, BYTES_VOCAB, DEFAULT_SHARD_TOKENS,
 };
 use tlio_core::{Failure, FailureKind};
 

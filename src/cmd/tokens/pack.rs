@@ -2,6 +2,7 @@
 //! refuses an output that would replace an input.
 
 use super::*;
+use tlio_core::remote::pack::{pack_to, Written};
 
 #[derive(Serialize)]
 pub(super) struct PackedShard {
@@ -20,10 +21,19 @@ pub(super) struct PackReport {
     pub(super) documents: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) skipped: Option<u64>,
+    /// The manifest created last, for an s3:// output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) manifest: Option<String>,
 }
 
 pub(super) fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     if let Some(part) = args.part.clone() {
+        if crate::cmd::s3_url(&args.output)?.is_some() {
+            return Err(operational(format!(
+                "--part {part} writes its part beside a local output; pack the parts and merge them locally, then pack or copy the result to {}",
+                args.output.display()
+            )));
+        }
         return super::parts::pack_part(&args, &part, printer);
     }
     if let Some(spec) = args.tokenizer.clone() {
@@ -41,14 +51,22 @@ pub(super) fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome>
         shard_tokens: args.shard_tokens,
         layout: layout(args.format),
     };
-    let summary = tokens::pack(inputs, &args.output, &opts, &mut |n| bar.inc(n));
+    let mut total = 0;
+    // A local output is written in place; an s3:// one is packed the same way into a
+    // staging directory, then uploaded with its manifest last (core's pack_to).
+    let published = pack_to(&args.output, |out| {
+        let summary = tokens::pack(inputs, out, &opts, &mut |n| bar.inc(n))?;
+        total = summary.tokens;
+        Ok(summary.shards)
+    });
     bar.finish_and_clear();
-    let summary = summary?;
+    let published = published?;
     let report = PackReport {
-        shards: packed_shards(&summary.shards),
-        tokens: summary.tokens,
+        shards: published_shards(&published.shards),
+        tokens: total,
         documents: None,
         skipped: None,
+        manifest: published.manifest,
     };
     report_pack(&report, printer)
 }
@@ -125,6 +143,20 @@ fn open_id_inputs(paths: &[PathBuf]) -> anyhow::Result<(Vec<PackInput>, Option<u
     Ok((inputs, total))
 }
 
+/// The report rows of shards named by path or URL.
+fn published_shards(shards: &[Written]) -> Vec<PackedShard> {
+    shards
+        .iter()
+        .map(|(file, h)| PackedShard {
+            file: file.clone(),
+            n: h.count,
+            magic: h.magic,
+            version: h.version,
+            vocab_size: h.vocab,
+        })
+        .collect()
+}
+
 pub(super) fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
     shards
         .iter()
@@ -154,6 +186,13 @@ pub(super) fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Res
                     .map_or("not recorded".to_string(), |v| v.to_string())
             ));
         }
+        if let Some(manifest) = &report.manifest {
+            printer.info(format!(
+                "wrote {}: the manifest of {} shards, created last",
+                escape(manifest),
+                report.shards.len()
+            ));
+        }
         if let (Some(docs), Some(skipped)) = (report.documents, report.skipped) {
             printer.info(format!(
                 "{docs} documents, {} tokens{}",
@@ -170,21 +209,50 @@ pub(super) fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Res
 }
 
 fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Outcome> {
-    let (tokenizer, opts, paths) = text_options(&args, spec)?;
+    let (tokenizer, mut opts, paths) = text_options(&args, spec)?;
     let bar = printer.bar(0, "", "{spinner} {elapsed} {msg}");
     let started = std::time::Instant::now();
-    let summary = tokens::pack_text(&paths, &tokenizer, &opts, &mut |p: &TextPackProgress| {
-        show_text_progress(&bar, started, p);
+    let mut counts = (0, 0, 0);
+    // As the id pack above: an s3:// output is packed into a staging directory first.
+    let published = pack_to(&args.output, |out| {
+        opts.plan = plan_at(&opts.plan, out);
+        let summary = tokens::pack_text(&paths, &tokenizer, &opts, &mut |p: &TextPackProgress| {
+            show_text_progress(&bar, started, p);
+        })?;
+        counts = (summary.tokens, summary.documents, summary.skipped);
+        Ok(summary.shards)
     });
     bar.finish_and_clear();
-    let summary = summary?;
+    let published = published?;
     let report = PackReport {
-        shards: packed_shards(&summary.shards),
-        tokens: summary.tokens,
-        documents: Some(summary.documents),
-        skipped: Some(summary.skipped),
+        shards: published_shards(&published.shards),
+        tokens: counts.0,
+        documents: Some(counts.1),
+        skipped: Some(counts.2),
+        manifest: published.manifest,
     };
     report_pack(&report, printer)
+}
+
+/// `plan` with its output at `out` (the staging path of an s3:// output).
+fn plan_at(plan: &ShardPlan, out: &Path) -> ShardPlan {
+    let out = out.to_path_buf();
+    match plan {
+        ShardPlan::Single(_) => ShardPlan::Single(out),
+        ShardPlan::Numbered { shard_tokens, .. } => ShardPlan::Numbered {
+            out,
+            shard_tokens: *shard_tokens,
+        },
+        ShardPlan::ValTrain {
+            val_tokens,
+            shard_tokens,
+            ..
+        } => ShardPlan::ValTrain {
+            prefix: out,
+            val_tokens: *val_tokens,
+            shard_tokens: *shard_tokens,
+        },
+    }
 }
 
 /// The progress line of a pack with a tokenizer.

@@ -128,6 +128,7 @@ pub(super) fn merge(args: MergeArgs, printer: &Printer) -> anyhow::Result<Outcom
         tokens,
         documents: Some(documents),
         skipped: Some(skipped),
+        manifest: None,
     };
     if !printer.json {
         printer.info(format!("merged {parts} parts"));

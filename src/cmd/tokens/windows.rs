@@ -42,8 +42,15 @@ pub(super) fn windows(args: WindowsArgs, printer: &Printer) -> anyhow::Result<Ou
             ShardOrder::InOrder
         },
     };
-    let stream =
-        TokenStream::open_with(&args.shards, args.seq_len, args.batch, rng, vocab, options)?;
+    // Local paths and s3:// sources alike (objects fetched once into a verified cache).
+    let stream = tlio_core::remote::open_stream(
+        &args.shards,
+        args.seq_len,
+        args.batch,
+        rng,
+        vocab,
+        options,
+    )?;
     let mut session =
         CursorSession::start(stream, args.cursor.as_deref(), args.save_cursor.as_deref())?;
     let saving = session.saves_cursor();

@@ -360,6 +360,13 @@ impl Model {
     /// A single safetensors file whose header was read elsewhere (a range request of
     /// an object in storage): `path` names it, and the checks are `open`'s.
     pub fn from_header(path: &Path, header: Header) -> Result<Model, ModelError> {
+        let (model, problems) = Model::header_findings(path, header);
+        Model::first_problem(model, problems)
+    }
+
+    /// [`Model::from_header`]'s model with every rule it breaks as a finding (what
+    /// `st verify` reports of one file it did not read locally).
+    pub fn header_findings(path: &Path, header: Header) -> (Model, Findings) {
         let name = path
             .file_name()
             .map_or_else(|| SINGLE_NAME.to_string(), |n| n.to_string_lossy().into());
@@ -385,7 +392,7 @@ impl Model {
             true,
             &mut problems,
         );
-        Model::first_problem(model, problems)
+        (model, problems)
     }
 
     /// The model, or its first broken rule with how many more there are.

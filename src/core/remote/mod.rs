@@ -5,9 +5,18 @@
 //!
 //! Invariants: a header is read with range requests only (the object's size from a
 //! HEAD, then the 8-byte prefix and the `N` header bytes, or a shard's 1024 bytes),
-//! never the whole object; every error names the URL.
+//! never the whole object; a shard the stream reads is fetched whole, once, into a
+//! verified local cache (`shards`); `st verify` streams data through a fixed buffer
+//! (`verify`); a pack's shards are uploaded, then its manifest last (`pack`); every
+//! error names the URL.
 
 use std::path::{Path, PathBuf};
+
+pub mod pack;
+pub mod shards;
+pub mod verify;
+
+pub use shards::{absolute_source, open_shards, open_stream, read_shard_header};
 
 use crate::failure::{Failure, FailureKind};
 use crate::model::{Model, ModelError};
@@ -44,6 +53,16 @@ pub enum RemoteError {
     /// The token shard breaks a rule (the error names the URL as its path).
     #[error(transparent)]
     Tokens(#[from] TokensError),
+    /// The local cache of an object could not be written or read.
+    #[error("{url}: local cache {}", path.display())]
+    Cache {
+        /// The object.
+        url: String,
+        /// The cache file or directory.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
 }
 
 impl Failure for RemoteError {
@@ -53,6 +72,7 @@ impl Failure for RemoteError {
             RemoteError::Safetensors { source, .. } => source.kind(),
             RemoteError::Model { source, .. } => source.kind(),
             RemoteError::Tokens(e) => e.kind(),
+            RemoteError::Cache { .. } => FailureKind::Operational,
         }
     }
 }
@@ -75,7 +95,15 @@ fn object_size(store: &crate::s3::Store, url: &S3Url) -> Result<u64, S3Error> {
 #[cfg(feature = "s3")]
 pub fn safetensors_header(url: &S3Url) -> Result<(Header, u64), RemoteError> {
     let store = crate::s3::connect(url)?;
-    let size = object_size(&store, url)?;
+    let (header, size, _) = header_of(&store, url)?;
+    Ok((header, size))
+}
+
+/// [`safetensors_header`] through `store`, with the raw bytes it was parsed from (the
+/// 8-byte prefix and the header text).
+#[cfg(feature = "s3")]
+fn header_of(store: &crate::s3::Store, url: &S3Url) -> Result<(Header, u64, Vec<u8>), RemoteError> {
+    let size = object_size(store, url)?;
     let invalid = |source| RemoteError::Safetensors {
         url: url.to_string(),
         source: Box::new(source),
@@ -100,7 +128,9 @@ pub fn safetensors_header(url: &S3Url) -> Result<(Header, u64), RemoteError> {
         return Err(short_read(url, n, bytes.len()).into());
     }
     let header = parse_header_bytes(&bytes, size).map_err(invalid)?;
-    Ok((header, size))
+    let mut raw = prefix.to_vec();
+    raw.extend_from_slice(&bytes);
+    Ok((header, size, raw))
 }
 
 /// Without the `s3` feature an object cannot be reached.

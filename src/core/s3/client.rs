@@ -393,13 +393,38 @@ impl Store {
         out: &mut dyn Write,
         seen: &mut dyn FnMut(&[u8]),
     ) -> Result<u64, S3Error> {
+        self.download_matching(key, None, out, seen)
+    }
+
+    /// [`Store::download`] of the version whose entity tag is `etag` (`If-Match`): an
+    /// object replaced since its tag was read is an error, never a mix of versions.
+    pub fn download_matching(
+        &self,
+        key: &str,
+        etag: Option<&str>,
+        out: &mut dyn Write,
+        seen: &mut dyn FnMut(&[u8]),
+    ) -> Result<u64, S3Error> {
         let path = self.key(key)?;
+        let options = GetOptions {
+            if_match: etag.map(str::to_string),
+            ..GetOptions::default()
+        };
         self.runtime.block_on(async {
-            let got = self
-                .store
-                .get_opts(&path, GetOptions::default())
-                .await
-                .map_err(|e| self.fail(key, &e))?;
+            let got = match self.store.get_opts(&path, options).await {
+                Ok(got) => got,
+                Err(object_store::Error::Precondition { .. }) => {
+                    return Err(S3Error::request(
+                        self.url(key),
+                        io::ErrorKind::Other,
+                        format!(
+                            "the object changed while it was being read (its entity tag is no longer {})",
+                            etag.unwrap_or("")
+                        ),
+                    ))
+                }
+                Err(e) => return Err(self.fail(key, &e)),
+            };
             let mut stream = got.into_stream();
             let mut total = 0u64;
             while let Some(chunk) = stream.try_next().await.map_err(|e| self.fail(key, &e))? {

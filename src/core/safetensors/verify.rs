@@ -34,7 +34,8 @@ pub struct Finding {
 }
 
 impl Finding {
-    fn from_error(e: &SafetensorsError) -> Option<Finding> {
+    /// The finding of a reader-rule error; `None` for an operational one (I/O).
+    pub fn from_error(e: &SafetensorsError) -> Option<Finding> {
         Some(Finding {
             rule: e.rule()?.to_string(),
             tensor: e.tensor().map(str::to_string),

@@ -268,20 +268,22 @@ fn read_header_bytes(
     Ok(got)
 }
 
-/// Open `path` and validate its header against the file size, reading only the header.
-fn open_and_parse(path: &Path) -> Result<(File, u64, ShardHeader), TokensError> {
-    let report_and_file = read_report(path)?;
-    let (file, report) = report_and_file;
+/// Open `file` and validate its header against the file size, reading only the header;
+/// errors name `shown`.
+fn open_and_parse(file: &Path, shown: &Path) -> Result<(File, u64, ShardHeader), TokensError> {
+    let (file, report) = read_report(file, shown)?;
     let header = report.header?;
     Ok((file, report.size, header))
 }
 
-fn read_report(path: &Path) -> Result<(File, HeaderReport), TokensError> {
-    let mut file = crate::files::open_regular(path).map_err(io_err(path))?;
-    let size = file.metadata().map_err(io_err(path))?.len();
+/// The header report of the file at `path`, errors naming `shown` (the same path, or
+/// the URL a local copy was made from).
+fn read_report(path: &Path, shown: &Path) -> Result<(File, HeaderReport), TokensError> {
+    let mut file = crate::files::open_regular(path).map_err(io_err(shown))?;
+    let size = file.metadata().map_err(io_err(shown))?.len();
     let mut buf = [0u8; HEADER_BYTES];
-    let got = read_header_bytes(&mut file, path, &mut buf)?;
-    Ok((file, report_from_bytes(path, &buf, got, size)))
+    let got = read_header_bytes(&mut file, shown, &mut buf)?;
+    Ok((file, report_from_bytes(shown, &buf, got, size)))
 }
 
 /// The report of a shard of `size` bytes whose first `got` bytes (at most 1024) are in
@@ -319,7 +321,7 @@ pub fn report_from_bytes(
 /// `Err` only when the file cannot be opened or read; a file that does not validate is
 /// a report whose `header` is the error.
 pub fn inspect_header(path: &Path) -> Result<HeaderReport, TokensError> {
-    read_report(path).map(|(_, report)| report)
+    read_report(path, path).map(|(_, report)| report)
 }
 
 /// The validated header of `path`, reading only its 1024 header bytes.
@@ -395,8 +397,19 @@ impl Shard {
     /// Open and validate `path`: header, exact size, and every id below the vocabulary
     /// (the recorded one, else `vocab`; a given `vocab` must equal a recorded one).
     pub fn open(path: &Path, vocab: Option<u32>) -> Result<Shard, TokensError> {
+        Shard::open_named(path, path, vocab)
+    }
+
+    /// [`Shard::open`] of the local file `local`, known (in errors and [`Shard::path`])
+    /// by `shown`: a verified local copy of an object is named by its URL.
+    pub fn open_named(
+        local: &Path,
+        shown: &Path,
+        vocab: Option<u32>,
+    ) -> Result<Shard, TokensError> {
+        let path = shown;
         let vocab = vocab.map(|v| check_shard_vocab(u64::from(v))).transpose()?;
-        let (file, _size, header) = open_and_parse(path)?;
+        let (file, _size, header) = open_and_parse(local, shown)?;
         if let (Some(recorded), Some(expected)) = (header.vocab, vocab) {
             if recorded != expected {
                 return Err(TokensError::VocabMismatch {
@@ -413,7 +426,7 @@ impl Shard {
             vocab: header.vocab.or(vocab),
             file: Some(file),
             stamp,
-            absolute: std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+            absolute: std::path::absolute(local).unwrap_or_else(|_| local.to_path_buf()),
         };
         if let Some(limit) = shard.vocab {
             shard.check_ids(limit)?;

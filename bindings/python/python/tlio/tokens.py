@@ -26,6 +26,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 def read_tokens_header(path: PathLike) -> Dict[str, int]:
     """Read and check a shard's header against its file size, reading 1024 bytes only.
 
+    ``path`` may be an ``s3://bucket/key`` URL: one range request reads the header.
     Returns ``{"magic", "version", "n", "vocab_size"}`` (``vocab_size`` 0 when the file
     records none). A malformed header or a size that disagrees with it is a
     ``ValueError`` naming the file and the rule; a missing file ``FileNotFoundError``.
@@ -89,7 +90,12 @@ def _cursor_json(cursor: Any) -> str:
 class TokenStream:
     """Windows of ``seq_len + 1`` ids over ``shards``, ``batch`` windows per batch (tokens.md).
 
-    ``shards`` is a sequence of paths (a bare string is a ``ValueError``); ``rng`` a
+    ``shards`` is a sequence of paths (a bare string is a ``ValueError``); an entry may
+    be an ``s3://bucket/key`` URL, a URL with ``*`` in its last segment (the objects it
+    matches, in key order) or a pack's ``.manifest.json`` (the shards it lists). Each
+    object is fetched once into a verified local cache (``TLIO_CACHE_DIR``, else
+    ``~/.cache/tlio``) and read as a local shard, so the batches are those of local
+    copies, bit for bit; errors name the URL. ``rng`` a
     ``tlio.pcg.PCG32`` (or ``{"state": int, "inc": int}``) whose state is copied, so the
     stream and the generator never affect each other afterwards. Each pass over a shard
     starts at a phase drawn from the generator; windows are ``seq_len`` apart, so every

@@ -238,7 +238,8 @@ def read_header(
 ) -> Tuple[Dict[str, Tuple[str, Tuple[int, ...]]], Dict[str, str]]:
     """Each tensor's (dtype, shape) in file order, and the metadata.
 
-    Reads the header and the file size only, and enforces all five reader rules.
+    Reads the header and the file size only, and enforces all five reader rules. An
+    ``s3://bucket/key`` URL is read by range requests (the header, never the data).
     """
     rows, meta, _size, _ = _st.header(os.fspath(path))
     return {name: (dtype, tuple(shape)) for name, dtype, shape, _, _ in rows}, dict(meta)

@@ -1,0 +1,302 @@
+//! `tokens pack -o s3://bucket/prefix` (scale.md section 3): the shards are packed
+//! exactly as locally, into a staging directory, then uploaded (in parts when large,
+//! hashed as they go) under the names a local pack gives them, and a manifest naming
+//! every shard with its size and sha256 is created last with a conditional put.
+//!
+//! Invariants: nothing is uploaded before the whole input was packed (a bad input
+//! leaves nothing in storage); a pack never replaces an object: it refuses when a
+//! shard name of its output, or its manifest, already exists (checked before packing
+//! and again before uploading; single-request uploads are conditional too); on a
+//! failed upload the shards this pack uploaded are deleted again (best effort); the
+//! manifest exists only when every shard it names was uploaded whole, so a reader
+//! going through it sees all of the pack or none of it.
+
+use std::path::{Path, PathBuf};
+
+use super::shards::MANIFEST_SUFFIX;
+#[cfg(feature = "s3")]
+use super::shards::{Manifest, ManifestShard, MANIFEST_FORMAT};
+use super::RemoteError;
+#[cfg(feature = "s3")]
+use crate::s3::S3Error;
+use crate::s3::{is_s3_url, S3Url};
+use crate::tokens::{ShardHeader, TokensError};
+
+/// A shard written by a pack: its path or URL, and its header.
+pub type Written = (String, ShardHeader);
+
+/// The shards a pack wrote and, for object storage, the manifest it created last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// Each shard, in order: its path (local) or URL.
+    pub shards: Vec<Written>,
+    /// The manifest's URL (object storage only).
+    pub manifest: Option<String>,
+}
+
+/// The base of the output's names: a trailing `.bin` dropped, as shard names drop it.
+fn base_name(name: &str) -> &str {
+    name.strip_suffix(".bin").unwrap_or(name)
+}
+
+/// The manifest's name for an output named `name` (`train.bin` or `train`:
+/// `train.manifest.json`).
+pub fn manifest_name(name: &str) -> String {
+    format!("{}{MANIFEST_SUFFIX}", base_name(name))
+}
+
+/// Whether an existing object `name` is one a pack to `out_name` could write: the
+/// output itself, a numbered or val/train shard of it, or its manifest.
+pub fn is_output_name(out_name: &str, name: &str) -> bool {
+    let base = base_name(out_name);
+    name == out_name
+        || name == manifest_name(out_name)
+        || name
+            .strip_prefix(base)
+            .and_then(|rest| rest.strip_prefix('_'))
+            .is_some_and(|rest| rest.ends_with(".bin"))
+}
+
+/// Run `pack` with its output at `out`: a local path is written by `pack` as always;
+/// an `s3://` URL is packed into a staging directory, then published (see the module
+/// doc). `pack` gets the local output path and returns the shards it wrote.
+pub fn pack_to<F>(out: &Path, pack: F) -> Result<Published, RemoteError>
+where
+    F: FnOnce(&Path) -> Result<Vec<(PathBuf, ShardHeader)>, TokensError>,
+{
+    match out.to_str() {
+        Some(text) if is_s3_url(text) => {
+            let url = S3Url::parse(text)?;
+            publish(&url, pack)
+        }
+        _ => Ok(Published {
+            shards: pack(out)?
+                .into_iter()
+                .map(|(p, h)| (p.display().to_string(), h))
+                .collect(),
+            manifest: None,
+        }),
+    }
+}
+
+#[cfg(not(feature = "s3"))]
+fn publish<F>(url: &S3Url, _pack: F) -> Result<Published, RemoteError>
+where
+    F: FnOnce(&Path) -> Result<Vec<(PathBuf, ShardHeader)>, TokensError>,
+{
+    Err(super::not_built(url))
+}
+
+#[cfg(feature = "s3")]
+fn publish<F>(url: &S3Url, pack: F) -> Result<Published, RemoteError>
+where
+    F: FnOnce(&Path) -> Result<Vec<(PathBuf, ShardHeader)>, TokensError>,
+{
+    let name = url.name();
+    if name.is_empty() {
+        return Err(S3Error::BadUrl {
+            url: url.to_string(),
+            reason: "the output needs a name below the bucket (s3://bucket/prefix)".to_string(),
+        }
+        .into());
+    }
+    let parent_key = url
+        .key()
+        .strip_suffix(name)
+        .map(|p| p.trim_end_matches('/'))
+        .unwrap_or("")
+        .to_string();
+    let store = crate::s3::connect(url)?;
+    refuse_existing(&store, url, &parent_key)?;
+    let stage = tempfile::Builder::new()
+        .prefix("tlio-pack-")
+        .tempdir()
+        .map_err(|source| RemoteError::Cache {
+            url: url.to_string(),
+            path: std::env::temp_dir(),
+            source,
+        })?;
+    let written = pack(&stage.path().join(name))?;
+    // Packing may have taken hours: another writer may have come meanwhile.
+    refuse_existing(&store, url, &parent_key)?;
+    let mut uploaded: Vec<String> = Vec::new();
+    let result = upload_all(&store, url, &parent_key, &written, &mut uploaded);
+    if result.is_err() {
+        for key in &uploaded {
+            store.delete(key).ok();
+        }
+    }
+    result
+}
+
+/// Upload the staged shards `written` beside `url` (in `parent_key`), recording each
+/// key uploaded in `uploaded`, then create the manifest.
+#[cfg(feature = "s3")]
+fn upload_all(
+    store: &crate::s3::Store,
+    url: &S3Url,
+    parent_key: &str,
+    written: &[(PathBuf, ShardHeader)],
+    uploaded: &mut Vec<String>,
+) -> Result<Published, RemoteError> {
+    use std::io;
+
+    let key_of = |n: &str| {
+        if parent_key.is_empty() {
+            n.to_string()
+        } else {
+            format!("{parent_key}/{n}")
+        }
+    };
+    let mut shards = Vec::new();
+    let mut listed = Vec::new();
+    let mut tokens = 0u64;
+    for (path, header) in written {
+        let file_name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| {
+                S3Error::request(
+                    url.to_string(),
+                    io::ErrorKind::InvalidInput,
+                    format!("staged shard {} has no UTF-8 name", path.display()),
+                )
+            })?
+            .to_string();
+        let shard_url = url.with_key(&key_of(&file_name))?;
+        let (bytes, sha256) = upload_new(store, &shard_url, path)?;
+        uploaded.push(shard_url.key().to_string());
+        tokens = tokens.saturating_add(header.count);
+        listed.push(ManifestShard {
+            name: file_name,
+            bytes,
+            sha256,
+            n: header.count,
+        });
+        shards.push((shard_url.to_string(), *header));
+    }
+    let manifest = Manifest {
+        format: MANIFEST_FORMAT.to_string(),
+        shards: listed,
+        tokens,
+    };
+    let manifest_url = url.with_key(&key_of(&manifest_name(url.name())))?;
+    let mut text = serde_json::to_vec_pretty(&manifest).map_err(|e| {
+        S3Error::request(
+            manifest_url.to_string(),
+            io::ErrorKind::Other,
+            e.to_string(),
+        )
+    })?;
+    text.push(b'\n');
+    match store.put_if(manifest_url.key(), text, None, &[])? {
+        crate::s3::Conditional::Written(_) => {}
+        crate::s3::Conditional::Lost => return Err(exists(&manifest_url).into()),
+    }
+    Ok(Published {
+        shards,
+        manifest: Some(manifest_url.to_string()),
+    })
+}
+
+/// The error for an output object that is already there.
+#[cfg(feature = "s3")]
+fn exists(url: &S3Url) -> S3Error {
+    S3Error::request(
+        url.to_string(),
+        std::io::ErrorKind::AlreadyExists,
+        "already exists: a pack never replaces objects in storage (remove the old output first, or pick another prefix)"
+            .to_string(),
+    )
+}
+
+/// Refuse when any object a pack to `url` could write is there already.
+#[cfg(feature = "s3")]
+fn refuse_existing(
+    store: &crate::s3::Store,
+    url: &S3Url,
+    parent_key: &str,
+) -> Result<(), RemoteError> {
+    let (_, objects) = store.list_dir(parent_key)?;
+    let name = url.name();
+    match objects
+        .iter()
+        .find(|o| is_output_name(name, o.key.rsplit('/').next().unwrap_or("")))
+    {
+        Some(o) => Err(exists(&url.with_key(&o.key)?).into()),
+        None => Ok(()),
+    }
+}
+
+/// Upload the file at `path` as the new object `url` (a single conditional put when
+/// small, parts otherwise), hashing it on the way; its size and sha256.
+#[cfg(feature = "s3")]
+fn upload_new(
+    store: &crate::s3::Store,
+    url: &S3Url,
+    path: &Path,
+) -> Result<(u64, String), RemoteError> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+
+    let local = |e: std::io::Error| {
+        S3Error::request(
+            url.to_string(),
+            e.kind(),
+            format!("{}: {e}", path.display()),
+        )
+    };
+    let size = std::fs::metadata(path).map_err(local)?.len();
+    let mut hasher = Sha256::new();
+    if size < crate::s3::MULTIPART_THRESHOLD {
+        let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_to_end(&mut data))
+            .map_err(local)?;
+        hasher.update(&data);
+        let n = data.len() as u64;
+        return match store.put_if(url.key(), data, None, &[])? {
+            crate::s3::Conditional::Written(_) => Ok((n, crate::digest::hex(&hasher.finalize()))),
+            crate::s3::Conditional::Lost => Err(exists(url).into()),
+        };
+    }
+    let n = store.upload(url.key(), path, &mut |chunk| hasher.update(chunk))?;
+    Ok((n, crate::digest::hex(&hasher.finalize())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_names_are_the_ones_a_pack_writes() {
+        assert_eq!(manifest_name("train"), "train.manifest.json");
+        assert_eq!(manifest_name("train.bin"), "train.manifest.json");
+        for (out, name, want) in [
+            ("train", "train", true),
+            ("train", "train_000000.bin", true),
+            ("train.bin", "train_000012.bin", true),
+            ("train.bin", "train.bin", true),
+            ("fw", "fw_val_000000.bin", true),
+            ("fw", "fw_train_000001.bin", true),
+            ("fw", "fw.manifest.json", true),
+            ("train", "training_000000.bin", false),
+            ("train", "train_000000.bin.tmp", false),
+            ("train", "other.bin", false),
+        ] {
+            assert_eq!(is_output_name(out, name), want, "{out} {name}");
+        }
+    }
+
+    #[test]
+    fn a_local_output_is_the_pack_itself() {
+        let header = ShardHeader::for_ids(3, 256).unwrap();
+        let got = pack_to(Path::new("out.bin"), |p| {
+            assert_eq!(p, Path::new("out.bin"));
+            Ok(vec![(p.to_path_buf(), header)])
+        })
+        .unwrap();
+        assert_eq!(got.shards, vec![("out.bin".to_string(), header)]);
+        assert_eq!(got.manifest, None);
+    }
+}
