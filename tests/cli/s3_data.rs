@@ -355,3 +355,78 @@ fn st_verify_of_objects_gives_the_local_verdicts() {
         "{err}"
     );
 }
+
+#[test]
+fn a_tokenizer_pack_to_storage_writes_the_local_val_and_train_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("docs.txt");
+    std::fs::write(&text, "Once upon a time there was a shard. ".repeat(40)).unwrap();
+    let flags = [
+        "--tokenizer",
+        "gpt2",
+        "--val-tokens",
+        "60",
+        "--shard-tokens",
+        "150",
+    ];
+    let local = tmp.path().join("fw");
+    let listed = stdout_of(
+        tlio()
+            .args(["--json", "tokens", "pack"])
+            .args(flags)
+            .arg("-o")
+            .arg(&local)
+            .arg(&text),
+    );
+    let b = bucket();
+    let remote = stdout_of(
+        tlio_s3()
+            .args(["--json", "tokens", "pack"])
+            .args(flags)
+            .args(["-o", &format!("s3://{b}/fw/fw")])
+            .arg(&text),
+    );
+    let local_doc: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let remote_doc: serde_json::Value = serde_json::from_str(&remote).unwrap();
+    assert_eq!(remote_doc["tokens"], local_doc["tokens"]);
+    assert_eq!(remote_doc["documents"], local_doc["documents"]);
+    let shards = local_doc["shards"].as_array().unwrap();
+    assert!(shards.len() >= 3, "{listed}");
+    for (i, s) in shards.iter().enumerate() {
+        let path = PathBuf::from(s["file"].as_str().unwrap());
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            remote_doc["shards"][i]["file"],
+            format!("s3://{b}/fw/{name}").as_str()
+        );
+        let got = tmp.path().join(format!("got-{name}"));
+        ask(&format!("get {b} fw/{name} {}", got.display()));
+        assert_eq!(
+            std::fs::read(&got).unwrap(),
+            std::fs::read(&path).unwrap(),
+            "{name}"
+        );
+    }
+    assert!(shards[0]["file"]
+        .as_str()
+        .unwrap()
+        .ends_with("fw_val_000000.bin"));
+    // Parts are packed and merged locally: --part with an s3:// output is refused.
+    let out = tlio_s3()
+        .args([
+            "tokens",
+            "pack",
+            "--part",
+            "0/2",
+            "-o",
+            &format!("s3://{b}/p/x"),
+        ])
+        .arg(&text)
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(
+        err.contains("--part 0/2") && err.contains("locally"),
+        "{err}"
+    );
+}
