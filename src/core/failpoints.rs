@@ -1,12 +1,16 @@
 //! The `FAILPOINTS` environment variable, parsed and validated before anything runs.
 //!
-//! Invariant: a value is applied whole or not at all. A malformed entry, an unknown
-//! failpoint name or an action the `fail` crate rejects is an error (the process exits
-//! 2 before doing anything), so a typo can never silently change, or fail to change, a
-//! run.
+//! Invariant: tlio's part of a value is applied whole or not at all. `FAILPOINTS` is
+//! the `fail` crate's variable, shared by every program built with it, so an entry
+//! naming a point outside tlio's groups (`ckpt/`, `model/`, `train/`) belongs to
+//! another program and is ignored. A malformed entry, an unknown name inside tlio's
+//! groups (a typo) or an action the crate rejects for one of tlio's points is an error
+//! (the process exits 2 before doing anything), so a typo can never silently change,
+//! or fail to change, a run.
 //!
 //! Without the crate's `failpoints` feature the points compile to nothing (the `fail`
-//! crate's macro is empty), so a non-empty value is refused rather than ignored.
+//! crate's macro is empty), so a value naming one of tlio's points is refused rather
+//! than ignored.
 
 use crate::{Failure, FailureKind};
 
@@ -35,7 +39,7 @@ pub enum FailpointsError {
         /// The entry.
         entry: String,
     },
-    /// The name is not one of tlio's failpoints.
+    /// The name is in one of tlio's groups but is not one of its failpoints (a typo).
     #[error("{ENV_VAR}: unknown failpoint '{name}' (known: {})", KNOWN.join(", "))]
     Unknown {
         /// The name given.
@@ -62,7 +66,18 @@ impl Failure for FailpointsError {
     }
 }
 
-/// Split `spec` into `(name, actions)` pairs, checking names; nothing is applied.
+/// Whether `name` is in one of tlio's groups (the part before the first `/` of a
+/// [`KNOWN`] name): tlio's to check, where any other name is another program's.
+pub fn is_tlio_name(name: &str) -> bool {
+    name.split_once('/').is_some_and(|(group, _)| {
+        KNOWN
+            .iter()
+            .any(|k| k.split_once('/').is_some_and(|(g, _)| g == group))
+    })
+}
+
+/// Split `spec` into tlio's `(name, actions)` pairs, checking names; entries naming
+/// another program's points are left out; nothing is applied.
 pub fn parse(spec: &str) -> Result<Vec<(&str, &str)>, FailpointsError> {
     let mut out = Vec::new();
     for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
@@ -73,6 +88,9 @@ pub fn parse(spec: &str) -> Result<Vec<(&str, &str)>, FailpointsError> {
             .ok_or_else(|| FailpointsError::Malformed {
                 entry: entry.to_string(),
             })?;
+        if !is_tlio_name(name) {
+            continue;
+        }
         if !KNOWN.contains(&name) {
             return Err(FailpointsError::Unknown {
                 name: name.to_string(),
@@ -139,6 +157,28 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn another_programs_failpoints_are_ignored() {
+        assert_eq!(parse("raft/append=panic").unwrap(), []);
+        assert_eq!(parse("before_commit=return;x=sleep(5)").unwrap(), []);
+        assert_eq!(
+            parse("kv/apply=panic; ckpt/rename=return").unwrap(),
+            [("ckpt/rename", "return")]
+        );
+        assert!(is_tlio_name("train/whatever") && !is_tlio_name("trains/after-step"));
+        // Still refused: no name at all, and a typo inside tlio's groups.
+        assert!(matches!(
+            parse("raft/append=panic;garbage"),
+            Err(FailpointsError::Malformed { .. })
+        ));
+        assert!(matches!(
+            parse("raft/append=panic;model/before-comit=return"),
+            Err(FailpointsError::Unknown { .. })
+        ));
+        // Actions are the other program's business: not checked, never configured.
+        assert!(configure("raft/append=bogus(").is_ok());
+    }
+
     #[cfg(feature = "failpoints")]
     #[test]
     fn configure_refuses_actions_the_fail_crate_refuses() {
@@ -153,6 +193,7 @@ mod tests {
     fn without_the_feature_a_named_failpoint_is_refused() {
         assert!(configure("").is_ok());
         assert!(configure(" ; ").is_ok());
+        assert!(configure("raft/append=panic").is_ok());
         let err = configure("ckpt/fsync=return").unwrap_err();
         assert!(matches!(err, FailpointsError::NotBuilt), "{err}");
         // A typo is still reported as one.

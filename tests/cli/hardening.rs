@@ -74,8 +74,14 @@ fn bin() -> StdCommand {
 }
 
 #[test]
-fn a_malformed_or_unknown_failpoints_value_is_a_usage_error() {
-    for value in ["garbage", "ckpt/fsnyc=return", "ckpt/fsync=bogus(", ";="] {
+fn a_malformed_failpoints_value_or_a_misspelt_tlio_failpoint_is_a_usage_error() {
+    for value in [
+        "garbage",
+        "ckpt/fsnyc=return",
+        "ckpt/fsync=bogus(",
+        ";=",
+        "raft/append=panic;train/after-stepp=return",
+    ] {
         let out = tlio()
             .env("FAILPOINTS", value)
             .arg("--version")
@@ -89,6 +95,39 @@ fn a_malformed_or_unknown_failpoints_value_is_a_usage_error() {
         .arg("--version")
         .assert()
         .success();
+}
+
+#[test]
+fn another_programs_failpoints_are_ignored() {
+    // FAILPOINTS is the fail crate's variable: a value meant for another program that
+    // uses the crate (names outside tlio's groups, actions tlio never parses) changes
+    // nothing here.
+    for value in ["raft/append=panic", "before_apply=bogus(;kv/commit=return"] {
+        tlio()
+            .env("FAILPOINTS", value)
+            .arg("--version")
+            .assert()
+            .success()
+            .stderr("");
+    }
+    // tlio's own point beside another program's still applies.
+    let dir = tmp();
+    let model = crate::fixture("safetensors/golden/dtype_F32.safetensors");
+    let ckpt = dir.path().join("ckpt");
+    let out = tlio()
+        .env("FAILPOINTS", "raft/append=panic;ckpt/rename=return")
+        .args(["ckpt", "save"])
+        .arg(&ckpt)
+        .args(["--step", "1", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!ckpt.join("step-000001").exists());
 }
 
 #[test]
@@ -252,7 +291,7 @@ fn no_command_writes_over_its_input_even_through_a_hard_link() {
 }
 
 #[test]
-fn outputs_follow_the_umask_and_missing_parents_are_created() {
+fn outputs_follow_the_umask_replaced_files_keep_their_mode_and_parents_are_created() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tmp();
     let d = dir.path();
@@ -273,6 +312,17 @@ fn outputs_follow_the_umask_and_missing_parents_are_created() {
         let meta = fs::metadata(d.join(format!("deep/{mask}/out.bin"))).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, mode, "umask {mask}");
     }
+    // A file replaced keeps its own mode (read-only stays read-only), as with `sed -i`.
+    let out = d.join("deep/002/out.bin");
+    fs::set_permissions(&out, fs::Permissions::from_mode(0o440)).unwrap();
+    tlio()
+        .current_dir(d)
+        .args(["-q", "tokens", "pack", "in.txt", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let meta = fs::metadata(&out).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o440);
 }
 
 /// Start `tokens pack - -o OUT --shard-tokens N` fed `bytes` on stdin; returns once

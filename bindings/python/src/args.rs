@@ -35,3 +35,13 @@ pub(crate) fn u64_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
         ))
     })
 }
+
+/// Refuses a path with a NUL byte as Python's own I/O does (`ValueError: embedded null
+/// byte`): no operating-system call can take it, and an `OSError` without an errno
+/// would say nothing true.
+pub(crate) fn path_arg(path: &std::path::Path, what: &str) -> PyResult<()> {
+    if path.as_os_str().to_string_lossy().contains('\0') {
+        return Err(PyValueError::new_err(format!("{what}: embedded null byte")));
+    }
+    Ok(())
+}

@@ -20,11 +20,12 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use tlio_core::checkpoint::optimizer::{check_layout, FORMAT_KEY, FORMAT_VALUE, STATE_KEY};
 use tlio_core::checkpoint::{
     self, parse_step_name, step_name, CheckpointError, Loaded, OptimizerFile, OptimizerState,
-    Payload, RngState, SaveRequest, TrainerState,
+    Payload, RngState, SaveRequest, TrainerState, Unsharded,
 };
 use tlio_core::safetensors::{self as st, Dtype, Tensor, TensorData};
 
-use crate::errors::{core_err, guard, one_line};
+use crate::args::path_arg;
+use crate::errors::{core_err, guard, one_line, os_error};
 use crate::safetensors::{hold, with_path, HeldTensor, Item};
 use crate::tokens::count_arg;
 
@@ -62,9 +63,12 @@ pub(crate) fn ckpt_err(py: Python<'_>, err: CheckpointError) -> PyErr {
 }
 
 /// One float32 array given by the caller: a view of its buffer when C-contiguous, else
-/// one copy in C order.
+/// one copy in C order, made by [`densify`] with the GIL released (a transposed or
+/// sliced array of gigabytes must not stop every other Python thread).
 enum F32Data<'py> {
     View(PyReadonlyArrayDyn<'py, f32>),
+    /// Not C-contiguous: still to be copied.
+    Strided(PyReadonlyArrayDyn<'py, f32>),
     Owned(Vec<f32>),
 }
 
@@ -82,6 +86,34 @@ impl Named<'_> {
                 .as_slice()
                 .map_err(|e| PyValueError::new_err(format!("{}: {e}", self.name))),
             F32Data::Owned(v) => Ok(v),
+            F32Data::Strided(_) => Err(PyValueError::new_err(format!(
+                "{}: internal error: a strided array was not copied",
+                self.name
+            ))),
+        }
+    }
+}
+
+/// Copy every strided array of `arrays` into C order, with the GIL released.
+fn densify(py: Python<'_>, arrays: &mut [Named<'_>]) {
+    let copies: Vec<Option<Vec<f32>>> = {
+        let views: Vec<_> = arrays
+            .iter()
+            .map(|a| match &a.data {
+                F32Data::Strided(ro) => Some(ro.as_array()),
+                F32Data::View(_) | F32Data::Owned(_) => None,
+            })
+            .collect();
+        py.detach(|| {
+            views
+                .iter()
+                .map(|v| v.as_ref().map(|v| v.iter().copied().collect()))
+                .collect()
+        })
+    };
+    for (a, copy) in arrays.iter_mut().zip(copies) {
+        if let Some(values) = copy {
+            a.data = F32Data::Owned(values);
         }
     }
 }
@@ -106,7 +138,7 @@ fn f32_array<'py>(value: &Bound<'py, PyAny>, name: String, what: &str) -> PyResu
     let data = if ro.is_c_contiguous() {
         F32Data::View(ro)
     } else {
-        F32Data::Owned(ro.as_array().iter().copied().collect())
+        F32Data::Strided(ro)
     };
     Ok(Named { name, shape, data })
 }
@@ -236,8 +268,9 @@ fn save(
     overwrite: bool,
 ) -> PyResult<String> {
     guard(|| {
-        let model = model_arrays(model)?;
-        let opt = match opt_state {
+        path_arg(&dir, "dir")?;
+        let mut model = model_arrays(model)?;
+        let mut opt = match opt_state {
             Some(s) => optimizer_arrays(s)?,
             None => Vec::new(),
         };
@@ -248,6 +281,8 @@ fn save(
             ),
             None => None,
         };
+        densify(py, &mut model);
+        densify(py, &mut opt);
         let model_tensors = tensors(&model)?;
         let opt_tensors = tensors(&opt)?;
         check_payload(&dir, checkpoint::MODEL_NAME, &model_tensors)?;
@@ -337,6 +372,7 @@ fn save_tensors(
     overwrite: bool,
 ) -> PyResult<String> {
     guard(|| {
+        path_arg(&dir, "dir")?;
         let model_held = hold(model)?;
         let opt_held = opt.map(hold).transpose()?;
         let keep = match keep.filter(|k| !k.is_none()) {
@@ -417,6 +453,7 @@ fn load_step<'py>(
     step: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     guard(|| {
+        path_arg(&dir, "dir")?;
         let step = step
             .filter(|s| !s.is_none())
             .map(|s| count_arg(s, "step"))
@@ -473,22 +510,35 @@ fn file_parts<'py>(py: Python<'py>, name: &str, bytes: Vec<u8>) -> PyResult<File
 /// `tlio.torch` and the any-dtype form of `load_checkpoint`, which decode tensors in
 /// Python from those bytes. Returns (path, step, trainer_state_json, rng, config,
 /// skipped, files) with files `{name: (bytes, rows, metadata)}` for each safetensors
-/// file of the step.
+/// file of the step. With `unless_sharded`, `None` when the choice reaches a sharded
+/// step (nothing of it read but its manifest: the sharded loader reads it).
 #[pyfunction]
-#[pyo3(signature = (dir, step=None))]
+#[pyo3(signature = (dir, step=None, unless_sharded=false))]
 fn load_files<'py>(
     py: Python<'py>,
     dir: PathBuf,
     step: Option<&Bound<'py, PyAny>>,
+    unless_sharded: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     guard(|| {
+        path_arg(&dir, "dir")?;
         let step = step
             .filter(|s| !s.is_none())
             .map(|s| count_arg(s, "step"))
             .transpose()?;
-        let mut loaded = py
-            .detach(|| checkpoint::load(&dir, step))
+        let found = py
+            .detach(|| {
+                if unless_sharded {
+                    checkpoint::load_unless_sharded(&dir, step)
+                } else {
+                    checkpoint::load(&dir, step).map(|l| Unsharded::Loaded(Box::new(l)))
+                }
+            })
             .map_err(|e| ckpt_err(py, e))?;
+        let mut loaded = match found {
+            Unsharded::Loaded(l) => *l,
+            Unsharded::Sharded(_) => return Ok(py.None().into_bound(py)),
+        };
         let files = PyDict::new(py);
         for (name, bytes) in std::mem::take(&mut loaded.files) {
             if name.ends_with(".safetensors") {
@@ -513,11 +563,13 @@ fn load_files<'py>(
 #[pyfunction]
 fn verify_step_dir(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
     guard(|| {
+        path_arg(&path, "path")?;
         if let Err(e) = std::fs::symlink_metadata(&path) {
             let message = format!("{}: {e}", path.display());
-            return Err(match e.kind() {
-                io::ErrorKind::NotFound => PyFileNotFoundError::new_err(message),
-                _ => PyOSError::new_err(message),
+            return Err(match (e.raw_os_error(), e.kind()) {
+                (Some(errno), _) => os_error(errno, message),
+                (None, io::ErrorKind::NotFound) => PyFileNotFoundError::new_err(message),
+                (None, _) => PyOSError::new_err(message),
             });
         }
         let problems = py.detach(|| checkpoint::verify(&path));
@@ -611,6 +663,7 @@ fn load<'py>(
     step: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     guard(|| {
+        path_arg(&dir, "dir")?;
         let step = step
             .filter(|s| !s.is_none())
             .map(|s| count_arg(s, "step"))

@@ -14,6 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use pyo3::exceptions::{
     PyFileNotFoundError, PyNotADirectoryError, PyOSError, PyRuntimeError, PyValueError,
 };
+use pyo3::prelude::*;
 use pyo3::PyErr;
 use tlio_core::{Failure, FailureKind};
 
@@ -23,35 +24,62 @@ pub fn one_line(err: &(dyn Error + 'static)) -> String {
     tlio_core::failure::full_text(err)
 }
 
-/// The first `io::Error` in the chain of `err`, if any.
-fn io_cause<'a>(err: &'a (dyn Error + 'static)) -> Option<&'a io::Error> {
+/// Every `io::Error` in the chain of `err`, outermost first, including the errors an
+/// `io::Error` wraps (`io::Error::other(e)`: its `source()` skips `e` itself and goes
+/// on with `e`'s source, so a wrapped error carrying the OS's errno would be missed).
+fn io_errors<'a>(err: &'a (dyn Error + 'static), out: &mut Vec<&'a io::Error>) {
     let mut cause: Option<&(dyn Error + 'static)> = Some(err);
     while let Some(c) = cause {
         if let Some(io) = c.downcast_ref::<io::Error>() {
-            return Some(io);
+            out.push(io);
+            if let Some(inner) = io.get_ref() {
+                io_errors(inner, out);
+                return;
+            }
         }
         cause = c.source();
     }
-    None
 }
 
-/// A core error as the Python exception of its kind.
+/// An errno of Python's `errno` module by name (the values are the platform's).
+pub fn errno_named(name: &str) -> Option<i32> {
+    Python::attach(|py| {
+        py.import("errno")
+            .and_then(|m| m.getattr(name))
+            .and_then(|v| v.extract::<i32>())
+            .ok()
+    })
+}
+
+/// `OSError(errno, message)`: Python picks the subclass from the errno
+/// (`PermissionError` for EACCES, `FileNotFoundError` for ENOENT, ...), exactly as for
+/// its own I/O, and `.errno` is set.
+pub fn os_error(errno: i32, message: String) -> PyErr {
+    PyOSError::new_err((errno, message))
+}
+
+/// A core error as the Python exception of its kind: an operating-system failure as
+/// `OSError` with the errno the OS gave (its subclass chosen by Python), a missing file
+/// as `FileNotFoundError`, bad input as `ValueError`.
 pub fn core_err<E: Failure + Send + Sync + 'static>(err: E) -> PyErr {
     let message = one_line(&err);
-    let io = io_cause(&err);
-    match (err.kind(), io) {
-        (_, Some(e)) if e.kind() == io::ErrorKind::NotFound => {
-            PyFileNotFoundError::new_err(message)
-        }
-        (FailureKind::Operational, Some(e)) => match e.raw_os_error() {
-            Some(errno) => PyOSError::new_err((errno, message)),
-            // Core names a component that is not a directory (a FIFO where a checkpoint
-            // directory should be) in its own words, without the errno.
-            None if e.kind() == io::ErrorKind::NotADirectory => {
-                PyNotADirectoryError::new_err(message)
+    let mut ios = Vec::new();
+    io_errors(&err, &mut ios);
+    let errno = ios.iter().find_map(|e| e.raw_os_error());
+    let has = |kind: io::ErrorKind| ios.iter().any(|e| e.kind() == kind);
+    match (err.kind(), errno) {
+        (FailureKind::Operational, Some(errno)) => os_error(errno, message),
+        (_, Some(errno)) if has(io::ErrorKind::NotFound) => os_error(errno, message),
+        _ if has(io::ErrorKind::NotFound) => PyFileNotFoundError::new_err(message),
+        // Core names a component that is not a directory (a FIFO where a checkpoint
+        // directory should be) in its own words, without the OS's errno.
+        (FailureKind::Operational, None) if has(io::ErrorKind::NotADirectory) => {
+            match errno_named("ENOTDIR") {
+                Some(n) => os_error(n, message),
+                None => PyNotADirectoryError::new_err(message),
             }
-            None => PyOSError::new_err(message),
-        },
+        }
+        (FailureKind::Operational, None) if !ios.is_empty() => PyOSError::new_err(message),
         (FailureKind::Invalid, _) | (FailureKind::Operational, None) => {
             PyValueError::new_err(message)
         }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use numpy::{
     IntoPyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
 };
-use pyo3::exceptions::{PyFileNotFoundError, PyMemoryError, PyValueError};
+use pyo3::exceptions::{PyFileNotFoundError, PyMemoryError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tlio_core::model::Model;
@@ -25,7 +25,8 @@ use tlio_core::safetensors::{
     parse_header, read_header, save, Dtype, Tensor, TensorData, TensorInfo,
 };
 
-use crate::errors::{core_err, guard};
+use crate::args::path_arg;
+use crate::errors::{core_err, errno_named, guard, os_error};
 
 /// One tensor of a header as Python sees it: name, dtype, shape, and its byte range
 /// `[start, end)` from the start of the file holding it.
@@ -56,8 +57,21 @@ pub(crate) fn with_path(path: &Path, err: PyErr) -> PyErr {
         if message.contains(&shown) {
             return err;
         }
-        let args = (format!("{shown}: {message}"),);
-        match err.get_type(py).call1(args) {
+        let message = format!("{shown}: {message}");
+        // An OSError keeps its errno (and so its subclass): rebuilt from the message
+        // alone, `.errno` would be None.
+        let errno = err
+            .value(py)
+            .getattr("errno")
+            .ok()
+            .and_then(|e| e.extract::<i32>().ok());
+        let made = match errno {
+            Some(n) if err.is_instance_of::<pyo3::exceptions::PyOSError>(py) => {
+                err.get_type(py).call1((n, message))
+            }
+            _ => err.get_type(py).call1((message,)),
+        };
+        match made {
             Ok(obj) => PyErr::from_value(obj),
             Err(e) => e,
         }
@@ -89,6 +103,7 @@ fn dtypes() -> Vec<(&'static str, u64, Option<usize>, bool, bool)> {
 #[pyfunction]
 fn header(py: Python<'_>, path: PathBuf) -> PyResult<FileHeader> {
     guard(|| {
+        path_arg(&path, "path")?;
         // An s3:// object: its header by range requests (tlio-core's remote reader).
         let remote = match path.to_str() {
             Some(text) if tlio_core::s3::is_s3_url(text) => Some(
@@ -128,6 +143,7 @@ type ModelLayout = (
 #[pyfunction]
 fn model(py: Python<'_>, path: PathBuf) -> PyResult<ModelLayout> {
     guard(|| {
+        path_arg(&path, "path")?;
         let exists = path.exists();
         let m = py.detach(|| Model::open(&path)).map_err(|e| {
             let err = at_path(&path, e);
@@ -296,6 +312,7 @@ fn save_file(
     durable: bool,
 ) -> PyResult<()> {
     guard(|| {
+        path_arg(&path, "path")?;
         let held = hold(items).map_err(|e| with_path(&path, e))?;
         let tensors = held
             .iter()
@@ -303,11 +320,25 @@ fn save_file(
             .collect::<PyResult<Vec<_>>>()
             .map_err(|e| with_path(&path, e))?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.is_dir() {
-                return Err(PyFileNotFoundError::new_err((
-                    libc_enoent(),
-                    format!("{}: no such directory: {}", path.display(), dir.display()),
-                )));
+            // As Python's own `open(path, "wb")`: a missing directory is ENOENT, a file
+            // where the directory should be ENOTDIR, and so on, with the errno.
+            let refused = |errno: Option<i32>, why: String| {
+                let message = format!("{}: {why}: {}", path.display(), dir.display());
+                match errno {
+                    Some(n) => os_error(n, message),
+                    None => PyOSError::new_err(message),
+                }
+            };
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(refused(errno_named("ENOTDIR"), "not a directory".into())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(refused(
+                        e.raw_os_error().or_else(|| errno_named("ENOENT")),
+                        "no such directory".into(),
+                    ))
+                }
+                Err(e) => return Err(refused(e.raw_os_error(), format!("cannot use it ({e})"))),
             }
         }
         py.detach(|| {
@@ -322,12 +353,6 @@ fn save_file(
 }
 
 /// ENOENT, the errno of a missing file or directory.
-fn libc_enoent() -> i32 {
-    std::io::Error::from(std::io::ErrorKind::NotFound)
-        .raw_os_error()
-        .unwrap_or(2)
-}
-
 /// The bytes of a safetensors file holding `items` and `meta` (`None`: no
 /// `__metadata__`; an empty dict: an empty one), built in memory.
 #[pyfunction]

@@ -23,6 +23,7 @@ use tlio_core::checkpoint::sharded::{
 use tlio_core::checkpoint::{RngState, TrainerState};
 use tlio_core::safetensors::Dtype;
 
+use crate::args::path_arg;
 use crate::checkpoint::ckpt_err;
 use crate::errors::{core_err, guard};
 use crate::safetensors::dtype_arg;
@@ -70,6 +71,7 @@ fn begin(
     overwrite: bool,
 ) -> PyResult<ShardedSave> {
     guard(|| {
+        path_arg(&dir, "dir")?;
         let step = count_arg(step, "step")?;
         let save = py
             .detach(|| core_sharded::begin(&dir, step, overwrite))
@@ -265,6 +267,7 @@ fn write_rank_file<'py>(
     durable: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     guard(|| {
+        path_arg(&tmp_dir, "tmp_dir")?;
         let mut dtypes = Vec::with_capacity(chunks.len());
         for (key, dtype, _, _) in &chunks {
             dtypes.push(dtype_arg(dtype, key)?);
@@ -335,6 +338,7 @@ fn open_step(
     step: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<ShardedStep> {
     guard(|| {
+        path_arg(&dir, "dir")?;
         let step = opt_count(step, "step")?;
         let opened = py
             .detach(|| core_sharded::open_step(&dir, step))

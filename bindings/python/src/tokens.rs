@@ -18,6 +18,7 @@ use tlio_core::tokens::{
     Cursor, Ranks, Shard, ShardOrder, StreamOptions, TokenStream, TokensError, HEADER_BYTES,
 };
 
+use crate::args::path_arg;
 use crate::errors::{core_err, guard, one_line};
 
 /// A tokens error as the Python exception python.md names. `TokensError::Io` keeps its
@@ -72,6 +73,7 @@ fn vocab_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
 #[pyfunction]
 fn read_tokens_header<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
     guard(|| {
+        path_arg(&path, "path")?;
         let header = py
             .detach(|| remote::read_shard_header(&path))
             .map_err(remote_err)?;
@@ -94,6 +96,7 @@ fn validate_shard(
     vocab_size: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(usize, usize, usize)> {
     guard(|| {
+        path_arg(&path, "path")?;
         let vocab = vocab_arg(vocab_size)?;
         let shard = py
             .detach(|| Shard::open(&path, vocab))
@@ -189,6 +192,9 @@ impl Stream {
                 .map_err(|_| PyTypeError::new_err("shards must be a sequence of paths"))?
                 .map(|p| p.and_then(|p| p.extract::<PathBuf>()))
                 .collect::<PyResult<_>>()?;
+            for p in &paths {
+                path_arg(p, "shards")?;
+            }
             let seq_len = size_arg(seq_len, "seq_len")?;
             let batch = size_arg(batch, "batch")?;
             let (state, inc) = rng_arg(rng)?;

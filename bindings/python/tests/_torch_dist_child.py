@@ -73,9 +73,16 @@ def protocol(dir, shard):
     out["loaded_digest"] = child.digest(fresh_model, fresh_opt)
     out["loaded_cursor"] = fresh_stream.cursor()
     out["step1"] = attempt(lambda: tt.load(dir, fresh_model, fresh_opt, step=1).step)
-    # A load that fails on rank 1 alone (an optimizer of another class) fails everywhere.
+    # A load that fails on rank 1 alone (an optimizer of another class) fails everywhere,
+    # and changes nothing anywhere: every rank checks before any applies.
+    before = child.digest(fresh_model, fresh_opt)
     other = torch.optim.SGD(fresh_model.parameters(), lr=0.1) if rank == 1 else fresh_opt
     out["rank1_fails"] = attempt(lambda: tt.load(dir, fresh_model, other).step)
+    out["unchanged_after_rank1_fails"] = child.digest(fresh_model, fresh_opt) == before
+    # The same with a model that does not match on rank 1 (DDP replicas built wrongly).
+    mismatched = torch.nn.Linear(3, 2) if rank == 1 else fresh_model
+    out["rank1_mismatch"] = attempt(lambda: tt.load(dir, mismatched).step)
+    out["unchanged_after_rank1_mismatch"] = child.digest(fresh_model, fresh_opt) == before
     report(out)
 
 

@@ -124,6 +124,13 @@ def test_collective_save_and_load_on_two_ranks(tmp_path):
     assert r0["rank1_fails"][0] == r1["rank1_fails"][0] == "ValueError"
     assert "torch.SGD" in r1["rank1_fails"][1]
     assert r0["rank1_fails"][1] == "on rank 1: " + r1["rank1_fails"][1]
+    # Rank 0 had read and checked the step too, but applied nothing: no rank applies
+    # before every rank's check passed. The same when rank 1's model does not match.
+    assert r0["unchanged_after_rank1_fails"] and r1["unchanged_after_rank1_fails"]
+    assert r0["rank1_mismatch"][0] == r1["rank1_mismatch"][0] == "ValueError"
+    assert "does not match the model" in r1["rank1_mismatch"][1]
+    assert r0["rank1_mismatch"][1] == "on rank 1: " + r1["rank1_mismatch"][1]
+    assert r0["unchanged_after_rank1_mismatch"] and r1["unchanged_after_rank1_mismatch"]
     tlio("ckpt", "verify", str(dir))
 
 

@@ -9,8 +9,9 @@
 //! ones nobody holds (what a `kill -9` leaves, on this host or another sharing the
 //! directory), never a live writer's. A target that is a symlink is followed and
 //! the file it points to is replaced in its own directory; a device, FIFO, socket or
-//! directory is refused, never renamed over. Files are created with mode
-//! `0666 & !umask`, like `cp`. No error message names a temporary path.
+//! directory is refused, never renamed over. New files are created with mode
+//! `0666 & !umask`, like `cp`; a replaced file's permission bits are kept, like
+//! `sed -i`. No error message names a temporary path.
 
 mod temp;
 
@@ -191,6 +192,21 @@ fn file_id(meta: &fs::Metadata) -> (u64, u64) {
     (meta.len(), mtime)
 }
 
+/// Give the new file `file` the permission bits of the file it will replace, `dest`, as
+/// `sed -i` does: a file the user made read-only (or group-writable) stays so. Only the
+/// `rwx` bits are copied, never setuid, setgid or sticky.
+#[cfg(unix)]
+fn keep_mode(dest: &Path, file: &File) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = fs::metadata(dest)?.permissions().mode() & 0o777;
+    file.set_permissions(fs::Permissions::from_mode(mode))
+}
+
+#[cfg(not(unix))]
+fn keep_mode(dest: &Path, file: &File) -> io::Result<()> {
+    file.set_permissions(fs::metadata(dest)?.permissions())
+}
+
 /// A file being written atomically. Write through it (or `writer()`), then `commit()`;
 /// dropping it without committing removes the temporary file and leaves the target
 /// untouched.
@@ -220,6 +236,12 @@ impl AtomicFile {
             let _ = sync_dir(&parent_dir(&dir));
         }
         let (temp, file) = create_temp(target, &dest, &dir)?;
+        if exists {
+            keep_mode(&dest, &file).map_err(|source| AtomicError::Write {
+                path: target.to_path_buf(),
+                source,
+            })?;
+        }
         Ok(AtomicFile {
             shown: target.to_path_buf(),
             dest,
@@ -574,6 +596,30 @@ mod tests {
             m
         };
         assert_eq!(mode, 0o666 & !(mask as u32));
+    }
+
+    #[test]
+    fn a_replaced_file_keeps_its_permission_bits() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for mode in [0o444, 0o640, 0o600, 0o664] {
+            let path = dir.path().join(format!("out-{mode:o}.bin"));
+            fs::write(&path, b"old").unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+            write_file(&path, b"new content").unwrap();
+            assert_eq!(fs::read(&path).unwrap(), b"new content");
+            let now = fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(now, mode, "{}", path.display());
+        }
+        // Through a symlink: the file pointed to keeps its bits; setuid is not copied.
+        let real = dir.path().join("real.bin");
+        fs::write(&real, b"old").unwrap();
+        fs::set_permissions(&real, fs::Permissions::from_mode(0o4750)).unwrap();
+        let link = dir.path().join("link.bin");
+        std::os::unix::fs::symlink("real.bin", &link).unwrap();
+        write_file(&link, b"new").unwrap();
+        let now = fs::metadata(&real).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(now, 0o750);
     }
 
     #[test]

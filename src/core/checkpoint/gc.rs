@@ -11,6 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::fsops::{FsOps, RealFs};
+use super::known;
 use super::verify::inspect;
 use super::{io_at, list, step_name, CheckpointError, DirLock, Latest, Listing, LATEST_TMP_NAME};
 
@@ -72,7 +73,9 @@ pub(crate) fn remove_entry(fs_ops: &mut dyn FsOps, path: &Path) -> io::Result<()
 }
 
 /// The steps beyond the newest `keep` valid ones among those not newer than `LATEST`.
-/// `known_valid` is a step just written and known to verify (not read again).
+/// `known_valid` is a step just written and known to verify (not read again); an older
+/// step this process verified before and that has not changed since is not read again
+/// either (`known`).
 pub(crate) fn plan_keep(
     dir: &Path,
     listing: &Listing,
@@ -90,7 +93,7 @@ pub(crate) fn plan_keep(
     let mut valid = 0usize;
     let mut cutoff = None;
     for &n in &considered {
-        let ok = known_valid == Some(n) || inspect(&dir.join(step_name(n))).problems.is_empty();
+        let ok = known_valid == Some(n) || known::verifies(&dir.join(step_name(n)));
         if ok {
             valid = valid.saturating_add(1);
             if valid >= keep {

@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 use super::manifest::Manifest;
 use super::optimizer::{check_header, OptimizerError, OptimizerFile};
 use super::state::TrainerState;
-use super::verify::{inspect, inspect_with, read_step, step_dir_bytes, Inspection, Problem};
+use super::verify::{
+    inspect, inspect_with, manifest_is_sharded, read_step, step_dir_bytes, Inspection, Problem,
+};
 use super::{list, step_name, CheckpointError, Latest, Listing};
 use super::{MODEL_NAME, OPTIMIZER_NAME};
 use crate::safetensors::float::decode_f32;
@@ -281,6 +283,36 @@ pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {
     })?;
     loaded.skipped = picked.skipped;
     Ok(loaded)
+}
+
+/// What [`load_unless_sharded`] found.
+#[derive(Debug)]
+pub enum Unsharded {
+    /// An unsharded step, verified and read, as [`load`] returns it.
+    Loaded(Box<Loaded>),
+    /// The first candidate `load`'s rules reached is a sharded step: nothing of it was
+    /// read but its manifest; the caller's sharded loader applies the same rules (and
+    /// verifies) from the start.
+    Sharded(Picked),
+}
+
+/// [`load`], except that reaching a sharded step stops the choice before any of its
+/// files is read: a loader that reads sharded steps in its own way then never reads
+/// one twice. Candidates before it were refused as in `load` (`Picked::skipped`).
+pub fn load_unless_sharded(dir: &Path, step: Option<u64>) -> Result<Unsharded, CheckpointError> {
+    let (found, picked) = choose(dir, step, &mut |path, n| {
+        if manifest_is_sharded(path) {
+            return Ok(None);
+        }
+        loaded(path.to_path_buf(), n, read_step(path)).map(Some)
+    })?;
+    Ok(match found {
+        Some(mut l) => {
+            l.skipped = picked.skipped;
+            Unsharded::Loaded(Box::new(l))
+        }
+        None => Unsharded::Sharded(picked),
+    })
 }
 
 /// The step `load` would pick, verified by streaming (nothing kept in memory): for

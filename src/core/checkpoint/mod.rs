@@ -14,6 +14,7 @@ use crate::failure::{Failure, FailureKind};
 
 pub mod fsops;
 pub mod gc;
+mod known;
 pub mod load;
 pub mod manifest;
 pub mod optimizer;
@@ -30,7 +31,10 @@ mod powerloss;
 mod tests;
 
 pub use gc::{gc, GcReason, GcReport, Removal};
-pub use load::{choose, load, pick, survey, Loaded, Picked, Survey, SurveyRow, TensorBytes};
+pub use load::{
+    choose, load, load_unless_sharded, pick, survey, Loaded, Picked, Survey, SurveyRow,
+    TensorBytes, Unsharded,
+};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 pub use optimizer::{OptimizerFile, OptimizerState};
 pub use save::{save, save_waiting, save_with, save_with_wait, Payload, SaveReport, SaveRequest};

@@ -212,7 +212,15 @@ enum Keep {
     All,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Inspections started on this thread (tests count the step directories read).
+    pub(crate) static INSPECTIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 fn inspect_keeping(step_dir: &Path, keep: Keep, progress: &mut dyn FnMut(u64)) -> Inspection {
+    #[cfg(test)]
+    INSPECTIONS.with(|n| n.set(n.get().saturating_add(1)));
     let mut out = Inspection::default();
     let Some(entries) = read_entries(step_dir, &mut out) else {
         return out;
@@ -644,6 +652,15 @@ fn list_entries(dir: &Path) -> io::Result<BTreeMap<String, Kind>> {
         out.insert(entry.file_name().to_string_lossy().into_owned(), kind);
     }
     Ok(out)
+}
+
+/// Whether `step_dir`'s manifest, read without verifying anything, describes a sharded
+/// step; `false` when it cannot be read or parsed (a verification reports that).
+pub(crate) fn manifest_is_sharded(step_dir: &Path) -> bool {
+    read_small(&step_dir.join(MANIFEST_NAME), MAX_MANIFEST_BYTES)
+        .ok()
+        .and_then(|bytes| Manifest::from_json(&bytes).ok())
+        .is_some_and(|m| super::sharded::open::is_sharded(&m))
 }
 
 fn read_small(path: &Path, limit: u64) -> io::Result<Vec<u8>> {

@@ -5,9 +5,9 @@ Under an initialized process group of more than one rank (torchrun; gloo on CPU)
 replicated ones, its stream's cursor is the global one), the other ranks wait in a
 broadcast of rank 0's outcome, and every rank returns the same path once rank 0 has
 committed, LATEST included. ``load`` has rank 0 choose the step (LATEST, or the newest
-that verifies) and broadcast it; every other rank loads exactly that step, and a final
-exchange makes every rank raise when any rank failed, so no two ranks ever continue
-from different steps.
+that verifies) and broadcast it; every other rank reads and checks exactly that step;
+an exchange then makes every rank raise when any rank's check failed, before any rank
+applies anything, so no two ranks ever continue from different states.
 
 Invariants: an exception on one rank becomes an exception on every rank (same builtin
 type where there is one, the message prefixed with the rank), never a hang in a
@@ -113,46 +113,68 @@ def collective_save(save: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def collective_load(load: F) -> F:
-    """Wrap the single-process ``load`` as python.md's collective load."""
+def collective_load(prepare: Callable[..., Tuple[Any, Callable[[], None]]]) -> Callable[[F], F]:
+    """Make the single-process ``load`` python.md's collective load. ``prepare`` does all
+    of a load but applying it (same arguments; returns the Checkpoint and the function
+    that applies it). Rank 0 prepares first (it chooses the step), every other rank then
+    prepares exactly that step, and all agree on the outcome before any applies: a rank
+    that refuses (a model that does not match, a step that does not verify there) leaves
+    every rank's state untouched. The exchanges run on the default group, bounded by its
+    timeout (``init_process_group(timeout=...)``)."""
 
-    @functools.wraps(load)
-    def wrapper(dir: Any, *args: Any, step: Any = None, **kwargs: Any) -> Any:
-        dist = process_group()
-        if dist is None:
-            return load(dir, *args, step=step, **kwargs)
-        rank = dist.get_rank()
-        ck = None
-        error: Optional[BaseException] = None
-        if rank == 0:
+    def decorate(load: F) -> F:
+        @functools.wraps(load)
+        def wrapper(dir: Any, *args: Any, step: Any = None, **kwargs: Any) -> Any:
+            dist = process_group()
+            if dist is None:
+                return load(dir, *args, step=step, **kwargs)
+            rank = dist.get_rank()
+            ck: Any = None
+            apply: Optional[Callable[[], None]] = None
+            error: Optional[BaseException] = None
+            if rank == 0:
+                try:
+                    ck, apply = prepare(dir, *args, step=step, **kwargs)
+                    chosen: Any = ("ok", ck.step)
+                except BaseException as e:
+                    error = e
+                    chosen = _failure(e)
+            else:
+                chosen = None
+            chosen = _broadcast(dist, chosen)
+            if error is not None:
+                raise error
+            if chosen[0] != "ok":
+                _raise(0, chosen)
+            mine: Failure = None
+            if rank != 0:
+                try:
+                    ck, apply = prepare(dir, *args, step=chosen[1], **kwargs)
+                    if ck.step != chosen[1]:
+                        mine = ("RuntimeError", f"step {chosen[1]}, which rank 0 loaded, does not verify here "
+                                f"(this rank would have loaded step {ck.step})")
+                except BaseException as e:
+                    error = e
+                    mine = _failure(e)
+            # Every rank has checked: apply only when all of them may.
+            failed = _first_failure(dist, mine)
+            if error is not None:
+                raise error
+            if failed is not None:
+                _raise(*failed)
+            assert apply is not None
             try:
-                ck = load(dir, *args, step=step, **kwargs)
-                chosen: Any = ("ok", ck.step)
-            except BaseException as e:
-                error = e
-                chosen = _failure(e)
-        else:
-            chosen = None
-        chosen = _broadcast(dist, chosen)
-        if error is not None:
-            raise error
-        if chosen[0] != "ok":
-            _raise(0, chosen)
-        mine: Failure = None
-        if rank != 0:
-            try:
-                ck = load(dir, *args, step=chosen[1], **kwargs)
-                if ck.step != chosen[1]:
-                    mine = ("RuntimeError", f"step {chosen[1]}, which rank 0 loaded, does not verify here "
-                            f"(this rank would have loaded step {ck.step})")
-            except BaseException as e:
+                apply()
+            except BaseException as e:  # torch's own hooks, after every check passed
                 error = e
                 mine = _failure(e)
-        failed = _first_failure(dist, mine)
-        if error is not None:
-            raise error
-        if failed is not None:
-            _raise(*failed)
-        return ck
+            failed = _first_failure(dist, mine)
+            if error is not None:
+                raise error
+            if failed is not None:
+                _raise(*failed)
+            return ck
 
-    return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

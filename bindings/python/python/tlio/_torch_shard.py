@@ -588,18 +588,37 @@ def _open(dir: str, step: Optional[int]) -> Any:
     return _sharded().open_step(dir, step)
 
 
-def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, step: Any = None,
-         solo: bool = False) -> Any:
+def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, step: Any = None) -> Any:
     """tlio.torch.load for a model or optimizer holding DTensors: every rank reads its
-    regions of the step rank 0 picks. ``solo``: this process alone (a plain model loading
-    a sharded step, each rank for itself under tlio.torch's collective load)."""
+    regions of the step rank 0 picks and checks them against its state; only when every
+    rank's check passed does any rank apply (a refusal on one rank changes nothing on
+    any rank)."""
+    g = Group()
+    ck, apply = prepare_load(dir, model, optimizer, stream, step=step, group=g)
+    mine: Failure = None
+    error: Optional[BaseException] = None
+    try:
+        apply()
+    except BaseException as e:
+        error, mine = e, _failure(e)
+    _raise_first(g.all_gather(mine), g.rank, error)
+    return ck
+
+
+def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, step: Any = None,
+                 group: Optional[Group] = None) -> Tuple[Any, Callable[[], None]]:
+    """Everything of a load but applying it: the step chosen (by rank 0), read and
+    checked on every rank of ``group`` (``None``: this process alone, as for a plain
+    model loading a sharded step, each rank for itself under tlio.torch's collective
+    load), the outcome agreed on. Returns the Checkpoint and the function that applies
+    it; raises on every rank when any rank failed."""
     from tlio.checkpoint import _integer
 
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if step is not None:
         step = _integer("step", step)
-    g = Group(solo)
+    g = group if group is not None else Group(solo=True)
     dir = os.fspath(dir)
     skipped: List[Tuple[str, str]] = []
     want_step = step
@@ -645,21 +664,23 @@ def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, ste
         if n == 0:
             raise FileNotFoundError(f"{dir}: no step verifies on every rank")
         want_step = n - 1
-    # Applied on every rank or raised on every rank: no rank continues alone.
-    ck, error, mine = None, None, None
+    # Checked on every rank or raised on every rank: no rank applies alone.
+    ck = apply = None
+    error, mine = None, None
     try:
-        ck = _apply(handle, model, optimizer, stream, wants, tied, skipped)
+        ck, apply = _checked(handle, model, optimizer, stream, wants, tied, skipped)
     except BaseException as e:
         error, mine = e, _failure(e)
     finally:
         handle.close()
     _raise_first(g.all_gather(mine), g.rank, error)
-    return ck
+    return ck, apply
 
 
-def _apply(handle, model, optimizer, stream, wants, tied, skipped):
-    """Make the verified tensors the state: everything checked first (the optimizer by
-    tlio._torch_optim), then applied as tlio.torch applies an unsharded load."""
+def _checked(handle, model, optimizer, stream, wants, tied, skipped):
+    """The verified tensors checked whole against the state (the optimizer by
+    tlio._torch_optim): the Checkpoint and the function that applies it as tlio.torch
+    applies an unsharded load."""
     from tlio import _torch_optim
     from tlio.checkpoint import EXTRA_KEYS, Checkpoint
     from tlio.torch import TYPE_PREFIX, _apply as apply_checked, _param_names
@@ -682,15 +703,15 @@ def _apply(handle, model, optimizer, stream, wants, tied, skipped):
                                            path, want)
     if stream is not None:
         cursor = {**state["data_cursor"], "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}}
-    apply_checked(model, sd, tied, optimizer, opt_state, stream, cursor)
     config = handle.config
-    return Checkpoint(
+    ck = Checkpoint(
         path=path, step=handle.step, model=sd, opt=opt,
         rng_state=None if rng is None else {"state": rng[0], "inc": rng[1]},
         extra={k: state.get(k) for k in EXTRA_KEYS},
         config=None if config is None else json.loads(config),
         skipped=skipped,
     )
+    return ck, lambda: apply_checked(model, sd, tied, optimizer, opt_state, stream, cursor)
 
 
 def dispatch_save(whole: F) -> F:

@@ -16,7 +16,8 @@ maps each other name to it. ``load`` checks the whole step against the model, th
 optimizer (``tlio._torch_optim``) and the stream before it applies anything, so a
 refused load changes nothing.
 Under torch.distributed both are collectives (``tlio._torch_dist``): rank 0 writes,
-every rank returns the same path, and every rank loads the step rank 0 chose.
+every rank returns the same path, and every rank loads the step rank 0 chose, applied
+on no rank unless every rank's check passed.
 ``save(..., blocking=False)`` stages the state into host buffers and writes it in the
 background (``tlio._torch_async``): the same files, one save in flight per process.
 torch's own generator state is not saved: a loop that needs bitwise dropout across a
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 try:
@@ -407,9 +408,67 @@ def _apply(model, sd, tied, optimizer, opt_state, stream, cursor) -> None:
     _retie(model, tied)
 
 
+def _prepare_load(
+    dir: "os.PathLike[str] | str",
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    stream=None,
+    *,
+    step: Optional[int] = None,
+) -> Tuple[Checkpoint, Callable[[], None]]:
+    """All of ``load`` but applying it: the step chosen, read, verified and checked whole
+    against the model, the optimizer and the stream. Returns the Checkpoint and the
+    function that applies it (under torch.distributed, called only once every rank's
+    check passed)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if step is not None:
+        step = _integer("step", step)
+    # Every file read once into owned memory while it is hashed: what is decoded is
+    # what was verified, and nothing maps the files (a file replaced or truncated later
+    # cannot reach the model or the optimizer's state). A step saved by a sharded run is
+    # recognised by its manifest before any of it is read, and read (whole tensors) by
+    # the sharded reader alone, never twice.
+    got = _core.load_files(os.fspath(dir), step, True)
+    if got is None:
+        return _torch_shard.prepare_load(dir, model, optimizer, stream, step=step)
+    path, n, state_json, rng, config, skipped, files = got
+    state = json.loads(state_json)
+    model_path = os.path.join(path, MODEL_FILE)
+    sd, meta = _read(files[MODEL_FILE])
+    tied = _model_state(model_path, sd, meta)
+    # Everything is checked before anything is applied: a failed load changes nothing.
+    _check_model(model, sd, model_path)
+    opt = opt_state = None
+    if optimizer is not None:
+        opt_path = os.path.join(path, OPTIMIZER_FILE)
+        if OPTIMIZER_FILE not in files:
+            raise ValueError(f"{path} has no {OPTIMIZER_FILE} to restore the optimizer from")
+        tensors, ometa = _read(files[OPTIMIZER_FILE])
+        want = TYPE_PREFIX + type(optimizer).__name__
+        opt_state, opt = _torch_optim.plan(optimizer, _param_names(model), tensors, ometa, opt_path, want)
+    cursor = None
+    if stream is not None:
+        cursor = state.get("data_cursor")
+        if cursor is None or rng is None:
+            raise ValueError(f"{path} holds no data_cursor and rng_state to restore the stream from")
+        cursor = {**cursor, "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}}
+    ck = Checkpoint(
+        path=path,
+        step=n,
+        model=sd,
+        opt=opt,
+        rng_state=None if rng is None else {"state": rng[0], "inc": rng[1]},
+        extra={k: state[k] for k in EXTRA_KEYS},
+        config=None if config is None else json.loads(config),
+        skipped=[tuple(s) for s in skipped],
+    )
+    return ck, lambda: _apply(model, sd, tied, optimizer, opt_state, stream, cursor)
+
+
 @_torch_async.settled
 @_torch_shard.dispatch_load
-@collective_load
+@collective_load(_prepare_load)
 def load(
     dir: "os.PathLike[str] | str",
     model: torch.nn.Module,
@@ -432,53 +491,15 @@ def load(
     ``FileNotFoundError``.
 
     Under torch.distributed every rank calls ``load``: rank 0 chooses the step (its
-    ``step`` argument counts) and every rank loads exactly that one; a failure on any
-    rank is raised on every rank.
+    ``step`` argument counts) and every rank reads and checks exactly that one; only
+    when every rank's check passed does any rank apply it, so a refusal on one rank (a
+    model that does not match there) is raised on every rank and changes nothing on any.
 
     A model or optimizer holding DTensors is loaded sharded (``tlio._torch_shard``):
     every rank reads and verifies only the regions its shards cover, from a sharded or
     an unsharded step, whatever layout saved it. A plain model loads a sharded step
     whole.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if step is not None:
-        step = _integer("step", step)
-    # Every file read once into owned memory while it is hashed: what is decoded is
-    # what was verified, and nothing maps the files (a file replaced or truncated later
-    # cannot reach the model or the optimizer's state).
-    path, n, state_json, rng, config, skipped, files = _core.load_files(os.fspath(dir), step)
-    if _torch_shard.is_sharded_step(path):  # saved by a sharded run: read whole tensors
-        del files
-        return _torch_shard.load(dir, model, optimizer, stream, step=n, solo=True)
-    state = json.loads(state_json)
-    model_path = os.path.join(path, MODEL_FILE)
-    sd, meta = _read(files[MODEL_FILE])
-    tied = _model_state(model_path, sd, meta)
-    # Everything is checked before anything is applied: a failed load changes nothing.
-    _check_model(model, sd, model_path)
-    opt = opt_state = None
-    if optimizer is not None:
-        opt_path = os.path.join(path, OPTIMIZER_FILE)
-        if OPTIMIZER_FILE not in files:
-            raise ValueError(f"{path} has no {OPTIMIZER_FILE} to restore the optimizer from")
-        tensors, ometa = _read(files[OPTIMIZER_FILE])
-        want = TYPE_PREFIX + type(optimizer).__name__
-        opt_state, opt = _torch_optim.plan(optimizer, _param_names(model), tensors, ometa, opt_path, want)
-    cursor = None
-    if stream is not None:
-        cursor = state.get("data_cursor")
-        if cursor is None or rng is None:
-            raise ValueError(f"{path} holds no data_cursor and rng_state to restore the stream from")
-        cursor = {**cursor, "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}}
-    _apply(model, sd, tied, optimizer, opt_state, stream, cursor)
-    return Checkpoint(
-        path=path,
-        step=n,
-        model=sd,
-        opt=opt,
-        rng_state=None if rng is None else {"state": rng[0], "inc": rng[1]},
-        extra={k: state[k] for k in EXTRA_KEYS},
-        config=None if config is None else json.loads(config),
-        skipped=[tuple(s) for s in skipped],
-    )
+    ck, apply = _prepare_load(dir, model, optimizer, stream, step=step)
+    apply()
+    return ck
