@@ -18,6 +18,7 @@ use tlio_core::checkpoint::{
     self, load::Survey, parse_step_name, step_name, verify as ckverify, CheckpointError, Payload,
     SaveAnyway, SaveRequest, TrainerState, MANIFEST_NAME,
 };
+use tlio_core::remote::location;
 use tlio_core::Failure;
 
 /// A checkpoint error as the command line says it: how to save anyway is the flag.
@@ -92,6 +93,11 @@ pub enum CkptCommand {
         /// List what would be removed without removing it.
         #[arg(long)]
         dry_run: bool,
+        /// On object storage (s3://): remove an attempt that no manifest names only
+        /// once its newest object is this many seconds old (default 3600; a writer
+        /// still uploading wrote one more recently).
+        #[arg(long, value_name = "SECONDS")]
+        grace: Option<u64>,
     },
 }
 
@@ -172,7 +178,12 @@ pub fn run(cmd: CkptCommand, printer: &Printer) -> anyhow::Result<Outcome> {
         CkptCommand::Save(args) => save(args, printer),
         CkptCommand::Verify { path } => verify(&path, printer),
         CkptCommand::Latest { dir } => latest(&dir, printer),
-        CkptCommand::Gc { dir, keep, dry_run } => gc(&dir, keep, dry_run, printer),
+        CkptCommand::Gc {
+            dir,
+            keep,
+            dry_run,
+            grace,
+        } => gc(&dir, keep, dry_run, grace, printer),
         CkptCommand::Export {
             step_dir,
             output,
@@ -187,14 +198,13 @@ fn export(
     max_shard_size: Option<u64>,
     printer: &Printer,
 ) -> anyhow::Result<Outcome> {
-    let report =
-        checkpoint::sharded::export(step_dir, output, max_shard_size).with_context(|| {
-            format!(
-                "cannot export {} to {}",
-                step_dir.display(),
-                output.display()
-            )
-        })?;
+    let report = location::export(step_dir, output, max_shard_size).with_context(|| {
+        format!(
+            "cannot export {} to {}",
+            step_dir.display(),
+            output.display()
+        )
+    })?;
     if printer.json {
         #[derive(Serialize)]
         struct Out<'a> {
@@ -263,7 +273,7 @@ fn save(args: SaveArgs, printer: &Printer) -> anyhow::Result<Outcome> {
         force: args.force,
         lock_wait: checkpoint::SAVE_LOCK_WAIT,
     };
-    let report = checkpoint::save_waiting(&args.dir, req, &mut |path| {
+    let report = location::save_waiting(&args.dir, req, None, &mut |path| {
         printer.warn(format!(
             "waiting for {} (another tlio save or gc holds it; giving up after {} s)",
             path.display(),
@@ -312,16 +322,27 @@ struct StepJson {
     load: bool,
 }
 
-/// A path is one step directory when its name is a step name or it holds a manifest.
+/// A path is one step directory when its name is a step name or it holds a manifest
+/// (a URL: when its last segment is a step name).
 fn is_step_dir(path: &Path) -> bool {
     path.file_name()
         .and_then(|n| n.to_str())
         .and_then(parse_step_name)
         .is_some()
-        || fs::symlink_metadata(path.join(MANIFEST_NAME)).is_ok()
+        || (!location::is_remote(path) && fs::symlink_metadata(path.join(MANIFEST_NAME)).is_ok())
 }
 
 fn verify(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
+    if location::is_remote(path) {
+        if is_step_dir(path) {
+            return verify_step_dir(path, printer);
+        }
+        let survey = location::survey_with(path, &mut |_| {}, &mut |_| {})
+            .with_context(|| format!("cannot verify {}", path.display()))?;
+        let ok = survey.pick.is_some() && survey.latest_is_valid();
+        print_survey(&survey, ok, printer)?;
+        return Ok(Outcome::from_ok(ok));
+    }
     let meta = fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     if !meta.is_dir() {
         return Err(crate::error::operational(format!(
@@ -341,8 +362,14 @@ fn verify(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
 }
 
 fn verify_step_dir(path: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
-    let bar = printer.bytes_bar(ckverify::step_dir_bytes(path), "verify");
-    let ins = ckverify::inspect_with(path, &mut |n| bar.inc(n));
+    let total = if location::is_remote(path) {
+        0
+    } else {
+        ckverify::step_dir_bytes(path)
+    };
+    let bar = printer.bytes_bar(total, "verify");
+    let ins = location::inspect_step(path, &mut |n| bar.inc(n))
+        .with_context(|| format!("cannot verify {}", path.display()))?;
     bar.finish_and_clear();
     let ok = ins.problems.is_empty();
     let problems: Vec<String> = ins.problems.iter().map(|p| p.to_string()).collect();
@@ -466,7 +493,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
 }
 
 fn latest(dir: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
-    let loaded = checkpoint::pick(dir, None)
+    let loaded = location::pick(dir, None)
         .with_context(|| format!("cannot load a checkpoint from {}", dir.display()))?;
     if printer.json {
         #[derive(Serialize)]
@@ -501,19 +528,33 @@ fn latest(dir: &Path, printer: &Printer) -> anyhow::Result<Outcome> {
     Ok(Outcome::Success)
 }
 
-fn gc(dir: &Path, keep: u64, dry_run: bool, printer: &Printer) -> anyhow::Result<Outcome> {
+fn gc(
+    dir: &Path,
+    keep: u64,
+    dry_run: bool,
+    grace: Option<u64>,
+    printer: &Printer,
+) -> anyhow::Result<Outcome> {
     let keep = usize::try_from(keep).context("--keep is too large")?;
-    let report = checkpoint::gc(dir, keep, dry_run)
+    if grace.is_some() && !location::is_remote(dir) {
+        return Err(crate::error::operational(format!(
+            "--grace applies to object storage (s3://) only: a local gc holds the directory's \
+             lock, so no save is writing while it removes {}'s temporaries",
+            dir.display()
+        )));
+    }
+    let grace = grace.map(std::time::Duration::from_secs);
+    let report = location::gc(dir, keep, dry_run, grace)
         .with_context(|| format!("cannot collect garbage in {}", dir.display()))?;
     let rows: Vec<(String, &str)> = report
         .removed
         .iter()
         .map(|r| {
-            // Every removal is `dir/<entry>`; a path without a last component would
-            // be shown whole rather than as an empty name.
-            let name = r.path.file_name().map_or_else(
-                || r.path.display().to_string(),
-                |n| n.to_string_lossy().into_owned(),
+            // Every removal is below `dir` (`step-N`, or `step-N/attempt-x` on object
+            // storage): shown relative to it, or whole if it somehow is not.
+            let name = r.path.strip_prefix(dir).map_or_else(
+                |_| r.path.display().to_string(),
+                |n| n.display().to_string(),
             );
             (name, r.reason.describe())
         })

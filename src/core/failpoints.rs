@@ -23,6 +23,7 @@ pub const KNOWN: &[&str] = &[
     "ckpt/remove",
     "ckpt/rename",
     "model/before-commit",
+    "s3/commit",
     "tokens/part-marker",
     "train/after-step",
 ];

@@ -18,22 +18,22 @@ use std::time::{Duration, Instant};
 use super::tlio;
 
 /// The server process and its request channel.
-struct Server {
-    url: String,
+pub(crate) struct Server {
+    pub(crate) url: String,
     channel: Mutex<(ChildStdin, BufReader<ChildStdout>)>,
     _child: Child,
 }
 
 /// The Python of the test virtual environment: `TLIO_TEST_PYTHON`, else `.venv` at the
 /// repository root (where `tests/run` makes it).
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     std::env::var_os("TLIO_TEST_PYTHON").map_or_else(
         || Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"),
         PathBuf::from,
     )
 }
 
-fn server() -> &'static Server {
+pub(crate) fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3_server.py");
@@ -112,7 +112,7 @@ pub(crate) fn tlio_s3() -> assert_cmd::Command {
     cmd
 }
 
-fn model_file(dir: &Path) -> PathBuf {
+pub(crate) fn model_file(dir: &Path) -> PathBuf {
     let path = dir.join("model.safetensors");
     let header = br#"{"__metadata__":{"format":"pt"},"wte":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}"#;
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();

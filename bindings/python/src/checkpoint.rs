@@ -14,7 +14,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyFileExistsError, PyFileNotFoundError, PyOSError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use tlio_core::checkpoint::optimizer::{check_layout, FORMAT_KEY, FORMAT_VALUE, STATE_KEY};
@@ -22,6 +24,7 @@ use tlio_core::checkpoint::{
     self, parse_step_name, step_name, CheckpointError, Loaded, OptimizerFile, OptimizerState,
     Payload, RngState, SaveRequest, TrainerState, Unsharded,
 };
+use tlio_core::remote::location;
 use tlio_core::safetensors::{self as st, Dtype, Tensor, TensorData};
 
 use crate::args::path_arg;
@@ -58,6 +61,8 @@ pub(crate) fn ckpt_err(py: Python<'_>, err: CheckpointError) -> PyErr {
                 ""
             }
         )),
+        // The loser of two writers of one step on object storage.
+        CheckpointError::Lost { .. } => PyFileExistsError::new_err(one_line(&err)),
         _ => core_err(err),
     }
 }
@@ -320,7 +325,7 @@ fn save(
                 // `tlio ckpt save` does, then fails with OSError.
                 lock_wait: checkpoint::SAVE_LOCK_WAIT,
             };
-            checkpoint::save(&dir, req)
+            location::save(&dir, req)
         });
         committed(py, result.map_err(|e| ckpt_err(py, e))?)
     })
@@ -424,7 +429,7 @@ fn save_tensors(
                 force: false,
                 lock_wait: checkpoint::SAVE_LOCK_WAIT,
             };
-            checkpoint::save(&dir, req)
+            location::save(&dir, req)
         });
         committed(py, result.map_err(|e| ckpt_err(py, e))?)
     })
@@ -459,7 +464,7 @@ fn load_step<'py>(
             .map(|s| count_arg(s, "step"))
             .transpose()?;
         let loaded = py
-            .detach(|| checkpoint::load(&dir, step))
+            .detach(|| location::load(&dir, step))
             .map_err(|e| ckpt_err(py, e))?;
         let state_json = String::from_utf8(loaded.state.to_json().map_err(core_err)?)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -528,7 +533,9 @@ fn load_files<'py>(
             .transpose()?;
         let found = py
             .detach(|| {
-                if unless_sharded {
+                if location::is_remote(&dir) {
+                    location::load(&dir, step).map(|l| Unsharded::Loaded(Box::new(l)))
+                } else if unless_sharded {
                     checkpoint::load_unless_sharded(&dir, step)
                 } else {
                     checkpoint::load(&dir, step).map(|l| Unsharded::Loaded(Box::new(l)))
@@ -564,6 +571,11 @@ fn load_files<'py>(
 fn verify_step_dir(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
     guard(|| {
         path_arg(&path, "path")?;
+        if location::is_remote(&path) {
+            let found = py.detach(|| location::inspect_step(&path, &mut |_| {}));
+            let problems = found.map_err(|e| ckpt_err(py, e))?.problems;
+            return Ok(problems.iter().map(ToString::to_string).collect());
+        }
         if let Err(e) = std::fs::symlink_metadata(&path) {
             let message = format!("{}: {e}", path.display());
             return Err(match (e.raw_os_error(), e.kind()) {
@@ -597,7 +609,7 @@ struct Decoded {
 }
 
 fn decode(dir: &Path, step: Option<u64>) -> Result<Decoded, PyErrOrCkpt> {
-    let loaded = checkpoint::load(dir, step).map_err(PyErrOrCkpt::Ckpt)?;
+    let loaded = location::load(dir, step).map_err(PyErrOrCkpt::Ckpt)?;
     let file = loaded.model().map_err(|e| PyErrOrCkpt::Py(core_err(e)))?;
     let mut model = Vec::new();
     for t in file.header().tensors() {

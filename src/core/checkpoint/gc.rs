@@ -26,6 +26,9 @@ pub enum GcReason {
     NewerThanLatest,
     /// A step older than the newest `keep` valid ones.
     BeyondKeep,
+    /// On object storage: an attempt no manifest names, older than the grace period
+    /// (the object-storage form of a stale `.tmp` directory).
+    AbandonedAttempt,
 }
 
 impl GcReason {
@@ -36,6 +39,7 @@ impl GcReason {
             GcReason::StaleLatestTmp => "stale LATEST.tmp",
             GcReason::NewerThanLatest => "newer than LATEST",
             GcReason::BeyondKeep => "beyond keep",
+            GcReason::AbandonedAttempt => "abandoned attempt",
         }
     }
 }

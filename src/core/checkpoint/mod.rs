@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use crate::failure::{Failure, FailureKind};
 
+pub(crate) mod content;
 pub mod fsops;
 pub mod gc;
 mod known;
@@ -141,6 +142,16 @@ pub enum CheckpointError {
         /// The underlying error.
         source: io::Error,
     },
+    /// Object storage failed (the error names the URL).
+    #[error(transparent)]
+    Remote(#[from] crate::s3::S3Error),
+    /// Another writer committed the same step on object storage first: exactly one
+    /// writer of a step commits, and this one did not.
+    #[error("{url} was committed by another writer while this save was writing; this save committed nothing (its objects were removed)")]
+    Lost {
+        /// The step's URL.
+        url: String,
+    },
     /// No directory verifies.
     #[error("no loadable checkpoint in {}{}", dir.display(), why(reasons))]
     NotFound {
@@ -172,8 +183,10 @@ impl Failure for CheckpointError {
             | CheckpointError::Request(_)
             | CheckpointError::NotFound { .. }
             | CheckpointError::NotNewer { .. } => FailureKind::Invalid,
+            CheckpointError::Remote(e) => e.kind(),
             CheckpointError::Exists { .. }
             | CheckpointError::Locked { .. }
+            | CheckpointError::Lost { .. }
             | CheckpointError::Io { .. } => FailureKind::Operational,
         }
     }
@@ -268,18 +281,24 @@ fn read_latest(path: &Path) -> Result<Option<Latest>, CheckpointError> {
     file.take(MAX_LATEST_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(io_at(path))?;
-    let text = match std::str::from_utf8(&bytes) {
+    Ok(Some(parse_latest(&bytes)))
+}
+
+/// What the bytes of a `LATEST` say (one step name and a newline), wherever they
+/// were read from.
+pub(crate) fn parse_latest(bytes: &[u8]) -> Latest {
+    let text = match std::str::from_utf8(bytes) {
         Ok(t) => t,
-        Err(_) => return Ok(Some(Latest::Malformed("LATEST is not UTF-8".into()))),
+        Err(_) => return Latest::Malformed("LATEST is not UTF-8".into()),
     };
     let name = text.strip_suffix('\n').unwrap_or(text);
-    Ok(Some(match parse_step_name(name) {
+    match parse_step_name(name) {
         Some(n) => Latest::Names(n),
         None => Latest::Malformed(format!(
             "LATEST holds {}, not a step name",
             crate::text::quote(text)
         )),
-    }))
+    }
 }
 
 /// List a checkpoint directory.

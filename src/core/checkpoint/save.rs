@@ -274,7 +274,7 @@ pub(crate) fn state_bytes(
 
 /// Check everything that can be checked before touching the disk; returns the state
 /// bytes to write.
-fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
+pub(crate) fn validate(req: &mut SaveRequest<'_>) -> Result<Vec<u8>, CheckpointError> {
     let state = state_bytes(req.step, &mut req.state, req.config.as_deref(), req.keep)?;
     for (name, payload) in [
         (MODEL_NAME, Some(&req.model)),

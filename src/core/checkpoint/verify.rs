@@ -11,14 +11,15 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::Path;
 
+use super::content::{check_hashed, check_state};
 use super::fsops::open_no_follow;
 use super::manifest::{Manifest, ManifestEntry, MANIFEST_NAME};
 use super::state::TrainerState;
-use super::{parse_step_name, CONFIG_NAME, MODEL_NAME, STATE_NAME};
+use super::{parse_step_name, MODEL_NAME, STATE_NAME};
 use crate::digest::{hex, sha256_read_owned, sha256_stream};
 
 /// Largest manifest read (a manifest lists a handful of files).
-const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Largest JSON file of a step directory kept in memory for parsing.
 pub const MAX_JSON_BYTES: u64 = 64 << 20;
 /// Files a checkpoint cannot be loaded without.
@@ -440,7 +441,7 @@ fn read_manifest(
 }
 
 /// The manifest's step is the directory's, and it lists every required file.
-fn check_manifest_step(step_dir: &Path, manifest: &Manifest, out: &mut Inspection) {
+pub(crate) fn check_manifest_step(step_dir: &Path, manifest: &Manifest, out: &mut Inspection) {
     let dir_step = step_dir
         .file_name()
         .and_then(|n| n.to_str())
@@ -475,40 +476,24 @@ fn check_entry(
     progress: &mut dyn FnMut(u64),
     config_sha: &mut Option<String>,
 ) {
-    let name = &entry.name;
     let Some((actual, kept)) = hash_entry(&mut file, entry, keep, out, progress) else {
         return;
     };
-    if actual != entry.sha256 {
-        out.problems.push(Problem::Sha256 {
-            name: name.clone(),
-            expected: entry.sha256.clone(),
-            actual,
-        });
-        return;
-    }
-    if name.ends_with(".json") {
-        check_json(entry, kept, actual, out, config_sha);
-        return;
-    }
-    if name.ends_with(".safetensors") {
-        // The header of the bytes just hashed (kept) or of the same descriptor read
-        // again (never the path: the file may have been replaced since).
-        let header = match keep {
-            Keep::All => crate::safetensors::parse_header(&kept),
-            Keep::Json => header_of(&mut file, entry.size, name),
-        };
-        if let Err(e) = header {
-            out.problems.push(Problem::BadSafetensors {
-                name: name.clone(),
-                reason: crate::failure::full_text(&e),
-            });
-            return;
-        }
-    }
-    if keep == Keep::All {
-        out.data.insert(name.clone(), kept);
-    }
+    // The header of the bytes just hashed (kept) or of the same descriptor read again
+    // (never the path: the file may have been replaced since).
+    let mut header = |kept: &[u8]| match keep {
+        Keep::All => crate::safetensors::parse_header(kept),
+        Keep::Json => header_of(&mut file, entry.size, &entry.name),
+    };
+    check_hashed(
+        entry,
+        actual,
+        kept,
+        keep == Keep::All,
+        &mut header,
+        out,
+        config_sha,
+    );
 }
 
 /// The safetensors header of an opened file of `size` bytes, read from its start.
@@ -577,62 +562,6 @@ fn hash_entry(
         return None;
     }
     Some((hex(&digest), kept))
-}
-
-/// A listed JSON file whose bytes match: small enough, valid JSON, the trainer state
-/// by its schema; the config (and its sha256) kept for the loader.
-fn check_json(
-    entry: &ManifestEntry,
-    kept: Vec<u8>,
-    actual: String,
-    out: &mut Inspection,
-    config_sha: &mut Option<String>,
-) {
-    let name = &entry.name;
-    let bad = |reason: String| Problem::BadJson {
-        name: name.clone(),
-        reason,
-    };
-    if entry.size > MAX_JSON_BYTES {
-        out.problems
-            .push(bad(format!("larger than {MAX_JSON_BYTES} bytes")));
-    } else if name == STATE_NAME {
-        match TrainerState::from_json(&kept) {
-            Ok(s) => out.state = Some(s),
-            Err(e) => out.problems.push(bad(e.to_string())),
-        }
-    } else if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&kept) {
-        out.problems.push(bad(e.to_string()));
-    } else if name == CONFIG_NAME {
-        *config_sha = Some(actual);
-        out.config = Some(kept);
-    }
-}
-
-/// The trainer state agrees with the manifest's step and with config.json's sha256.
-fn check_state(manifest: &Manifest, config_sha: Option<&str>, out: &mut Inspection) {
-    let Some(state) = &out.state else {
-        return;
-    };
-    let mut problems = Vec::new();
-    if state.step != manifest.step {
-        problems.push(Problem::BadJson {
-            name: STATE_NAME.into(),
-            reason: format!(
-                "step {} differs from the manifest's {}",
-                state.step, manifest.step
-            ),
-        });
-    }
-    if let Some(sha) = config_sha {
-        if state.config_sha256.as_deref() != Some(sha) {
-            problems.push(Problem::BadJson {
-                name: STATE_NAME.into(),
-                reason: format!("config_sha256 is not the sha256 of config.json ({sha})"),
-            });
-        }
-    }
-    out.problems.extend(problems);
 }
 
 /// Names and kinds of a directory's entries, sorted; a name that is not UTF-8 is kept

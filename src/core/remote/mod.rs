@@ -12,6 +12,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "s3")]
+pub mod checkpoint;
+pub mod location;
 pub mod pack;
 pub mod shards;
 pub mod verify;

@@ -24,6 +24,9 @@ use object_store::{
 
 use super::{Conditional, Config, ObjectInfo, S3Error, S3Url};
 
+mod transfer;
+pub use transfer::ObjectWriter;
+
 /// How long establishing a connection may take (a server that is down fails at once on
 /// loopback; elsewhere this bounds the wait for a SYN that is never answered).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -44,9 +47,11 @@ pub const MULTIPART_THRESHOLD: u64 = 64 << 20;
 /// The size of one part of a multipart upload.
 pub const PART_BYTES: usize = 16 << 20;
 /// Parts in flight at once during a multipart upload.
-const PARTS_IN_FLIGHT: usize = 4;
+pub(crate) const PARTS_IN_FLIGHT: usize = 4;
 /// Read buffer while uploading or downloading a file.
 const IO_BUFFER_BYTES: usize = 4 << 20;
+/// Worker threads of a store's runtime (requests in flight, not CPU work).
+const RUNTIME_THREADS: usize = 4;
 
 /// An object's bytes and its entity tag.
 pub type Fetched = (Vec<u8>, Option<String>);
@@ -117,7 +122,12 @@ impl Store {
         let store = builder
             .build()
             .map_err(|e| config_err(crate::failure::full_text(&e)))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // A few worker threads: the parts of an upload go out while the caller
+        // produces the next ones (a current-thread runtime would only send while the
+        // caller waits).
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(RUNTIME_THREADS)
+            .thread_name("tlio-s3")
             .enable_all()
             .build()
             .map_err(|e| config_err(format!("cannot start the I/O runtime: {e}")))?;
@@ -502,6 +512,9 @@ fn info(meta: object_store::ObjectMeta) -> ObjectInfo {
         key: meta.location.to_string(),
         size: meta.size,
         etag: meta.e_tag,
+        // Whole seconds are all S3 keeps; a time before 1970 is taken as 1970.
+        last_modified: std::time::UNIX_EPOCH
+            + Duration::from_secs(u64::try_from(meta.last_modified.timestamp()).unwrap_or(0)),
     }
 }
 

@@ -18,7 +18,7 @@ mod url;
 pub use url::{is_s3_url, S3Url, MAX_KEY_BYTES, URL_SCHEME};
 
 #[cfg(feature = "s3")]
-pub use client::{Store, MULTIPART_THRESHOLD};
+pub use client::{ObjectWriter, Store, MULTIPART_THRESHOLD};
 
 /// The standard AWS variables this module reads (and nothing else).
 pub const ENV_VARS: [&str; 6] = [
@@ -225,6 +225,8 @@ pub struct ObjectInfo {
     pub size: u64,
     /// Its entity tag, when the server gave one.
     pub etag: Option<String>,
+    /// When it was last written, by the server's clock.
+    pub last_modified: std::time::SystemTime,
 }
 
 /// What a conditional put did.
