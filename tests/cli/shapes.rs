@@ -272,6 +272,22 @@ fn runs(dir: &Path) -> Vec<(&'static str, Vec<OsString>)> {
                 &"tokens",
                 &"pack",
                 &fixture("cli/README.md"),
+                &"-o",
+                &dir.join("parted.bin"),
+                &"--part",
+                &"0/1",
+            ]),
+        ),
+        (
+            "tokens merge",
+            os(&[&"tokens", &"merge", &dir.join("parted.bin")]),
+        ),
+        (
+            "tokens pack",
+            os(&[
+                &"tokens",
+                &"pack",
+                &fixture("cli/README.md"),
                 &"--from",
                 &"text",
                 &"--tokenizer",

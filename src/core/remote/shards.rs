@@ -405,7 +405,7 @@ mod fetch {
             }
             let dir = self.dir(url)?;
             let local = dir.join(cache_name(url, head.etag.as_deref(), head.size));
-            let shown = super::super::url_path(url);
+            let shown = crate::remote::url_path(url);
             if local.is_file() {
                 if let Ok(shard) = Shard::open_named(&local, &shown, vocab) {
                     return Ok(shard);

@@ -251,7 +251,7 @@ impl Part {
             if step.trim() != "1" {
                 return Err(PartsError::BadPart {
                     given: "slurm".to_string(),
-                    reason: format!("SLURM_ARRAY_TASK_STEP is {step}: the array must be a range with step 1 (--array=0-N)"),
+                    reason: format!("SLURM_ARRAY_TASK_STEP is {step}: the array must be a range with step 1 (an array such as 0-N)"),
                 });
             }
         }
@@ -887,7 +887,8 @@ fn list_parts(area: &Path) -> Result<Vec<(usize, usize, PathBuf)>, PartsError> {
     let entries = match fs::read_dir(area) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err(area)(e)),
+        // A FIFO or file where a directory of the path should be is named as what it is.
+        Err(e) => return Err(io_err(area)(crate::files::name_non_directory(area, e))),
     };
     let mut found = Vec::new();
     for entry in entries {
