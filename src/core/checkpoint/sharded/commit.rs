@@ -99,6 +99,7 @@ pub fn begin_with(
     overwrite: bool,
     lock_wait: std::time::Duration,
 ) -> Result<ShardedSave, ShardedError> {
+    super::refuse_remote(dir)?;
     fs.create_dir_all(dir).map_err(ck_io_at(dir))?;
     let lock = DirLock::acquire_waiting(dir, lock_wait, SAVE_LOCK_NOTICE, &mut |_| {})?;
     let target = prepare(fs, dir, step, overwrite, false)?;

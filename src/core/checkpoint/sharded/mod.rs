@@ -132,3 +132,17 @@ pub(crate) fn io_at(path: &std::path::Path) -> impl FnOnce(io::Error) -> Sharded
         source,
     }
 }
+
+/// Sharded steps live on a local (or shared) file system for now: an `s3://` prefix is
+/// refused before anything is created, where the local protocol would otherwise make a
+/// directory named after the URL's text.
+pub(crate) fn refuse_remote(dir: &std::path::Path) -> Result<(), ShardedError> {
+    if dir.to_str().is_some_and(crate::s3::is_s3_url) {
+        return Err(ShardedError::Request(format!(
+            "{}: sharded checkpoints on object storage are not supported yet; save to a \
+             local or shared file system",
+            dir.display()
+        )));
+    }
+    Ok(())
+}

@@ -137,6 +137,7 @@ impl ShardedStep {
 /// Open the step `load` would pick from `dir` (or, with `step`, that step or the newest
 /// older one that passes).
 pub fn open_step(dir: &Path, step: Option<u64>) -> Result<ShardedStep, ShardedError> {
+    super::refuse_remote(dir)?;
     let listing = list(dir)?;
     let mut reasons: Vec<(String, String)> = Vec::new();
     let mut newer = Vec::new();

@@ -1,7 +1,8 @@
 //! Property tests of the chunk table's coverage check and of the read plan: random
 //! global shapes tiled by random chunkings cover exactly, a removed or grown chunk is a
 //! gap or an overlap, and a region assembled from any chunking through the planned
-//! runs and pieces equals the region of the global tensor.
+//! runs and pieces equals the region of the global tensor. Also: an `s3://` prefix is
+//! refused before anything is made.
 
 use proptest::prelude::*;
 
@@ -110,4 +111,17 @@ proptest! {
         prop_assert_eq!(filled, want.len() as u64);
         prop_assert_eq!(got, want);
     }
+}
+
+#[test]
+fn a_sharded_save_or_load_on_object_storage_is_refused_before_anything_is_made() {
+    for url in ["s3://bucket/run", "s3://bucket/run/"] {
+        let dir = std::path::Path::new(url);
+        let err = super::commit::begin(dir, 1, false).err().expect("refused");
+        assert!(err.to_string().contains("object storage"), "{err}");
+        let err = super::open::open_step(dir, None).err().expect("refused");
+        assert!(err.to_string().contains("object storage"), "{err}");
+    }
+    // The local protocol would have made a directory named after the URL's text.
+    assert!(!std::path::Path::new("s3:").exists());
 }
