@@ -117,9 +117,13 @@ proptest! {
 fn a_sharded_save_or_load_on_object_storage_is_refused_before_anything_is_made() {
     for url in ["s3://bucket/run", "s3://bucket/run/"] {
         let dir = std::path::Path::new(url);
-        let err = super::commit::begin(dir, 1, false).err().expect("refused");
+        let Err(err) = super::commit::begin(dir, 1, false) else {
+            panic!("{url}: a sharded save began");
+        };
         assert!(err.to_string().contains("object storage"), "{err}");
-        let err = super::open::open_step(dir, None).err().expect("refused");
+        let Err(err) = super::open::open_step(dir, None) else {
+            panic!("{url}: a sharded step opened");
+        };
         assert!(err.to_string().contains("object storage"), "{err}");
     }
     // The local protocol would have made a directory named after the URL's text.
