@@ -104,7 +104,8 @@ def main() -> None:
 
     work = args.dir or tempfile.mkdtemp(prefix="tlio-bench-s3-")
     server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "s3_server.py")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
     try:
         url = server.stdout.readline().strip()
         server.stdin.write("bucket bench\n")

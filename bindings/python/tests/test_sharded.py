@@ -254,3 +254,46 @@ def test_rank_file_is_canonical_safetensors_with_its_sha256(tmp_path):
     with pytest.raises(ValueError, match="plain file name"):
         sh.write_rank_file(save.tmp_dir, "../x.safetensors", [])
     save.abort()
+
+
+def test_export_is_read_back_by_the_safetensors_package_in_bounded_memory(tmp_path):
+    """`tlio ckpt export` of a 4-rank step whose largest tensor (192 MiB) is far larger
+    than the export's working memory: the safetensors package reads back every model
+    tensor bit for bit (the optimizer's are not exported), and the CLI's peak resident
+    set stays below the largest tensor."""
+    import subprocess
+    import sys
+
+    from _tokens_helpers import TLIO_BIN
+
+    rng = np.random.default_rng(7)
+    tensors = {
+        ("model", "big"): rng.random((3 * 4096, 4096), dtype=np.float32),
+        ("model", "ln.bias"): rng.standard_normal(4096).astype(np.float16),
+        ("model", "step_count"): np.array(5, np.int64),
+        ("optimizer", "ln.bias.exp_avg"): rng.standard_normal(4096).astype(np.float32),
+    }
+    step_dir = save_sharded(tmp_path / "ck", 3, tensors, ranks=4, split=row_chunks, meta={"model": {"tied": "{}"}})
+    out = tmp_path / "exported"
+    # A child Python whose only child is the export: its RUSAGE_CHILDREN peak is the CLI's.
+    measure = (
+        "import resource, subprocess, sys\n"
+        "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.stderr.replace(chr(10), ' '))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", measure, str(TLIO_BIN), "ckpt", "export", str(step_dir), "-o", str(out), "--max-shard-size", "100MB"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    code, peak_kib, stderr = done.stdout.split(" ", 2)
+    assert code == "0", stderr
+    assert int(peak_kib) * 1024 < 96 << 20, f"export peaked at {int(peak_kib) >> 10} MiB"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    got = {}
+    for name in sorted(set(index["weight_map"].values())):
+        got.update(load_file(str(out / name)))
+    want = {name: arr for (group, name), arr in tensors.items() if group == "model"}
+    assert sorted(got) == sorted(want)
+    for name, arr in want.items():
+        assert got[name].dtype == arr.dtype and got[name].shape == arr.shape
+        assert got[name].tobytes() == arr.tobytes(), name
