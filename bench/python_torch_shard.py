@@ -15,13 +15,15 @@ processes: the peak RSS is the job's), which builds and shards the state first
             state dicts (``get_state_dict``), both into a fresh directory;
   load      4 ranks, from the page cache: ``tlio.torch.load`` (every piece it uses
             verified) against ``dcp.load`` + ``set_state_dict``;
-  reshard   the 4-rank checkpoints loaded by 2 ranks (FSDP2 over 2): the same two.
+  reshard   the 4-rank checkpoints loaded by 2 ranks (FSDP2 over 2): the same two;
+  export    ``tlio ckpt export`` of the 4-rank step into a model directory: its time
+            and the CLI's peak resident set (goal: at most 256 MiB).
 
 A job's time is the slowest rank's, between two barriers; its memory the largest
 ``VmHWM`` of its ranks (building the state included), their sum, and the most any rank's
 peak grew during the job itself.
 
-    python bench/python_torch_shard.py [--runs 3] [--dir DIR] [--only save|load|reshard]
+    python bench/python_torch_shard.py [--runs 3] [--dir DIR] [--only save|load|reshard|export]
 
 Never a timed test: the numbers go to docs/python.md, nothing asserts on them.
 """
@@ -130,6 +132,31 @@ def launch(group, index, dir):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def export_figures(dir, runs):
+    """`tlio ckpt export` of the 4-rank tlio step into a Hugging Face model directory:
+    the CLI's time and peak resident set (measured by a child Python whose only child
+    is the export, so its RUSAGE_CHILDREN peak is the CLI's)."""
+    tlio = os.path.join(os.path.dirname(HERE), "target", "release", "tlio")
+    step = os.path.join(dir, "tlio", "step-000001")
+    measure = ("import resource, subprocess, sys, time\n"
+               "t = time.perf_counter(); subprocess.run(sys.argv[1:], check=True, capture_output=True)\n"
+               "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+    times, peaks = [], []
+    for _ in range(runs):
+        out = os.path.join(dir, "exported")
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run(["sync"], check=True)
+        r = subprocess.run([sys.executable, "-c", measure, tlio, "ckpt", "export", step, "-o", out],
+                           check=True, capture_output=True, text=True)
+        s, kib = r.stdout.split()
+        times.append(float(s))
+        peaks.append(int(kib) * 1024)
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"-- export (the 4-rank step -> a model directory, {size / 1e6:.0f} MB written)")
+    print(f"{'tlio ckpt export':<36} {statistics.median(times):>9.3f} {'':>7} "
+          f"{statistics.median(peaks) / (1 << 20):>18.0f}")
+
+
 def main():
     import argparse
 
@@ -169,6 +196,8 @@ def main():
                 total = statistics.median(r["rss_sum"] for r in rs) / (1 << 20)
                 added = statistics.median(r["added"] for r in rs) / (1 << 20)
                 print(f"{name:<36} {s:>9.3f} {s / ref:>7.2f} {rss:>18.0f} {total:>8.0f} {added:>13.0f}")
+        if not args.only or args.only in "export":
+            export_figures(dir, args.runs)
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     finally:
         shutil.rmtree(dir, ignore_errors=True)
