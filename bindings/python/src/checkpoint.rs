@@ -533,10 +533,10 @@ fn load_files<'py>(
             .transpose()?;
         let found = py
             .detach(|| {
-                if location::is_remote(&dir) {
+                if unless_sharded {
+                    location::load_unless_sharded(&dir, step)
+                } else if location::is_remote(&dir) {
                     location::load(&dir, step).map(|l| Unsharded::Loaded(Box::new(l)))
-                } else if unless_sharded {
-                    checkpoint::load_unless_sharded(&dir, step)
                 } else {
                     checkpoint::load(&dir, step).map(|l| Unsharded::Loaded(Box::new(l)))
                 }

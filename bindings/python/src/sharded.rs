@@ -21,6 +21,7 @@ use tlio_core::checkpoint::sharded::{
     ShardedError, TensorRequest, WrittenChunk,
 };
 use tlio_core::checkpoint::{RngState, TrainerState};
+use tlio_core::remote::location;
 use tlio_core::safetensors::Dtype;
 
 use crate::args::path_arg;
@@ -56,7 +57,7 @@ fn opt_count(value: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<u6
 /// `tmp_dir` exists until `commit` or `abort` (or until the object is collected).
 #[pyclass(module = "tlio._tlio.sharded", frozen)]
 pub struct ShardedSave {
-    inner: Mutex<core_sharded::ShardedSave>,
+    inner: Mutex<location::ShardedSaveAt>,
     tmp_dir: String,
     step: u64,
 }
@@ -74,7 +75,7 @@ fn begin(
         path_arg(&dir, "dir")?;
         let step = count_arg(step, "step")?;
         let save = py
-            .detach(|| core_sharded::begin(&dir, step, overwrite))
+            .detach(|| location::sharded_begin(&dir, step, overwrite))
             .map_err(|e| sharded_err(py, e))?;
         let tmp_dir = save
             .tmp_dir()
@@ -290,7 +291,7 @@ fn write_rank_file<'py>(
             })
             .collect::<PyResult<Vec<_>>>()?;
         let written = py
-            .detach(|| core_sharded::write_rank_file(&tmp_dir, file_name, &data, durable))
+            .detach(|| location::sharded_write_rank_file(&tmp_dir, file_name, &data, durable))
             .map_err(|e| sharded_err(py, e))?;
         rank_file_dict(py, &written)
     })
@@ -341,7 +342,7 @@ fn open_step(
         path_arg(&dir, "dir")?;
         let step = opt_count(step, "step")?;
         let opened = py
-            .detach(|| core_sharded::open_step(&dir, step))
+            .detach(|| location::sharded_open_step(&dir, step))
             .map_err(|e| sharded_err(py, e))?;
         let state_json = String::from_utf8(opened.state.to_json().map_err(core_err)?)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;

@@ -11,6 +11,11 @@ writes what it saw as JSON to REPORT.<rank>; the test compares the ranks and the
                         every rank load step 1; a save failing on rank 1 alone raises on
                         both and commits nothing; a param group listing its params in
                         another order loads
+  s3 LOCAL P Q          2 ranks, on object storage (the AWS variables point at the test's
+                        server): steps 1 and 2 saved to the s3:// prefix P, step 2 also to
+                        the local LOCAL and with blocking=False to the prefix Q; P loaded
+                        back into FSDP2; then a byte of step 2's rank-1 model object in P
+                        flipped (by rank 0, with boto3) makes every rank load step 1
 
 Digests: for every entry of the model's state_dict and the optimizer's state (keyed by
 parameter name), the sha256 of dtype, global shape and the bytes of the gathered tensor
@@ -215,11 +220,60 @@ def faults(dir):
     report(out)
 
 
+def _flip_last_byte(url):
+    """Flip the last byte of the object at ``url`` (s3://bucket/key) in place, with boto3."""
+    import boto3
+
+    bucket, key = url[len("s3://"):].split("/", 1)
+    client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[-1] ^= 0x10
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+
+def s3(local, p, q):
+    rank = dist.get_rank()
+    out = {}
+    net, opt = build("fsdp", 0)
+    train(net, opt, 1)
+    out["p1"] = tt.save(p, 1, net, opt, extra={"tokens_seen": 7})
+    out["step1"] = digests(net, opt)
+    train(net, opt, 1)
+    out["p2"] = tt.save(p, 2, net, opt, extra={"tokens_seen": 14})
+    out["local2"] = tt.save(local, 2, net, opt, extra={"tokens_seen": 14})
+    pending = tt.save(q, 2, net, opt, extra={"tokens_seen": 14}, blocking=False)
+    out["q2_type"] = type(pending).__name__
+    out["q2"] = pending.wait()
+    out["step2"] = digests(net, opt)
+    fresh, fresh_opt = build("fsdp", 3)
+    ck = tt.load(p, fresh, fresh_opt)
+    out["loaded"] = [ck.step, ck.extra["tokens_seen"], ck.path]
+    out["loaded_state"] = digests(fresh, fresh_opt)
+    dist.barrier()
+    if rank == 0:
+        _flip_last_byte(f"{p}/step-000002/{_attempt_of(p + '/step-000002')}/model-rank00001.safetensors")
+    dist.barrier()
+    fresh, fresh_opt = build("fsdp", 4)
+    out["flipped_load"] = attempt(lambda: tt.load(p, fresh, fresh_opt).step)
+    out["flipped_state"] = digests(fresh, fresh_opt)
+    report(out)
+
+
+def _attempt_of(step_url):
+    """The attempt the manifest of the step at ``step_url`` names (read with boto3)."""
+    import boto3
+
+    bucket, key = step_url[len("s3://"):].split("/", 1)
+    client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    body = client.get_object(Bucket=bucket, Key=key + "/MANIFEST.json")["Body"].read()
+    return json.loads(body)["attempt"]
+
+
 if __name__ == "__main__":
     mode, REPORT, *args = sys.argv[1:]
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     try:
-        {"save4": save4, "reshard": reshard, "faults": faults}[mode](*args)
+        {"save4": save4, "reshard": reshard, "faults": faults, "s3": s3}[mode](*args)
         dist.monitored_barrier(timeout=timedelta(seconds=60))
     finally:
         dist.destroy_process_group()

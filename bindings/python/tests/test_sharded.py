@@ -297,3 +297,69 @@ def test_export_is_read_back_by_the_safetensors_package_in_bounded_memory(tmp_pa
     for name, arr in want.items():
         assert got[name].dtype == arr.dtype and got[name].shape == arr.shape
         assert got[name].tobytes() == arr.tobytes(), name
+
+
+def test_rank_files_on_object_storage_commit_read_back_and_verify(s3):
+    """The same calls on an s3:// prefix (the suite's local server): the ranks' objects
+    go under the attempt begin draws, regions read back by range requests at other
+    shardings (a tensor of several pieces included), a flipped byte fails the read that
+    uses it and verify; a refused commit leaves nothing; an unsharded step opens too."""
+    rng = np.random.default_rng(3)
+    tensors = sample_tensors(rng)
+    tensors[("model", "big")] = rng.standard_normal((1100, 600)).astype(np.float32)  # 2.5 pieces
+    url = s3.url("run")
+    path = save_sharded(url, 4, tensors, ranks=3, split=row_chunks)
+    assert path == f"{url}/step-000004"
+    keys = s3.keys("run/")
+    attempt = keys[-1].split("/")[2]
+    assert attempt.startswith("attempt-") and keys[0] == "run/LATEST"
+    assert sorted(k.split("/")[-1] for k in keys if attempt in k) == sorted(
+        ["shards.json", "trainer_state.json"]
+        + [f"model-rank0000{r}.safetensors" for r in range(3)]
+        + [f"optimizer-rank0000{r}.safetensors" for r in range(3)])
+    assert tlio.checkpoint.verify_step_dir(path) == []
+    step = sh.open_step(url)
+    assert (step.step, step.sharded, step.path) == (4, True, path)
+    reads, outs = [], []
+    for (group, name), arr in tensors.items():
+        for o, s in col_chunks(arr.shape, 2) + [([0] * arr.ndim, list(arr.shape))]:
+            out = np.empty(s, arr.dtype)
+            outs.append((out, region(arr, o, s)))
+            reads.append((group, name, o, s, out.reshape(-1).view(np.uint8)))
+    step.read_many(reads)
+    for out, want in outs:
+        assert out.tobytes() == np.ascontiguousarray(want).tobytes()
+    step.close()
+
+    # A flipped byte in rank 1's object: the read that uses it fails, naming the piece.
+    key = f"run/step-000004/{attempt}/model-rank00001.safetensors"
+    data = bytearray(s3.client.get_object(Bucket=s3.name, Key=key)["Body"].read())
+    data[-5] ^= 1
+    s3.client.put_object(Bucket=s3.name, Key=key, Body=bytes(data))
+    step = sh.open_step(url)
+    whole = [(g, n, [0] * a.ndim, list(a.shape), np.empty(a.shape, a.dtype).reshape(-1).view(np.uint8))
+             for (g, n), a in tensors.items()]
+    with pytest.raises(ValueError, match=r"model-rank00001\.safetensors: piece \d+ .* does not match"):
+        step.read_many(whole)
+    assert any("model-rank00001.safetensors" in p for p in tlio.checkpoint.verify_step_dir(path))
+
+    # The ranks write only under an attempt; a refused commit removes the attempt.
+    with pytest.raises(ValueError, match="attempt"):
+        sh.write_rank_file(s3.url("run/step-000005"), "model-rank00000.safetensors", [])
+    save = sh.begin(s3.url("other"), 1)
+    assert save.tmp_dir.startswith(s3.url("other/step-000001/attempt-"))
+    table = sh.write_rank_file(save.tmp_dir, "model-rank00000.safetensors",
+                               [("w0", "F32", [2, 4], bits(np.zeros((2, 4), np.float32)))])
+    tensor = {"group": "model", "name": "w", "dtype": "F32", "shape": [4, 4],
+              "chunks": [{"offsets": [0, 0], "sizes": [2, 4], "file": "model-rank00000.safetensors", "key": "w0"}]}
+    with pytest.raises(ValueError, match="cover 8 of its 16 elements"):
+        save.commit([table], [tensor], {}, state(1), None, None, None)
+    assert s3.keys("other/") == []
+
+    # An unsharded step on object storage opens through the same calls.
+    model = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    tlio.checkpoint.save_checkpoint(s3.url("plain"), model, None, 5, None, None)
+    step = sh.open_step(s3.url("plain"))
+    assert (step.step, step.sharded) == (5, False)
+    got = read_region(step, "model", "w", np.float32, [1, 1], [2, 2])
+    assert got.tobytes() == model["w"][1:3, 1:3].tobytes()

@@ -248,15 +248,19 @@ fn meta_text(v: &serde_json::Value) -> String {
     }
 }
 
-/// True when `path` is a sharded checkpoint step (a directory holding shards.json).
+/// True when `path` is a sharded checkpoint step (a directory holding shards.json), or
+/// a step on object storage (`s3://.../step-N`, whose manifest says whether it is one).
 fn is_sharded_step(path: &Path) -> bool {
+    if tlio_core::remote::location::is_remote(path) {
+        return tlio_core::checkpoint::sharded::open::dir_step(path).is_some();
+    }
     path.join(tlio_core::checkpoint::sharded::SHARDS_NAME)
         .is_file()
 }
 
 /// `st inspect STEP_DIR` of a sharded step: its global tensors, from the chunk table.
 fn inspect_step(path: &Path, printer: &Printer) -> anyhow::Result<()> {
-    let (step, tensors) = tlio_core::checkpoint::sharded::open::global_tensors(path)
+    let (step, tensors) = tlio_core::remote::location::global_tensors(path)
         .map_err(|e| anyhow::Error::new(e).context(format!("cannot inspect {}", path.display())))?;
     if printer.json {
         #[derive(serde::Serialize)]

@@ -1,7 +1,7 @@
 //! A checkpoint directory named by a local path or by an `s3://bucket/prefix` URL: the
-//! one place that sends each operation (save, load, pick, survey, verify, gc, export)
-//! to the local protocol (`crate::checkpoint`) or to the object-storage one
-//! (`super::checkpoint`).
+//! one place that sends each operation (save, load, pick, survey, verify, gc, export,
+//! the sharded save, write and open) to the local protocol (`crate::checkpoint`) or to
+//! the object-storage one (`super::checkpoint`).
 //!
 //! Invariant: a path is remote exactly when its text starts with `s3://` (and then it
 //! must be a valid URL: a malformed one is an error, never a local directory named
@@ -77,6 +77,34 @@ pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {
         Some(url) => remote::load(&url, step),
         #[cfg(not(feature = "s3"))]
         Some(url) => Err(not_built(&url)),
+    }
+}
+
+/// `load::load_unless_sharded` wherever `dir` is.
+pub fn load_unless_sharded(
+    dir: &Path,
+    step: Option<u64>,
+) -> Result<crate::checkpoint::load::Unsharded, CheckpointError> {
+    match remote_url(dir)? {
+        None => crate::checkpoint::load::load_unless_sharded(dir, step),
+        #[cfg(feature = "s3")]
+        Some(url) => remote::load_unless_sharded(&url, step),
+        #[cfg(not(feature = "s3"))]
+        Some(url) => Err(not_built(&url)),
+    }
+}
+
+/// The global tensors of a sharded step directory, or of the sharded step at an
+/// `s3://.../step-N` URL (for `st inspect`).
+pub fn global_tensors(
+    step_dir: &Path,
+) -> Result<(u64, Vec<crate::checkpoint::sharded::open::GlobalTensor>), ShardedError> {
+    match remote_url(step_dir).map_err(CheckpointError::from)? {
+        None => crate::checkpoint::sharded::open::global_tensors(step_dir),
+        #[cfg(feature = "s3")]
+        Some(url) => remote::sharded::global_tensors(&url),
+        #[cfg(not(feature = "s3"))]
+        Some(url) => Err(not_built(&url).into()),
     }
 }
 
@@ -177,6 +205,108 @@ pub fn export(
         #[cfg(not(feature = "s3"))]
         Some(url) => {
             let _ = (out_dir, max_shard_bytes);
+            Err(not_built(&url).into())
+        }
+    }
+}
+
+/// A sharded save in progress, local (`step-N.tmp/` under the lock) or on object storage
+/// (an attempt drawn after the refusals).
+#[derive(Debug)]
+pub enum ShardedSaveAt {
+    /// In a local (or shared file-system) directory.
+    Local(crate::checkpoint::sharded::ShardedSave),
+    /// Under an `s3://` prefix.
+    #[cfg(feature = "s3")]
+    Remote(remote::sharded::RemoteSave),
+}
+
+impl ShardedSaveAt {
+    /// Where every rank writes its files: `step-N.tmp/`, or the attempt's URL.
+    pub fn tmp_dir(&self) -> Option<&Path> {
+        match self {
+            ShardedSaveAt::Local(s) => s.tmp_dir(),
+            #[cfg(feature = "s3")]
+            ShardedSaveAt::Remote(s) => s.tmp_dir(),
+        }
+    }
+
+    /// Check and commit (see the two protocols).
+    pub fn commit(
+        &mut self,
+        req: crate::checkpoint::sharded::CommitRequest,
+    ) -> Result<SaveReport, ShardedError> {
+        match self {
+            ShardedSaveAt::Local(s) => s.commit(req),
+            #[cfg(feature = "s3")]
+            ShardedSaveAt::Remote(s) => s.commit(req),
+        }
+    }
+
+    /// Remove what the ranks wrote; nothing is committed. Idempotent.
+    pub fn abort(&mut self) {
+        match self {
+            ShardedSaveAt::Local(s) => s.abort(),
+            #[cfg(feature = "s3")]
+            ShardedSaveAt::Remote(s) => s.abort(),
+        }
+    }
+}
+
+/// `sharded::begin` wherever `dir` is (on object storage no lock is taken: the
+/// conditional commit decides between writers).
+pub fn sharded_begin(
+    dir: &Path,
+    step: u64,
+    overwrite: bool,
+) -> Result<ShardedSaveAt, ShardedError> {
+    match remote_url(dir).map_err(CheckpointError::from)? {
+        None => crate::checkpoint::sharded::begin(dir, step, overwrite).map(ShardedSaveAt::Local),
+        #[cfg(feature = "s3")]
+        Some(url) => {
+            remote::sharded::RemoteSave::begin(&url, step, overwrite).map(ShardedSaveAt::Remote)
+        }
+        #[cfg(not(feature = "s3"))]
+        Some(url) => {
+            let _ = (step, overwrite);
+            Err(not_built(&url).into())
+        }
+    }
+}
+
+/// `sharded::write_rank_file` wherever `tmp_dir` is (on object storage: the attempt's
+/// URL that [`ShardedSaveAt::tmp_dir`] gave; `durable` is then moot, an object exists
+/// only once stored).
+pub fn sharded_write_rank_file(
+    tmp_dir: &Path,
+    name: &str,
+    chunks: &[crate::checkpoint::sharded::ChunkData<'_>],
+    durable: bool,
+) -> Result<crate::checkpoint::sharded::RankFile, ShardedError> {
+    match remote_url(tmp_dir).map_err(CheckpointError::from)? {
+        None => crate::checkpoint::sharded::write_rank_file(tmp_dir, name, chunks, durable),
+        #[cfg(feature = "s3")]
+        Some(_) => remote::sharded::write_rank_file(tmp_dir, name, chunks),
+        #[cfg(not(feature = "s3"))]
+        Some(url) => {
+            let _ = (name, chunks, durable);
+            Err(not_built(&url).into())
+        }
+    }
+}
+
+/// `sharded::open_step` wherever `dir` is.
+pub fn sharded_open_step(
+    dir: &Path,
+    step: Option<u64>,
+) -> Result<crate::checkpoint::sharded::ShardedStep, ShardedError> {
+    match remote_url(dir).map_err(CheckpointError::from)? {
+        None => crate::checkpoint::sharded::open_step(dir, step),
+        #[cfg(feature = "s3")]
+        Some(url) => remote::sharded::open_step(&url, step),
+        #[cfg(not(feature = "s3"))]
+        Some(url) => {
+            let _ = step;
             Err(not_built(&url).into())
         }
     }

@@ -29,6 +29,7 @@ use crate::checkpoint::{
 };
 use crate::safetensors::dtype::Dtype;
 use crate::safetensors::header::read_header_from;
+use crate::safetensors::Header;
 
 /// One chunk of a global tensor as the ranks report it (before the byte ranges and
 /// digests are filled in from the files' tables).
@@ -86,7 +87,8 @@ pub struct ShardedSave {
 }
 
 /// Start a sharded save of `step` in `dir` with the real file system, waiting up to
-/// [`SAVE_LOCK_WAIT`] for another save or gc.
+/// [`SAVE_LOCK_WAIT`] for another save or gc. A directory on object storage is
+/// `remote::location::sharded_begin`'s.
 pub fn begin(dir: &Path, step: u64, overwrite: bool) -> Result<ShardedSave, ShardedError> {
     begin_with(&mut RealFs, dir, step, overwrite, SAVE_LOCK_WAIT)
 }
@@ -313,21 +315,31 @@ fn check_tmp_files(tmp: &Path, files: &[RankFile]) -> Result<(), ShardedError> {
         let entry = entry.map_err(io_at(tmp))?;
         found.insert(entry.file_name().to_string_lossy().into_owned());
     }
+    check_file_set(&found, files, &|stray| {
+        format!("{}", tmp.join(stray).display())
+    })?;
+    for f in files {
+        check_rank_header(&tmp.join(&f.name), f)?;
+    }
+    Ok(())
+}
+
+/// The files `found` where the ranks wrote are exactly the files they reported;
+/// `at` names a stray one.
+pub(crate) fn check_file_set(
+    found: &BTreeSet<String>,
+    files: &[RankFile],
+    at: &dyn Fn(&str) -> String,
+) -> Result<(), ShardedError> {
     let reported: BTreeSet<String> = files.iter().map(|f| f.name.clone()).collect();
     if let Some(stray) = found.difference(&reported).next() {
-        return Err(table_err(
-            format!("{}", tmp.join(stray).display()),
-            "a file no rank reported",
-        ));
+        return Err(table_err(at(stray), "a file no rank reported"));
     }
-    if let Some(missing) = reported.difference(&found).next() {
+    if let Some(missing) = reported.difference(found).next() {
         return Err(table_err(
             format!("rank file {missing}"),
             "reported but not in the step directory",
         ));
-    }
-    for f in files {
-        check_rank_header(&tmp.join(&f.name), f)?;
     }
     Ok(())
 }
@@ -350,6 +362,13 @@ fn check_rank_header(path: &Path, f: &RankFile) -> Result<(), ShardedError> {
             source,
         },
     })?;
+    check_reported_header(&header, f)
+}
+
+/// A rank file's header (as read back from storage) places every key where its rank
+/// reported it, and holds nothing else.
+pub(crate) fn check_reported_header(header: &Header, f: &RankFile) -> Result<(), ShardedError> {
+    let mismatch = |reason: String| table_err(format!("rank file {}", f.name), reason);
     if header.len() != f.tensors.len() {
         return Err(mismatch(format!(
             "holds {} tensors, its rank reported {}",

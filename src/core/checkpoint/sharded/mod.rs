@@ -3,6 +3,11 @@
 //! `shards.json`, that maps every global tensor to its chunks and every chunk to digests
 //! of its pieces, so that any rank can read exactly the bytes it needs and verify them.
 //!
+//! On object storage (`s3://`, through `remote::location`) the same steps are saved and
+//! read with the rename-free protocol of `remote::checkpoint::sharded`: the ranks write
+//! under a fresh attempt, the manifest's conditional put commits, reads are range
+//! requests verified piece by piece.
+//!
 //! Invariants: a step is sharded exactly when its manifest lists [`SHARDS_NAME`]; the
 //! chunk table is checked whole (in bounds, no overlap, full coverage, byte ranges equal
 //! to the files' headers) before a step is committed and before one is read; every byte
@@ -133,14 +138,15 @@ pub(crate) fn io_at(path: &std::path::Path) -> impl FnOnce(io::Error) -> Sharded
     }
 }
 
-/// Sharded steps live on a local (or shared) file system for now: an `s3://` prefix is
-/// refused before anything is created, where the local protocol would otherwise make a
-/// directory named after the URL's text.
+/// The functions of this module take local (or shared file-system) directories; an
+/// `s3://` URL goes through `remote::location` (which sends it to the object-storage
+/// protocol) and is refused here before anything is created, where the local protocol
+/// would otherwise make a directory named after the URL's text.
 pub(crate) fn refuse_remote(dir: &std::path::Path) -> Result<(), ShardedError> {
     if dir.to_str().is_some_and(crate::s3::is_s3_url) {
         return Err(ShardedError::Request(format!(
-            "{}: sharded checkpoints on object storage are not supported yet; save to a \
-             local or shared file system",
+            "{}: a URL of object storage, given to the local sharded protocol (an s3:// \
+             prefix goes through remote::location)",
             dir.display()
         )));
     }

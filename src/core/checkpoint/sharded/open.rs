@@ -48,6 +48,15 @@ pub(crate) enum Source {
     Owned(Vec<u8>),
     /// An unsharded step's file, hashed whole through this descriptor when opened.
     Verified(File),
+    /// A sharded step's data object on object storage; reads are range requests,
+    /// verified by piece digests.
+    #[cfg(feature = "s3")]
+    Remote {
+        /// The bucket's client.
+        store: std::sync::Arc<crate::s3::Store>,
+        /// The object's key.
+        key: String,
+    },
 }
 
 /// One data file of an opened step.
@@ -196,9 +205,68 @@ pub fn open_step(dir: &Path, step: Option<u64>) -> Result<ShardedStep, ShardedEr
 }
 
 /// What the light check of a step directory found.
-struct Checked {
-    manifest: Manifest,
-    small: BTreeMap<String, Vec<u8>>,
+pub(crate) struct Checked {
+    /// The manifest (its step checked).
+    pub manifest: Manifest,
+    /// Every listed JSON file's bytes, checked by sha256.
+    pub small: BTreeMap<String, Vec<u8>>,
+}
+
+/// Where an opened step's data files come from: a step directory, or an attempt on
+/// object storage. Sizes are checked against the manifest entry by both methods.
+pub(crate) trait StepFiles {
+    /// A sharded step's data file, opened for verified region reads, and its header.
+    fn data(&self, e: &ManifestEntry) -> Result<(Source, Header), String>;
+    /// An unsharded step's file checked whole by its sha256 (kept open and streamed
+    /// when `streamed`, else read into memory), and its header when it has one.
+    fn whole(
+        &self,
+        e: &ManifestEntry,
+        streamed: bool,
+    ) -> Result<(Source, Result<Header, String>), String>;
+}
+
+/// The data files of a local step directory.
+struct LocalFiles<'a>(&'a Path);
+
+impl StepFiles for LocalFiles<'_> {
+    fn data(&self, e: &ManifestEntry) -> Result<(Source, Header), String> {
+        open_data(&self.0.join(&e.name), e).map(|(f, h)| (Source::File(f), h))
+    }
+
+    fn whole(
+        &self,
+        e: &ManifestEntry,
+        streamed: bool,
+    ) -> Result<(Source, Result<Header, String>), String> {
+        let path = self.0.join(&e.name);
+        if streamed {
+            return hash_open(&path, e);
+        }
+        let (bytes, sha) = read_hashed(&path, e)?;
+        if sha != e.sha256 {
+            return Err(sha_problem(e, &sha));
+        }
+        Ok(owned(e, bytes))
+    }
+}
+
+/// An unsharded step's file whose bytes were checked by sha256, and its header.
+pub(crate) fn owned(e: &ManifestEntry, bytes: Vec<u8>) -> (Source, Result<Header, String>) {
+    let header = parse_header(&bytes).map_err(|err| header_problem(e, &err));
+    (Source::Owned(bytes), header)
+}
+
+/// A data file's header that breaks a reader rule, as a reason.
+pub(crate) fn header_problem(
+    e: &ManifestEntry,
+    err: &crate::safetensors::SafetensorsError,
+) -> String {
+    format!(
+        "{} breaks a safetensors reader rule: {}",
+        e.name,
+        crate::failure::full_text(err)
+    )
 }
 
 /// Open one step directory, or say why it does not pass.
@@ -211,6 +279,20 @@ pub(crate) fn open_one(path: &Path, step: u64) -> Result<ShardedStep, String> {
 /// memory must stay bounded).
 pub(crate) fn open_dir(path: &Path, step: u64, streamed: bool) -> Result<ShardedStep, String> {
     let checked = check_dir(path, step)?;
+    let mut out = open_checked(&checked, step, &LocalFiles(path), streamed)?;
+    out.path = path.to_path_buf();
+    Ok(out)
+}
+
+/// A step whose manifest and small files passed the light check, opened from `files`:
+/// the trainer state and config by their rules, then the data files (sharded: the
+/// table against every file's header; unsharded: every file checked whole).
+pub(crate) fn open_checked(
+    checked: &Checked,
+    step: u64,
+    files: &dyn StepFiles,
+    streamed: bool,
+) -> Result<ShardedStep, String> {
     let state = checked
         .small
         .get(STATE_NAME)
@@ -233,11 +315,10 @@ pub(crate) fn open_dir(path: &Path, step: u64, streamed: bool) -> Result<Sharded
         }
     }
     let mut out = if checked.manifest.get(SHARDS_NAME).is_some() {
-        open_sharded(path, &checked)?
+        open_sharded(checked, files)?
     } else {
-        open_unsharded(path, &checked, streamed)?
+        open_unsharded(checked, files, streamed)?
     };
-    out.path = path.to_path_buf();
     out.step = step;
     out.state = state;
     out.config = config;
@@ -304,6 +385,14 @@ fn check_dir(path: &Path, step: u64) -> Result<Checked, String> {
 
 /// A listed JSON file, read whole (within its limit) and checked against its entry.
 fn read_small(dir: &Path, e: &ManifestEntry) -> Result<Vec<u8>, String> {
+    small_limit(e)?;
+    let (bytes, sha) = read_hashed(&dir.join(&e.name), e)?;
+    check_small(e, bytes, &sha)
+}
+
+/// The most bytes a listed JSON file may have (the chunk table has its own limit); a
+/// larger entry is a problem.
+pub(crate) fn small_limit(e: &ManifestEntry) -> Result<u64, String> {
     let limit = if e.name == SHARDS_NAME {
         super::table::MAX_TABLE_BYTES
     } else {
@@ -315,9 +404,16 @@ fn read_small(dir: &Path, e: &ManifestEntry) -> Result<Vec<u8>, String> {
             e.name
         ));
     }
-    let (bytes, sha) = read_hashed(&dir.join(&e.name), e)?;
+    Ok(limit)
+}
+
+/// A listed JSON file's bytes (of sha256 `sha`) against its entry and the JSON rules.
+pub(crate) fn check_small(e: &ManifestEntry, bytes: Vec<u8>, sha: &str) -> Result<Vec<u8>, String> {
+    if bytes.len() as u64 != e.size {
+        return Err(size_problem(e, bytes.len() as u64));
+    }
     if sha != e.sha256 {
-        return Err(sha_problem(e, &sha));
+        return Err(sha_problem(e, sha));
     }
     if e.name != STATE_NAME && e.name != SHARDS_NAME {
         serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
@@ -326,14 +422,14 @@ fn read_small(dir: &Path, e: &ManifestEntry) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-fn sha_problem(e: &ManifestEntry, actual: &str) -> String {
+pub(crate) fn sha_problem(e: &ManifestEntry, actual: &str) -> String {
     format!(
         "{} sha256 mismatch: MANIFEST.json says {}, the file has {actual}",
         e.name, e.sha256
     )
 }
 
-fn size_problem(e: &ManifestEntry, actual: u64) -> String {
+pub(crate) fn size_problem(e: &ManifestEntry, actual: u64) -> String {
     format!(
         "{} has {actual} bytes, MANIFEST.json says {}",
         e.name, e.size
@@ -362,7 +458,7 @@ fn read_hashed(path: &Path, e: &ManifestEntry) -> Result<(Vec<u8>, String), Stri
 }
 
 /// A sharded step: the table, every data file opened once and checked against it.
-fn open_sharded(path: &Path, checked: &Checked) -> Result<ShardedStep, String> {
+fn open_sharded(checked: &Checked, source: &dyn StepFiles) -> Result<ShardedStep, String> {
     let table_bytes = checked
         .small
         .get(SHARDS_NAME)
@@ -391,11 +487,11 @@ fn open_sharded(path: &Path, checked: &Checked) -> Result<ShardedStep, String> {
             .manifest
             .get(name)
             .ok_or_else(|| format!("MANIFEST.json does not list {name}"))?;
-        let (file, header) = open_data(&path.join(name), e)?;
+        let (opened, header) = source.data(e)?;
         headers.insert(*name, (files.len(), header));
         files.push(DataFile {
             name: (*name).to_string(),
-            source: Source::File(file),
+            source: opened,
         });
     }
     let tensors = super::verify::step_tensors(&table, &headers)?;
@@ -434,7 +530,11 @@ pub(crate) fn open_data(path: &Path, e: &ManifestEntry) -> Result<(File, Header)
 
 /// An unsharded step: the model and optimizer files read whole through sha256, every
 /// other listed file hashed; one chunk per tensor.
-fn open_unsharded(path: &Path, checked: &Checked, streamed: bool) -> Result<ShardedStep, String> {
+fn open_unsharded(
+    checked: &Checked,
+    source: &dyn StepFiles,
+    streamed: bool,
+) -> Result<ShardedStep, String> {
     if checked.manifest.get(MODEL_NAME).is_none() {
         return Err(format!("MANIFEST.json does not list {MODEL_NAME}"));
     }
@@ -445,22 +545,7 @@ fn open_unsharded(path: &Path, checked: &Checked, streamed: bool) -> Result<Shar
         if e.name.ends_with(".json") {
             continue;
         }
-        let (source, header) = if streamed {
-            hash_open(&path.join(&e.name), e)?
-        } else {
-            let (bytes, sha) = read_hashed(&path.join(&e.name), e)?;
-            if sha != e.sha256 {
-                return Err(sha_problem(e, &sha));
-            }
-            let header = parse_header(&bytes).map_err(|err| {
-                format!(
-                    "{} breaks a safetensors reader rule: {}",
-                    e.name,
-                    crate::failure::full_text(&err)
-                )
-            });
-            (Source::Owned(bytes), header)
-        };
+        let (opened, header) = source.whole(e, streamed)?;
         let group = match e.name.as_str() {
             MODEL_NAME => Group::Model,
             OPTIMIZER_NAME => Group::Optimizer,
@@ -487,7 +572,7 @@ fn open_unsharded(path: &Path, checked: &Checked, streamed: bool) -> Result<Shar
         meta.insert(group, header.metadata.clone());
         files.push(DataFile {
             name: e.name.clone(),
-            source,
+            source: opened,
         });
     }
     tensors.sort_by(|a, b| (a.group, a.name.as_bytes()).cmp(&(b.group, b.name.as_bytes())));
@@ -574,8 +659,14 @@ pub fn global_tensors(step_dir: &Path) -> Result<(u64, Vec<GlobalTensor>), Shard
             step_dir.display()
         )));
     }
-    let opened = open_sharded(step_dir, &checked).map_err(|why| not_found(step_dir, step, why))?;
-    let out = opened
+    let opened = open_sharded(&checked, &LocalFiles(step_dir))
+        .map_err(|why| not_found(step_dir, step, why))?;
+    Ok((step, global_list(&opened)))
+}
+
+/// The global tensors of an opened step, as `st inspect` shows them.
+pub(crate) fn global_list(opened: &ShardedStep) -> Vec<GlobalTensor> {
+    opened
         .tensors
         .iter()
         .map(|t| GlobalTensor {
@@ -586,8 +677,7 @@ pub fn global_tensors(step_dir: &Path) -> Result<(u64, Vec<GlobalTensor>), Shard
             chunks: t.chunks.len(),
             bytes: t.byte_len(),
         })
-        .collect();
-    Ok((step, out))
+        .collect()
 }
 
 fn not_found(dir: &Path, step: u64, why: String) -> ShardedError {

@@ -218,3 +218,62 @@ impl Iterator for Segments<'_> {
         Some((a - self.start, dst + (a - src), b - a))
     }
 }
+
+/// Bytes `[at, at + len)` of data file `file` that a read needs (one piece).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// The data file's index in the opened step.
+    pub file: usize,
+    /// First byte in the file.
+    pub at: u64,
+    /// Its length.
+    pub len: u64,
+}
+
+impl Span {
+    fn end(&self) -> u64 {
+        self.at.saturating_add(self.len)
+    }
+}
+
+/// One range request of a coalesced read: bytes `[begin, end)` of `file`, which hold
+/// the spans `members` (indices into the spans given to [`coalesce`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetch {
+    /// The data file.
+    pub file: usize,
+    /// First byte.
+    pub begin: u64,
+    /// End.
+    pub end: u64,
+    /// The spans it holds, in file order.
+    pub members: Vec<usize>,
+}
+
+/// Group `spans` into range requests: spans of one file that touch or overlap (the same
+/// piece wanted twice) share a request, as long as it stays within `max_bytes` (a span
+/// larger than that is a request of its own). Every span is in exactly one request,
+/// inside its range; the requests come in (file, offset) order.
+pub fn coalesce(spans: &[Span], max_bytes: u64) -> Vec<Fetch> {
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_by_key(|&i| spans.get(i).map(|s| (s.file, s.at, s.len)));
+    let mut out: Vec<Fetch> = Vec::new();
+    for i in order {
+        let Some(s) = spans.get(i) else { continue };
+        if let Some(last) = out.last_mut() {
+            let end = last.end.max(s.end());
+            if last.file == s.file && s.at <= last.end && end - last.begin <= max_bytes {
+                last.end = end;
+                last.members.push(i);
+                continue;
+            }
+        }
+        out.push(Fetch {
+            file: s.file,
+            begin: s.at,
+            end: s.end(),
+            members: vec![i],
+        });
+    }
+    out
+}

@@ -5,6 +5,10 @@
 //! needs (a piece that one run covers whole is read straight into the region and
 //! hashed there, with no copy at all).
 //!
+//! A step on object storage reads the same pieces by range requests instead: the pieces
+//! that follow each other in an object are coalesced into requests of bounded size,
+//! a bounded number in flight, each piece verified before it is placed.
+//!
 //! Invariants: a region is filled only from verified bytes (a mismatch fails the whole
 //! call, naming the file, tensor and piece); no two jobs write the same byte of an
 //! output (chunks do not overlap, pieces partition a chunk), which is what makes the
@@ -121,6 +125,13 @@ impl ShardedStep {
                 len: r.out.len(),
             })
             .collect();
+        #[cfg(feature = "s3")]
+        let jobs = {
+            let (remote, local): (Vec<Job<'_>>, Vec<Job<'_>>) =
+                jobs.into_iter().partition(|j| self.is_remote(j.chunk.file));
+            self.run_remote(&remote, &runs, &outs)?;
+            local
+        };
         let results: Vec<Result<(), ShardedError>> = jobs
             .par_iter()
             .map_init(Vec::new, |buf, job| {
@@ -213,6 +224,8 @@ impl ShardedStep {
             .ok_or_else(|| internal("a chunk's file"))?;
         let at = c.begin.saturating_add(start);
         match &file.source {
+            #[cfg(feature = "s3")]
+            Source::Remote { .. } => Err(internal("a remote piece read as a local one")),
             Source::Owned(bytes) => {
                 let piece = usize::try_from(at)
                     .ok()
@@ -262,6 +275,163 @@ impl ShardedStep {
                 end: at.saturating_add(bytes.len() as u64),
                 digest: DIGEST_NAME,
             });
+        }
+        Ok(())
+    }
+}
+
+/// Bytes one range request of a remote read asks for at most: pieces that follow
+/// each other in an object are fetched together up to this size.
+#[cfg(feature = "s3")]
+pub const FETCH_RANGE_BYTES: u64 = 8 << 20;
+/// Range requests in flight at once during a remote read: the memory a read holds is
+/// at most this many ranges of [`FETCH_RANGE_BYTES`] (64 MiB), whatever the regions.
+#[cfg(feature = "s3")]
+pub const FETCHES_IN_FLIGHT: usize = 8;
+
+/// What a remote read does with each fetched span's bytes (its index, its bytes).
+#[cfg(feature = "s3")]
+pub(crate) type OnSpan<'a> = dyn Fn(usize, &[u8]) -> Result<(), ShardedError> + Sync + 'a;
+
+#[cfg(feature = "s3")]
+impl ShardedStep {
+    /// Whether data file `file` is an object on object storage.
+    fn is_remote(&self, file: usize) -> bool {
+        self.files
+            .get(file)
+            .is_some_and(|f| matches!(f.source, Source::Remote { .. }))
+    }
+
+    /// The bytes of one piece of a chunk in its file.
+    pub(crate) fn piece_span(&self, c: &StepChunk, piece: u64) -> super::plan::Span {
+        let len = c.end.saturating_sub(c.begin);
+        let start = piece.saturating_mul(self.piece_bytes);
+        super::plan::Span {
+            file: c.file,
+            at: c.begin.saturating_add(start),
+            len: self.piece_bytes.min(len.saturating_sub(start)),
+        }
+    }
+
+    /// The remote jobs of a read: their pieces fetched by coalesced range requests,
+    /// each verified before its bytes are placed.
+    fn run_remote(
+        &self,
+        jobs: &[Job<'_>],
+        runs: &[Runs],
+        outs: &[Out],
+    ) -> Result<(), ShardedError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let spans: Vec<super::plan::Span> = jobs
+            .iter()
+            .map(|j| self.piece_span(j.chunk, j.piece))
+            .collect();
+        self.fetch_spans(&spans, &|i, bytes| {
+            let job = jobs
+                .get(i)
+                .ok_or_else(|| internal("a fetched span's job"))?;
+            let runs = runs.get(job.runs).ok_or_else(|| internal("a job's runs"))?;
+            let out = outs
+                .get(job.req)
+                .ok_or_else(|| internal("a job's output"))?;
+            let file = self
+                .files
+                .get(job.chunk.file)
+                .ok_or_else(|| internal("a chunk's file"))?;
+            let at = spans.get(i).map_or(0, |s| s.at);
+            self.check_piece(job, file, bytes, at)?;
+            place(runs, job.piece.saturating_mul(self.piece_bytes), bytes, out)
+        })
+    }
+
+    /// Fetch every span from its object, coalesced into range requests of at most
+    /// [`FETCH_RANGE_BYTES`], [`FETCHES_IN_FLIGHT`] at a time, and hand each span's
+    /// bytes to `each` with its index. Stops at the first error (the one of the
+    /// earliest request, whatever the threads did).
+    pub(crate) fn fetch_spans(
+        &self,
+        spans: &[super::plan::Span],
+        each: &OnSpan<'_>,
+    ) -> Result<(), ShardedError> {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let fetches = super::plan::coalesce(spans, FETCH_RANGE_BYTES);
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let failures = std::sync::Mutex::new(Vec::new());
+        let threads = FETCHES_IN_FLIGHT.min(fetches.len());
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(f) = fetches.get(i) else {
+                        return;
+                    };
+                    if let Err(e) = self.fetch_one(f, spans, each) {
+                        stop.store(true, Ordering::Relaxed);
+                        failures
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((i, e));
+                        return;
+                    }
+                });
+            }
+        });
+        let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+        failures.sort_by_key(|(i, _)| *i);
+        match failures.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// One range request and its spans.
+    fn fetch_one(
+        &self,
+        f: &super::plan::Fetch,
+        spans: &[super::plan::Span],
+        each: &OnSpan<'_>,
+    ) -> Result<(), ShardedError> {
+        let file = self
+            .files
+            .get(f.file)
+            .ok_or_else(|| internal("a fetch's file"))?;
+        let Source::Remote { store, key } = &file.source else {
+            return Err(internal("a local file fetched by range"));
+        };
+        let bytes = store
+            .get_range(key, f.begin..f.end)
+            .map_err(|e| ShardedError::Checkpoint(e.into()))?;
+        if bytes.len() as u64 != f.end.saturating_sub(f.begin) {
+            return Err(read_err(
+                self,
+                file,
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "bytes {}..{} gave {} bytes (the object changed since it was opened)",
+                        f.begin,
+                        f.end,
+                        bytes.len()
+                    ),
+                ),
+            ));
+        }
+        for &m in &f.members {
+            let span = spans.get(m).ok_or_else(|| internal("a fetch's span"))?;
+            let from = usize::try_from(span.at.saturating_sub(f.begin))
+                .map_err(|_| internal("a span's offset"))?;
+            let n = usize::try_from(span.len).map_err(|_| internal("a span's size"))?;
+            let piece = from
+                .checked_add(n)
+                .and_then(|end| bytes.get(from..end))
+                .ok_or_else(|| internal("a span outside its fetch"))?;
+            each(m, piece)?;
         }
         Ok(())
     }

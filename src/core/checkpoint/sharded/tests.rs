@@ -1,8 +1,9 @@
 //! Property tests of the chunk table's coverage check and of the read plan: random
 //! global shapes tiled by random chunkings cover exactly, a removed or grown chunk is a
 //! gap or an overlap, and a region assembled from any chunking through the planned
-//! runs and pieces equals the region of the global tensor. Also: an `s3://` prefix is
-//! refused before anything is made.
+//! runs and pieces equals the region of the global tensor, and the range requests of a
+//! remote read hold every piece once. Also: the local protocol refuses an `s3://` URL
+//! before anything is made (remote::location sends those to the remote one).
 
 use proptest::prelude::*;
 
@@ -113,8 +114,50 @@ proptest! {
     }
 }
 
+fn spans_strategy() -> impl Strategy<Value = (Vec<super::plan::Span>, u64)> {
+    (
+        proptest::collection::vec((0usize..3, 0u64..40, 0u64..12), 0..40),
+        1u64..32,
+    )
+        .prop_map(|(raw, max)| {
+            let spans = raw
+                .into_iter()
+                .map(|(file, at, len)| super::plan::Span { file, at, len })
+                .collect();
+            (spans, max)
+        })
+}
+
+proptest! {
+    /// Coalesced range requests hold every span exactly once, inside their range, stay
+    /// within the size bound unless one span alone exceeds it, never mix files, and
+    /// only join spans that touch (no byte fetched that no span needs).
+    #[test]
+    fn coalesced_fetches_hold_every_span_once_within_the_bound((spans, max) in spans_strategy()) {
+        let fetches = super::plan::coalesce(&spans, max);
+        let mut seen = vec![0usize; spans.len()];
+        for f in &fetches {
+            prop_assert!(!f.members.is_empty());
+            let mut covered = f.begin;
+            for &i in &f.members {
+                seen[i] += 1;
+                let s = spans[i];
+                prop_assert_eq!(s.file, f.file);
+                prop_assert!(s.at >= f.begin && s.at + s.len <= f.end);
+                prop_assert!(s.at <= covered, "a gap before span {:?} in {:?}", s, f);
+                covered = covered.max(s.at + s.len);
+            }
+            prop_assert_eq!(covered, f.end);
+            if f.members.len() > 1 {
+                prop_assert!(f.end - f.begin <= max);
+            }
+        }
+        prop_assert!(seen.iter().all(|&n| n == 1));
+    }
+}
+
 #[test]
-fn a_sharded_save_or_load_on_object_storage_is_refused_before_anything_is_made() {
+fn the_local_protocol_refuses_an_object_storage_url_before_anything_is_made() {
     for url in ["s3://bucket/run", "s3://bucket/run/"] {
         let dir = std::path::Path::new(url);
         let Err(err) = super::commit::begin(dir, 1, false) else {

@@ -4,6 +4,9 @@
 //! calls [`check_step`] after its own checks pass, so `ckpt verify`, `latest`, `gc`
 //! and `load`'s choice all see the same verdict.
 //!
+//! A step on object storage is checked by the same rules, its pieces fetched by
+//! coalesced range requests (`remote::checkpoint::sharded`).
+//!
 //! Invariants: the pieces of every chunk are read once each, in parallel, through one
 //! buffer per thread; problems come in table order whatever the threads did.
 
@@ -116,6 +119,12 @@ pub fn check_step(step_dir: &Path, manifest: &Manifest) -> Vec<String> {
         Ok(s) => s,
         Err(why) => return vec![why],
     };
+    check_pieces(&step)
+}
+
+/// Every piece digest of an opened sharded step, read once each (a step on object
+/// storage: by coalesced range requests); the problems in table order.
+pub(crate) fn check_pieces(step: &super::ShardedStep) -> Vec<String> {
     let mut jobs = Vec::new();
     for t in &step.tensors {
         for c in &t.chunks {
@@ -125,13 +134,68 @@ pub fn check_step(step_dir: &Path, manifest: &Manifest) -> Vec<String> {
             }
         }
     }
+    #[cfg(feature = "s3")]
+    if step
+        .files
+        .iter()
+        .any(|f| matches!(f.source, Source::Remote { .. }))
+    {
+        return check_remote(step, &jobs);
+    }
     let found: Vec<Option<String>> = jobs
         .par_iter()
         .map_init(Vec::new, |buf: &mut Vec<u8>, &(t, c, p)| {
-            check_piece(&step, t, c, p, buf)
+            check_piece(step, t, c, p, buf)
         })
         .collect();
     found.into_iter().flatten().collect()
+}
+
+/// [`check_pieces`] of a step on object storage: a mismatch is a problem and the check
+/// goes on; a failed request stops it with one problem naming the object.
+#[cfg(feature = "s3")]
+fn check_remote(step: &super::ShardedStep, jobs: &[(&StepTensor, &StepChunk, u64)]) -> Vec<String> {
+    let spans: Vec<super::plan::Span> = jobs
+        .iter()
+        .map(|&(_, c, p)| step.piece_span(c, p))
+        .collect();
+    let found = std::sync::Mutex::new(Vec::new());
+    let fetched = step.fetch_spans(&spans, &|i, bytes| {
+        if let (Some(&(t, c, p)), Some(span)) = (jobs.get(i), spans.get(i)) {
+            let expected = usize::try_from(p).ok().and_then(|k| c.pieces.get(k));
+            if expected != Some(&piece_digest_bytes(bytes)) {
+                let name = step.files.get(c.file).map_or("?", |f| f.name.as_str());
+                let problem = mismatch(name, p, span.at, span.len, t);
+                found
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((i, problem));
+            }
+        }
+        Ok(())
+    });
+    let mut found = found.into_inner().unwrap_or_else(|e| e.into_inner());
+    found.sort_by_key(|(i, _)| *i);
+    let mut out: Vec<String> = found.into_iter().map(|(_, p)| p).collect();
+    if let Err(e) = fetched {
+        out.push(format!(
+            "cannot read {}: {}",
+            step.path.display(),
+            crate::failure::full_text(&e)
+        ));
+    }
+    out
+}
+
+/// A piece that does not match its digest, in the words every check uses.
+fn mismatch(file: &str, p: u64, at: u64, n: u64, t: &StepTensor) -> String {
+    format!(
+        "{file}: piece {p} (bytes {at}..{}) of {} does not match its {} digest in {}",
+        at.saturating_add(n),
+        t.label(),
+        super::piece::DIGEST_NAME,
+        super::SHARDS_NAME
+    )
 }
 
 fn check_piece(
@@ -155,14 +219,5 @@ fn check_piece(
         return Some(format!("cannot read {}: {e}", file.name));
     }
     let expected = usize::try_from(p).ok().and_then(|i| c.pieces.get(i))?;
-    (piece_digest_bytes(buf) != *expected).then(|| {
-        format!(
-            "{}: piece {p} (bytes {at}..{}) of {} does not match its {} digest in {}",
-            file.name,
-            at.saturating_add(n),
-            t.label(),
-            super::piece::DIGEST_NAME,
-            super::SHARDS_NAME
-        )
-    })
+    (piece_digest_bytes(buf) != *expected).then(|| mismatch(&file.name, p, at, n, t))
 }

@@ -2,6 +2,9 @@
 //! created inside `step-N.tmp/`, its sha256 and the piece digests of every chunk
 //! computed from the very buffers written (never by reading the file back), fsynced.
 //!
+//! On object storage the file is an object uploaded under the save's attempt by
+//! `remote::checkpoint::sharded`, through [`write_rank_file_with`]: the same digests.
+//!
 //! Invariants: the file is created exclusively (two ranks naming the same file is an
 //! error, never a silent overwrite) and never through a symlink; the table returned
 //! describes exactly the bytes written; everything checkable (names, dtypes, sizes) is
@@ -85,12 +88,37 @@ pub fn check_file_name(name: &str) -> Result<(), ShardedError> {
 }
 
 /// Write `chunks` as the canonical safetensors file `tmp_dir/name`, hashing while
-/// writing; fsync it when `durable`. Returns the table rank 0 needs.
+/// writing; fsync it when `durable`. Returns the table rank 0 needs. (An attempt on
+/// object storage is `remote::location::sharded_write_rank_file`'s.)
 pub fn write_rank_file(
     tmp_dir: &Path,
     name: &str,
     chunks: &[ChunkData<'_>],
     durable: bool,
+) -> Result<RankFile, ShardedError> {
+    super::refuse_remote(tmp_dir)?;
+    let path = tmp_dir.join(name);
+    let file = write_rank_file_with(name, chunks, &|header, ordered| {
+        write_all(&path, header, ordered)
+    })?;
+    if durable {
+        RealFs.fsync_file(&path).map_err(io_at(&path))?;
+    }
+    Ok(file)
+}
+
+/// Where a rank file's bytes go: given the header and the chunks in file order, it
+/// writes them all (through [`stream_all`]) and returns the size and the sha256.
+pub(crate) type RankSink<'a> =
+    dyn Fn(&[u8], &[&ChunkData<'_>]) -> Result<(u64, String), ShardedError> + Sync + 'a;
+
+/// [`write_rank_file`]'s rules and digests, whatever the bytes' destination: the checks
+/// before anything is written, the canonical header, the piece digests computed on the
+/// pool from the very buffers `sink` writes while `sink` hashes them whole.
+pub(crate) fn write_rank_file_with(
+    name: &str,
+    chunks: &[ChunkData<'_>],
+    sink: &RankSink<'_>,
 ) -> Result<RankFile, ShardedError> {
     check_file_name(name)?;
     let what = |key: &str| format!("rank file {name}: chunk {key:?}");
@@ -121,7 +149,6 @@ pub fn write_rank_file(
         .collect();
     let layout = canonical_header(&specs, &BTreeMap::new())
         .map_err(|e| table_err(format!("rank file {name}"), crate::failure::full_text(&e)))?;
-    let path = tmp_dir.join(name);
     let data_start = layout.header.len() as u64;
     let ordered = layout
         .in_file_order(chunks)
@@ -139,12 +166,9 @@ pub fn write_rank_file(
                 })
                 .collect::<Vec<_>>()
         },
-        || write_all(&path, &layout.header, &ordered),
+        || sink(&layout.header, &ordered),
     );
     let (size, sha) = written?;
-    if durable {
-        RealFs.fsync_file(&path).map_err(io_at(&path))?;
-    }
     let mut tensors = BTreeMap::new();
     for ((c, &(b, e)), p) in chunks.iter().zip(&layout.offsets).zip(pieces) {
         tensors.insert(
@@ -176,17 +200,27 @@ fn write_all(
     let mut file = no_follow(OpenOptions::new().write(true).create_new(true))
         .open(path)
         .map_err(io_at(path))?;
+    stream_all(&mut file, header, ordered).map_err(io_at(path))
+}
+
+/// Write the header and the chunks' data to `out`, in blocks hashed just before they
+/// are written; returns the size and the sha256 of exactly the bytes written.
+pub(crate) fn stream_all(
+    out: &mut dyn Write,
+    header: &[u8],
+    ordered: &[&ChunkData<'_>],
+) -> std::io::Result<(u64, String)> {
     let mut hasher = Sha256::new();
     let mut size = 0u64;
     let mut put = |block: &[u8]| -> std::io::Result<()> {
         hasher.update(block);
         size = size.saturating_add(block.len() as u64);
-        file.write_all(block)
+        out.write_all(block)
     };
-    put(header).map_err(io_at(path))?;
+    put(header)?;
     for c in ordered {
         for block in c.data.chunks(WRITE_BLOCK_BYTES) {
-            put(block).map_err(io_at(path))?;
+            put(block)?;
         }
     }
     Ok((size, hex(&hasher.finalize())))

@@ -31,9 +31,10 @@ use crate::safetensors::{Header, SafetensorsError, MAX_HEADER_SIZE};
 pub mod gc;
 pub mod read;
 pub mod save;
+pub mod sharded;
 
 pub use gc::gc;
-pub use read::{download_step, inspect_step, load, pick, survey};
+pub use read::{download_step, inspect_step, load, load_unless_sharded, pick, survey};
 pub use save::save;
 
 /// The start of an attempt's name: `attempt-` and [`ATTEMPT_ID_HEX`] lowercase hex.
@@ -78,8 +79,8 @@ pub fn is_attempt_name(name: &str) -> bool {
 /// A checkpoint prefix and a client of its bucket.
 #[derive(Debug)]
 pub struct Remote {
-    /// The client.
-    pub store: Store,
+    /// The client (shared with the sources of a step opened for region reads).
+    pub store: std::sync::Arc<Store>,
     /// The checkpoint prefix (`s3://bucket/P`).
     pub root: S3Url,
 }
@@ -88,7 +89,7 @@ impl Remote {
     /// Connect to the bucket of `root` (no request is sent yet).
     pub fn connect(root: &S3Url) -> Result<Self, S3Error> {
         Ok(Remote {
-            store: crate::s3::connect(root)?,
+            store: std::sync::Arc::new(crate::s3::connect(root)?),
             root: root.clone(),
         })
     }

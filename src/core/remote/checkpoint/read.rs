@@ -21,7 +21,7 @@ use super::{
     RemoteManifest, StepObjects,
 };
 use crate::checkpoint::content::{check_hashed, check_state};
-use crate::checkpoint::load::{Loaded, Picked, Survey, SurveyRow, MAX_RESTARTS};
+use crate::checkpoint::load::{Loaded, Picked, Survey, SurveyRow, Unsharded, MAX_RESTARTS};
 use crate::checkpoint::manifest::{ManifestEntry, MANIFEST_NAME};
 use crate::checkpoint::sharded::open::is_sharded;
 use crate::checkpoint::verify::{
@@ -132,9 +132,8 @@ pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) 
     }
     check_state(&manifest, config_sha.as_deref(), &mut out);
     if out.problems.is_empty() && is_sharded(&manifest) {
-        out.problems.push(Problem::Sharded(
-            "a sharded step on object storage is not verified by this version of tlio".into(),
-        ));
+        let found = super::sharded::check_step(remote, step, listing);
+        out.problems.extend(found.into_iter().map(Problem::Sharded));
     }
     out.manifest = Some(manifest);
     if !out.problems.is_empty() {
@@ -355,25 +354,49 @@ fn first_problem(ins: &Inspection) -> Option<String> {
 pub fn load(root: &S3Url, step: Option<u64>) -> Result<Loaded, CheckpointError> {
     let remote = Remote::connect(root)?;
     let (mut loaded, picked) = choose(&remote, step, &mut |n, listing| {
-        let ins = inspect(&remote, n, listing, Keep::All);
-        if let Some(why) = first_problem(&ins) {
-            return Err(why);
-        }
-        match (ins.state, ins.manifest) {
-            (Some(state), Some(manifest)) => Ok(Loaded {
-                path: remote.path(&step_name(n)),
-                step: n,
-                state,
-                config: ins.config,
-                manifest,
-                skipped: Vec::new(),
-                files: ins.data,
-            }),
-            _ => Err("incomplete".to_string()),
-        }
+        load_one(&remote, n, listing)
     })?;
     loaded.skipped = picked.skipped;
     Ok(loaded)
+}
+
+/// Committed step `n` verified and read whole, or the reason it was refused.
+fn load_one(remote: &Remote, n: u64, listing: &RemoteListing) -> Result<Loaded, String> {
+    let ins = inspect(remote, n, listing, Keep::All);
+    if let Some(why) = first_problem(&ins) {
+        return Err(why);
+    }
+    match (ins.state, ins.manifest) {
+        (Some(state), Some(manifest)) => Ok(Loaded {
+            path: remote.path(&step_name(n)),
+            step: n,
+            state,
+            config: ins.config,
+            manifest,
+            skipped: Vec::new(),
+            files: ins.data,
+        }),
+        _ => Err("incomplete".to_string()),
+    }
+}
+
+/// [`load`], except that reaching a sharded step stops the choice before any of its
+/// objects but the manifest is read (the sharded loader reads it by ranges, once).
+pub fn load_unless_sharded(root: &S3Url, step: Option<u64>) -> Result<Unsharded, CheckpointError> {
+    let remote = Remote::connect(root)?;
+    let (found, picked) = choose(&remote, step, &mut |n, listing| {
+        if super::sharded::manifest_is_sharded(&remote, n) {
+            return Ok(None);
+        }
+        load_one(&remote, n, listing).map(Some)
+    })?;
+    Ok(match found {
+        Some(mut l) => {
+            l.skipped = picked.skipped;
+            Unsharded::Loaded(Box::new(l))
+        }
+        None => Unsharded::Sharded(picked),
+    })
 }
 
 /// The step `load` would pick, verified by streaming (nothing kept in memory).
@@ -491,7 +514,7 @@ pub fn download_step(url: &S3Url, dest: &Path) -> Result<(), CheckpointError> {
 }
 
 /// The prefix a step URL is in, connected, and its step.
-fn step_remote(url: &S3Url) -> Result<(Remote, u64), CheckpointError> {
+pub(crate) fn step_remote(url: &S3Url) -> Result<(Remote, u64), CheckpointError> {
     let step = crate::checkpoint::parse_step_name(url.name()).ok_or_else(|| {
         CheckpointError::Request(format!(
             "{url} is not a step (its last segment is not a step name such as step-000050)"

@@ -89,28 +89,40 @@ pub fn save(
         manifest: files,
     };
     commit(&remote, req.step, &manifest, replace.as_deref())?;
+    Ok(after_commit(&remote, manifest, req.keep, grace))
+}
+
+/// Steps 5 and 6, once `manifest` is committed: what they cannot do is reported in
+/// the save's report, never raised (the save has succeeded).
+pub(crate) fn after_commit(
+    remote: &Remote,
+    manifest: RemoteManifest,
+    keep: Option<usize>,
+    grace: Duration,
+) -> SaveReport {
+    let step = manifest.manifest.step;
     let mut problems = Vec::new();
-    if let Err(e) = advance_latest(&remote, req.step) {
+    if let Err(e) = advance_latest(remote, step) {
         problems.push(format!(
             "cannot move {} to {}: {} (load finds the step by listing)",
             remote.url(LATEST_NAME),
-            step_name(req.step),
+            step_name(step),
             crate::failure::full_text(&e)
         ));
     }
-    let removed = cleanup(&remote, req.step, req.keep, grace, &mut problems);
-    Ok(SaveReport {
-        path: remote.path(&step_name(req.step)),
-        step: req.step,
+    let removed = cleanup(remote, step, keep, grace, &mut problems);
+    SaveReport {
+        path: remote.path(&step_name(step)),
+        step,
         files: manifest.manifest.files,
         removed,
         cleanup_problems: problems,
-    })
+    }
 }
 
 /// The refusals of a save, from one listing; returns the entity tag of the manifest
 /// the commit replaces (`None`: the step is new).
-fn refusals(
+pub(crate) fn refusals(
     remote: &Remote,
     listing: &RemoteListing,
     step: u64,
@@ -203,7 +215,7 @@ fn upload(
 
 /// Upload one payload, hashing it (and keeping a safetensors header) as it goes; its
 /// manifest entry and, for a safetensors file, its validated header.
-fn put(
+pub(crate) fn put(
     remote: &Remote,
     step: u64,
     attempt: &str,
@@ -269,7 +281,7 @@ fn put(
 
 /// Step 4, the commit: the manifest created only if absent (or replacing exactly the
 /// manifest the refusals saw). A lost race removes this attempt's objects.
-fn commit(
+pub(crate) fn commit(
     remote: &Remote,
     step: u64,
     manifest: &RemoteManifest,
