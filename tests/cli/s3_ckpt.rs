@@ -1,9 +1,10 @@
 //! `tlio ckpt` on `s3://` prefixes against the local S3 server (tests/s3_server.py):
 //! save, verify, latest, gc and export give the local results; of two writers of one
 //! step exactly one commits; writers killed at random instants leave no partial step;
-//! a corrupted object fails verify and `latest` falls back; a server stopped in the
-//! middle of a save, a missing bucket and missing credentials are clear errors within
-//! seconds.
+//! a corrupted object fails verify and `latest` falls back; a sharded step verifies,
+//! inspects and exports as the local one (a piece changed behind its manifest found by
+//! the piece digests); a server stopped in the middle of a save, a missing bucket and
+//! missing credentials are clear errors within seconds.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -553,4 +554,125 @@ fn gc_keeps_a_young_abandoned_attempt_and_refuses_grace_for_local_dirs() {
         "{}",
         stderr_of(&out)
     );
+}
+
+/// Upload the local step directory `step_dir` as committed step `name` under
+/// `s3://bucket/prefix`, in the layout a save on object storage makes (its files under
+/// one attempt, the manifest naming the attempt, `LATEST`); returns the attempt.
+fn upload_step(b: &str, prefix: &str, step_dir: &Path, scratch: &Path) -> String {
+    use tlio_core::checkpoint::manifest::Manifest;
+    use tlio_core::remote::checkpoint::RemoteManifest;
+    let name = step_dir.file_name().unwrap().to_str().unwrap();
+    let attempt = format!("attempt-{}", "5a".repeat(16));
+    let manifest =
+        Manifest::from_json(&std::fs::read(step_dir.join("MANIFEST.json")).unwrap()).unwrap();
+    for e in &manifest.files {
+        let file = step_dir.join(&e.name);
+        ask(&format!(
+            "put {b} {prefix}/{name}/{attempt}/{} {}",
+            e.name,
+            file.display()
+        ));
+    }
+    let remote = RemoteManifest {
+        attempt: attempt.clone(),
+        manifest,
+    };
+    let copy = scratch.join("manifest.json");
+    std::fs::write(&copy, remote.to_json()).unwrap();
+    ask(&format!(
+        "put {b} {prefix}/{name}/MANIFEST.json {}",
+        copy.display()
+    ));
+    std::fs::write(&copy, format!("{name}\n")).unwrap();
+    ask(&format!("put {b} {prefix}/LATEST {}", copy.display()));
+    attempt
+}
+
+/// Flip the last byte of `file` and give its manifest entry the new sha256: the
+/// damage only the piece digests of shards.json can find.
+fn flip_behind_the_manifest(step_dir: &Path, file: &str) {
+    use tlio_core::checkpoint::manifest::Manifest;
+    let path = step_dir.join(file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let mpath = step_dir.join("MANIFEST.json");
+    let mut m = Manifest::from_json(&std::fs::read(&mpath).unwrap()).unwrap();
+    for e in &mut m.files {
+        if e.name == file {
+            e.sha256 = tlio_core::digest::sha256_hex(&bytes);
+        }
+    }
+    std::fs::write(&mpath, m.to_json()).unwrap();
+}
+
+#[test]
+fn a_sharded_step_on_s3_verifies_inspects_and_exports_as_the_local_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let local = tmp.path().join("local");
+    let (step, _, _) = super::sharded::sharded_step(&local, 7);
+    let b = bucket();
+    let remote = format!("s3://{b}/ckpt");
+    upload_step(&b, "ckpt", &step, tmp.path());
+    let local_text = local.display().to_string();
+
+    assert_eq!(verify_json(&remote, true), verify_json(&local_text, false));
+    let latest = stdout_of(tlio_s3().args(["ckpt", "latest", &remote]));
+    assert_eq!(latest.trim(), format!("{remote}/step-000007"));
+    let there = stdout_of(tlio_s3().args(["st", "inspect", &format!("{remote}/step-000007")]));
+    let here = stdout_of(tlio().args(["st", "inspect"]).arg(&step));
+    assert_eq!(
+        there.replace(&remote, "DIR"),
+        here.replace(&local_text, "DIR")
+    );
+    let (a, c) = (tmp.path().join("from-s3"), tmp.path().join("from-local"));
+    tlio_s3()
+        .args(["ckpt", "export", &format!("{remote}/step-000007"), "-o"])
+        .arg(&a)
+        .assert()
+        .success();
+    tlio()
+        .args(["ckpt", "export"])
+        .arg(&step)
+        .arg("-o")
+        .arg(&c)
+        .assert()
+        .success();
+    for name in ["model.safetensors", "config.json"] {
+        assert_eq!(
+            std::fs::read(a.join(name)).unwrap(),
+            std::fs::read(c.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+
+    // A piece changed behind a manifest that agrees with it: only the piece digests of
+    // shards.json see it, on object storage as locally, and latest finds no step.
+    flip_behind_the_manifest(&step, "model-rank00001.safetensors");
+    let b2 = bucket();
+    let remote2 = format!("s3://{b2}/ckpt");
+    upload_step(&b2, "ckpt", &step, tmp.path());
+    let problem = |out: &assert_cmd::assert::Assert| {
+        String::from_utf8_lossy(&out.get_output().stdout).replace(&remote2, "DIR")
+    };
+    let there = tlio_s3()
+        .args(["ckpt", "verify", &format!("{remote2}/step-000007")])
+        .assert()
+        .code(1);
+    let here = tlio().args(["ckpt", "verify"]).arg(&step).assert().code(1);
+    let text = problem(&there);
+    assert!(
+        text.contains("model-rank00001.safetensors: piece 0") && text.contains("blake3"),
+        "{text}"
+    );
+    assert_eq!(
+        text,
+        String::from_utf8_lossy(&here.get_output().stdout).replace(&local_text, "DIR")
+    );
+    tlio_s3()
+        .args(["ckpt", "latest", &remote2])
+        .assert()
+        .code(1);
 }
