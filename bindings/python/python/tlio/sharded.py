@@ -25,6 +25,12 @@ picks (an unsharded step too), then ``step.read(group, name, offsets, sizes, out
 tensor, reading only the pieces that overlap it and verifying each one. A corrupt piece
 is a ``ValueError`` naming the file, the tensor and the piece.
 
+On object storage (``dir`` an ``s3://bucket/prefix`` URL, docs/object-storage.md) the
+same calls work: ``begin`` takes no lock (the conditional creation of the manifest
+decides between writers) and ``save.tmp_dir`` is the URL of a fresh attempt
+(``s3://bucket/prefix/step-N/attempt-<hex>``) under which ``write_rank_file`` uploads;
+``open_step`` reads byte ranges of the objects, verified piece by piece.
+
 Every call releases the GIL while it works. Nothing here pickles.
 """
 

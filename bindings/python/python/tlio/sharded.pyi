@@ -30,7 +30,7 @@ class ShardedSave:
 
     @property
     def tmp_dir(self) -> str:
-        """``step-N.tmp``, where every rank writes its files."""
+        """``step-N.tmp`` (on object storage the attempt's URL), where every rank writes its files."""
     @property
     def step(self) -> int:
         """The step being saved."""
@@ -49,7 +49,8 @@ class ShardedSave:
         """Remove the tmp directory and release the lock; nothing is committed."""
 
 def begin(dir: PathLike, step: int, overwrite: bool = False) -> ShardedSave:
-    """Start a sharded save (rank 0 only): lock, refusals, a fresh ``step-N.tmp``."""
+    """Start a sharded save (rank 0 only): lock, refusals, a fresh ``step-N.tmp`` (on an
+    ``s3://`` prefix: refusals from one listing, a fresh attempt)."""
 
 def write_rank_file(
     tmp_dir: PathLike, file_name: str, chunks: Sequence[Chunk], durable: bool = True
