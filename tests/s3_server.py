@@ -2,10 +2,11 @@
 the system picks, with a line protocol on standard input to set up and check objects
 through boto3 (the reference client), and shut down when standard input closes.
 
-    python tests/s3_server.py
+    python tests/s3_server.py [--auth]
 
-prints ``http://127.0.0.1:PORT`` on its first line, then answers each request line
-with one line, ``ok [VALUE]`` or ``err MESSAGE``:
+prints ``http://127.0.0.1:PORT KEY SECRET`` on its first line (the endpoint and the
+credentials the server accepts), then answers each request line with one line,
+``ok [VALUE]`` or ``err MESSAGE``:
 
     bucket NAME                  create a bucket
     put BUCKET KEY FILE          boto3 upload_file of FILE to BUCKET/KEY
@@ -14,27 +15,55 @@ with one line, ``ok [VALUE]`` or ``err MESSAGE``:
     meta BUCKET KEY NAME         the user metadata value NAME of BUCKET/KEY
     delete BUCKET KEY            delete one object
 
+Without ``--auth`` the server checks no signature (any key works). With it, the server
+checks every request as AWS does: an IAM user with full S3 rights and an access key is
+made first, and a request signed with any other key or secret is refused (403), so the
+tests can show what a client does with bad credentials.
+
 When standard input ends (the test process exited, however it ended) the server
 stops, so no server outlives the tests that started it. Nothing here leaves loopback.
 """
 
+import json
+import os
 import sys
 
-import boto3
-from moto.server import ThreadedMotoServer
-
-# Credentials moto accepts; the server checks no signature unless told to.
+# Credentials moto accepts when it checks no signature.
 TEST_KEY = "testing"
+# The requests moto serves unchecked before it starts checking signatures (--auth):
+# exactly the three that make the test user (create_user, put_user_policy,
+# create_access_key). moto reads this when it is imported, so it is set before.
+SETUP_REQUESTS = 3
+AUTH = "--auth" in sys.argv[1:]
+if AUTH:
+    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = str(SETUP_REQUESTS)
+
+import boto3  # noqa: E402
+from moto.server import ThreadedMotoServer  # noqa: E402
+
+# The policy of the test user: everything on S3.
+S3_ALL = json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+)
 
 
-def client(url):
+def client(url, key=TEST_KEY, secret=TEST_KEY, service="s3"):
     return boto3.client(
-        "s3",
+        service,
         endpoint_url=url,
-        aws_access_key_id=TEST_KEY,
-        aws_secret_access_key=TEST_KEY,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
         region_name="us-east-1",
     )
+
+
+def make_user(url):
+    """The IAM user the --auth server accepts, and its access key and secret."""
+    iam = client(url, service="iam")
+    iam.create_user(UserName="tlio-test")
+    iam.put_user_policy(UserName="tlio-test", PolicyName="s3-all", PolicyDocument=S3_ALL)
+    key = iam.create_access_key(UserName="tlio-test")["AccessKey"]
+    return key["AccessKeyId"], key["SecretAccessKey"]
 
 
 def answer(s3, words):
@@ -68,8 +97,9 @@ def main():
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
-    print(url, flush=True)
-    s3 = client(url)
+    key, secret = make_user(url) if AUTH else (TEST_KEY, TEST_KEY)
+    print(url, key, secret, flush=True)
+    s3 = client(url, key, secret)
     try:
         for line in sys.stdin:
             words = line.split()

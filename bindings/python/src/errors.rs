@@ -1,6 +1,7 @@
 //! Core errors as the Python exceptions python.md names: `FileNotFoundError` for a
 //! missing file or directory, `OSError` (with its errno) for another operating-system
-//! failure or a held lock, `ValueError` for a malformed file or a bad argument; and Rust
+//! failure or a held lock (`PermissionError`, `ConnectionRefusedError`, `TimeoutError`
+//! for a server's refusal or silence, which come without an errno), `ValueError` for a malformed file or a bad argument; and Rust
 //! panics as `RuntimeError`, never as pyo3's `PanicException` (a `BaseException` that an
 //! `except Exception` would not catch).
 //!
@@ -58,6 +59,19 @@ pub fn os_error(errno: i32, message: String) -> PyErr {
     PyOSError::new_err((errno, message))
 }
 
+/// The errno Python gives an `OSError` of `kind` when the failure came with none (a
+/// server's refusal or an unreachable server, reported by an HTTP client): so the
+/// exception is `PermissionError`, `ConnectionRefusedError` or `TimeoutError`, as
+/// Python's own I/O would raise, and `.errno` is set.
+pub fn errno_of_kind(kind: io::ErrorKind) -> Option<i32> {
+    match kind {
+        io::ErrorKind::PermissionDenied => errno_named("EACCES"),
+        io::ErrorKind::ConnectionRefused => errno_named("ECONNREFUSED"),
+        io::ErrorKind::TimedOut => errno_named("ETIMEDOUT"),
+        _ => None,
+    }
+}
+
 /// A core error as the Python exception of its kind: an operating-system failure as
 /// `OSError` with the errno the OS gave (its subclass chosen by Python), a missing file
 /// as `FileNotFoundError`, bad input as `ValueError`.
@@ -79,7 +93,12 @@ pub fn core_err<E: Failure + Send + Sync + 'static>(err: E) -> PyErr {
                 None => PyNotADirectoryError::new_err(message),
             }
         }
-        (FailureKind::Operational, None) if !ios.is_empty() => PyOSError::new_err(message),
+        (FailureKind::Operational, None) if !ios.is_empty() => {
+            match ios.iter().find_map(|e| errno_of_kind(e.kind())) {
+                Some(n) => os_error(n, message),
+                None => PyOSError::new_err(message),
+            }
+        }
         (FailureKind::Invalid, _) | (FailureKind::Operational, None) => {
             PyValueError::new_err(message)
         }

@@ -19,7 +19,7 @@ use tlio_core::tokens::{
 };
 
 use crate::args::path_arg;
-use crate::errors::{core_err, guard, one_line};
+use crate::errors::{core_err, errno_of_kind, guard, one_line};
 
 /// A tokens error as the Python exception python.md names. `TokensError::Io` keeps its
 /// `io::Error` in the message rather than the cause chain, so it is mapped here.
@@ -29,7 +29,10 @@ pub fn tokens_err(err: TokensError) -> PyErr {
         return match (error.kind(), error.raw_os_error()) {
             (std::io::ErrorKind::NotFound, _) => PyFileNotFoundError::new_err(message),
             (_, Some(errno)) => PyOSError::new_err((errno, message)),
-            (_, None) => PyOSError::new_err(message),
+            (kind, None) => match errno_of_kind(kind) {
+                Some(errno) => PyOSError::new_err((errno, message)),
+                None => PyOSError::new_err(message),
+            },
         };
     }
     core_err(err)

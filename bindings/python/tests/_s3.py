@@ -18,8 +18,6 @@ from typing import Dict, Optional
 
 import boto3
 
-# Credentials the local server accepts (moto checks no signature).
-TEST_KEY = "testing"
 # The region the tests name (moto's default).
 TEST_REGION = "us-east-1"
 # The AWS variables a test environment sets or clears, so nothing of the caller's
@@ -30,20 +28,23 @@ _CLEARED = ("AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_CONFI
 class Server:
     """One running ``tests/s3_server.py``: its endpoint and its request channel."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, auth: bool = False):
         script = root / "tests" / "s3_server.py"
         self.proc = subprocess.Popen(
-            [sys.executable, str(script)],
+            [sys.executable, str(script), *(["--auth"] if auth else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
         )
+        # The first line is ``URL KEY SECRET``: the endpoint and the credentials the
+        # server accepts (with auth=False it checks no signature, any key works).
         line = self.proc.stdout.readline().strip()
-        if not line.startswith("http://127.0.0.1:"):
+        words = line.split()
+        if len(words) != 3 or not words[0].startswith("http://127.0.0.1:"):
             self.stop()
             raise RuntimeError(f"the local S3 server did not start (is moto installed?): {line!r}")
-        self.endpoint = line
+        self.endpoint, self.key, self.secret = words
         self._lock = threading.Lock()
 
     def ask(self, request: str) -> str:
@@ -66,8 +67,8 @@ class Server:
         """The AWS variables that point a client at this server."""
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": TEST_KEY,
-            "AWS_SECRET_ACCESS_KEY": TEST_KEY,
+            "AWS_ACCESS_KEY_ID": self.key,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
             "AWS_REGION": TEST_REGION,
         }
 
@@ -76,8 +77,8 @@ class Server:
         return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
-            aws_access_key_id=TEST_KEY,
-            aws_secret_access_key=TEST_KEY,
+            aws_access_key_id=self.key,
+            aws_secret_access_key=self.secret,
             region_name=TEST_REGION,
         )
 
@@ -92,9 +93,10 @@ class Server:
                 self.proc.wait()
 
 
-def start_server(root: Path) -> Server:
-    """A server of the caller's own (stop it with ``stop``)."""
-    return Server(root)
+def start_server(root: Path, auth: bool = False) -> Server:
+    """A server of the caller's own (stop it with ``stop``); with ``auth`` it checks
+    every request's signature against its one user's key."""
+    return Server(root, auth)
 
 
 def child_env(server: Server, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:

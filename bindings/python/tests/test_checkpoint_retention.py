@@ -71,3 +71,41 @@ def test_a_cleanup_failure_after_the_commit_warns_and_the_next_save_finishes_it(
     assert sorted(os.listdir(ck)) == [".lock", "LATEST", "step-000003"]
     assert verify_step_dir(ck / "step-000003") == []
     assert load_checkpoint(ck).step == 3
+
+
+def _bytes_read() -> int:
+    """What this process has read so far (the kernel's ``rchar``: every read call,
+    page cache hits included)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    raise AssertionError("/proc/self/io has no rchar")
+
+
+def test_keep_does_not_re_read_the_steps_it_already_verified(tmp_path):
+    # keep=6 counts five older steps per save. Re-verifying them would read five steps'
+    # data on every save; what this process already verified is trusted while its
+    # files are unchanged. Only the newest older steps are read: a step is trusted once
+    # a verification ran well after its files were last changed (checkpoints.md), and
+    # saves this small and fast run within that margin, so a step is read by the next
+    # two saves and never again.
+    keep, saves = 6, 10
+    ck = tmp_path / "ck"
+    model = {"w": np.zeros(2 << 20, np.float32)}
+    step_bytes = model["w"].nbytes
+    reads = []
+    for step in range(1, saves + 1):
+        model["w"][0] = step
+        before = _bytes_read()
+        save_checkpoint(ck, model, None, step, None, None, keep=keep)
+        reads.append(_bytes_read() - before)
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step-")) == [
+        f"step-{n:06d}" for n in range(saves - keep + 1, saves + 1)
+    ]
+    assert max(reads[keep:]) < 3 * step_bytes, reads
+    # What was kept still verifies, and a load still checks every byte it returns.
+    assert all(verify_step_dir(ck / f"step-{n:06d}") == [] for n in range(saves - keep + 1, saves + 1))
+    before = _bytes_read()
+    assert load_checkpoint(ck).model["w"][0] == saves
+    assert _bytes_read() - before >= step_bytes

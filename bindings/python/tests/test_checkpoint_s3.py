@@ -123,6 +123,40 @@ def test_torch_save_and_load_on_s3_round_trip_bit_for_bit(tmp_path, s3):
     assert load_checkpoint(s3.url("torch/ckpt")).step == 3
 
 
+def test_an_async_torch_save_to_s3_writes_the_blocking_bytes_and_loads_bit_for_bit(tmp_path, s3):
+    m, opt = odd_setup(0)
+    for s in range(2):
+        odd_step(m, opt, s)
+    pending = tt.save(s3.url("async/ckpt"), 2, m, opt, extra={"tokens_seen": 16}, blocking=False)
+    # The state was staged: a step taken before the write finished changes nothing in it.
+    expected_model = {k: v.clone() for k, v in m.state_dict().items()}
+    odd_step(m, opt, 5)
+    path = pending.wait()
+    assert path == s3.url("async/ckpt/step-000002") and pending.done()
+    blocking = tt.save(s3.url("blocking/ckpt"), 2, *_replay(), extra={"tokens_seen": 16})
+    _, async_files = objects(s3, "async/ckpt/step-000002")
+    _, blocking_files = objects(s3, "blocking/ckpt/step-000002")
+    assert async_files == blocking_files and blocking.endswith("step-000002")
+
+    m2, opt2 = odd_setup(1)
+    ck = tt.load(s3.url("async/ckpt"), m2, opt2)
+    assert ck.step == 2 and ck.extra["tokens_seen"] == 16
+    assert_same(expected_model, m2.state_dict(), "model")
+    m3, opt3 = _replay()
+    odd_step(m2, opt2, 9)
+    odd_step(m3, opt3, 9)
+    assert_same(m3.state_dict(), m2.state_dict(), "model after a step")
+    assert_same(opt3.state_dict(), opt2.state_dict(), "optimizer after a step")
+
+
+def _replay():
+    """The model and optimizer of the async test after its two steps, rebuilt."""
+    m, opt = odd_setup(0)
+    for s in range(2):
+        odd_step(m, opt, s)
+    return m, opt
+
+
 def test_of_two_threads_saving_one_step_exactly_one_commits(s3):
     model = linear_model()
     root = s3.url("race")

@@ -11,7 +11,7 @@ import safetensors
 import safetensors.numpy as pkg_np
 import safetensors.torch as pkg_pt
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import tlio.safetensors as tst
@@ -316,3 +316,62 @@ def test_import_without_torch_says_how_to_get_it():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and all("pip install 'tlio[torch]'" in line for line in lines), r
+
+
+def _raw_file(header: str) -> bytes:
+    """A file of one F32 tensor `x` of 2 values under `header` (JSON text as given,
+    padded to 8 bytes with spaces, as the format allows)."""
+    h = header.encode()
+    h += b" " * (-len(h) % 8)
+    return len(h).to_bytes(8, "little") + h + np.arange(2, dtype="<f4").tobytes()
+
+
+X = '"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'
+STRICTER = {
+    "a duplicate key": "{" + X + "," + X + "}",
+    "an unknown field": '{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}}',
+    "null metadata": '{"__metadata__":null,' + X + "}",
+}
+
+
+@pytest.mark.parametrize("case", sorted(STRICTER))
+def test_the_stricter_files_are_refused_with_safetensor_error_where_the_package_reads_them(case, tmp_path):
+    path = tmp_path / "m.safetensors"
+    data = _raw_file(STRICTER[case])
+    path.write_bytes(data)
+    # The package reads each of them (the difference the docs list).
+    with safetensors.safe_open(str(path), framework="np") as f:
+        assert f.get_tensor("x").tolist() == [0.0, 1.0]
+    calls = {
+        "safe_open np": lambda: tst.safe_open(path, framework="np"),
+        "safe_open pt": lambda: tst.safe_open(path, framework="pt"),
+        "numpy.load_file": lambda: tl_np.load_file(path),
+        "numpy.load": lambda: tl_np.load(data),
+        "torch.load_file": lambda: tl_pt.load_file(path),
+        "torch.load": lambda: tl_pt.load(data),
+    }
+    for what, call in calls.items():
+        with pytest.raises(tst.SafetensorError) as e:
+            call()
+        assert isinstance(e.value, ValueError), what
+        assert str(e.value), what
+
+
+@pytest.fixture(scope="module")
+def every_dtype_file(tmp_path_factory):
+    """One (5, 4, 3) tensor of random bytes per torch dtype, written by the package."""
+    p = tmp_path_factory.mktemp("dtypes") / "d.safetensors"
+    tensors = {str(d).removeprefix("torch."): _random(d, SHAPE, i) for i, d in enumerate(TORCH_DTYPES)}
+    pkg_pt.save_file(tensors, str(p))
+    return p, tensors
+
+
+@settings(max_examples=60, deadline=None)
+@given(index_strategy())
+def test_get_slice_of_every_dtype_is_the_bytes_of_plain_indexing(every_dtype_file, key):
+    path, tensors = every_dtype_file
+    assume(_numpy_clamps(key) is not None)
+    with tst.safe_open(path, framework="pt") as f:
+        for name, whole in tensors.items():
+            got = f.get_slice(name)[key]
+            assert _same(got, whole[key]), (name, key)

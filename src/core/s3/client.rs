@@ -562,16 +562,48 @@ fn classify(err: &object_store::Error, endpoint: &str, bucket: &str) -> (io::Err
             ),
         );
     }
-    (io::ErrorKind::Other, text)
+    (io::ErrorKind::Other, one_line_reply(&text))
 }
 
-/// The deepest cause's message (the one that says what happened).
+/// The deepest cause's message (the one that says what happened), on one line: a
+/// server's XML error body is shortened to its `Code` and `Message`, and line breaks
+/// are spaces, so the error prints as the one line every tlio error is.
 fn leaf(err: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = err;
     while let Some(next) = cause.source() {
         cause = next;
     }
-    cause.to_string()
+    one_line_reply(&cause.to_string())
+}
+
+/// `text` with an S3 XML error body (`<Error><Code>..</Code><Message>..</Message>`)
+/// replaced by `Code: Message`, and every run of whitespace made one space.
+fn one_line_reply(text: &str) -> String {
+    let field = |name: &str| {
+        let open = format!("<{name}>");
+        let start = text.find(&open)?.checked_add(open.len())?;
+        let len = text.get(start..)?.find(&format!("</{name}>"))?;
+        text.get(start..start.checked_add(len)?)
+    };
+    let short = match (
+        text.find("<?xml").or_else(|| text.find("<Error>")),
+        field("Code"),
+    ) {
+        (Some(body), Some(code)) => {
+            let before = text.get(..body).unwrap_or("").trim_end_matches([' ', ':']);
+            let said = match field("Message") {
+                Some(message) => format!("{code}: {message}"),
+                None => code.to_string(),
+            };
+            if before.is_empty() {
+                said
+            } else {
+                format!("{before}: {said}")
+            }
+        }
+        _ => text.to_string(),
+    };
+    short.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// `ConnectionRefused` or `TimedOut` when a transport error is in the chain.
@@ -599,4 +631,32 @@ fn network_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind
         cause = c.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line_reply;
+
+    #[test]
+    fn a_server_error_body_becomes_its_code_and_message_on_one_line() {
+        let body = "Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\" \
+                    encoding=\"utf-8\"?>\n<Error><Code>SignatureDoesNotMatch</Code><Message>The \
+                    request signature we calculated does not match.</Message><RequestId>x\
+                    </RequestId></Error>";
+        assert_eq!(
+            one_line_reply(body),
+            "Server returned non-2xx status code: 403 Forbidden: SignatureDoesNotMatch: The \
+             request signature we calculated does not match."
+        );
+        assert_eq!(
+            one_line_reply("<Error><Code>AccessDenied</Code></Error>"),
+            "AccessDenied"
+        );
+        assert_eq!(one_line_reply("a\n  b\tc"), "a b c");
+        // A cut body is kept whole (on one line), never sliced out of bounds.
+        assert_eq!(
+            one_line_reply("403: <Error><Code>Access"),
+            "403: <Error><Code>Access"
+        );
+    }
 }

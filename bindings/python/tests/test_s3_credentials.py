@@ -1,0 +1,117 @@
+"""Credentials on object storage, against a local S3 server that checks every request's
+signature as AWS does (tests/s3_server.py --auth): the key the server knows works for
+checkpoints, token shards and the CLI, and a wrong secret or an unknown key is refused
+at once, with one error naming the URL, never retried into a hang, and nothing
+written."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tlio.checkpoint import load_checkpoint, save_checkpoint
+from tlio.pcg import PCG32
+from tlio.tokens import TokenStream, read_tokens_header
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from _ckpt_helpers import linear_model  # noqa: E402
+from _s3 import _CLEARED, Bucket, start_server  # noqa: E402
+from _tokens_helpers import TLIO_BIN, write_shard  # noqa: E402
+
+# How long a refusal may take: one request, no retry loop (a retried 403 would take
+# the client's whole retry budget).
+PROMPT = 10.0
+
+
+@pytest.fixture(scope="module")
+def auth_server(root):
+    server = start_server(root, auth=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bucket(auth_server, monkeypatch, tmp_path):
+    """A fresh bucket of the signature-checking server, with this process's AWS
+    variables set to the key it knows, a cache of the test's own, and one token shard
+    uploaded as ``data/train_000000.bin``."""
+    for name in _CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in auth_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TLIO_CACHE_DIR", str(tmp_path / "cache"))
+    b = Bucket(auth_server)
+    shard = write_shard(tmp_path / "train_000000.bin", np.arange(300) % 50257, vocab=50257)
+    b.client.upload_file(str(shard), b.name, "data/train_000000.bin")
+    return b
+
+
+def test_the_key_the_server_knows_works_everywhere(bucket, tmp_path):
+    model = linear_model()
+    path = save_checkpoint(bucket.url("ckpt"), model, None, 3, None, {"tokens_seen": 21})
+    assert path.startswith(bucket.url("ckpt"))
+    loaded = load_checkpoint(bucket.url("ckpt"))
+    assert loaded.step == 3
+    header = read_tokens_header(bucket.url("data/train_000000.bin"))
+    assert header["n"] == 300
+    stream = TokenStream([bucket.url("data/train_000000.bin")], 4, 2, PCG32(0))
+    x, _ = stream.next_batch()
+    assert x.shape == (2, 4)
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    out = subprocess.run(
+        [str(TLIO_BIN), "ckpt", "latest", bucket.url("ckpt")], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "step-000003" in out.stdout
+
+
+@pytest.mark.parametrize("change", ["wrong secret", "unknown key"])
+def test_bad_credentials_are_refused_at_once_naming_the_url(bucket, monkeypatch, change, tmp_path):
+    # A committed step and the shard exist, so a refusal cannot be taken for a
+    # missing object: the server refuses the signature itself.
+    save_checkpoint(bucket.url("ckpt"), linear_model(), None, 1, None, None)
+    before = bucket.keys()
+    if change == "wrong secret":
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", os.environ["AWS_SECRET_ACCESS_KEY"] + "x")
+    else:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWNTLIOTEST0")
+    shard = bucket.url("data/train_000000.bin")
+    calls = [
+        (bucket.url("ckpt"), lambda: save_checkpoint(bucket.url("ckpt"), linear_model(), None, 2, None, None)),
+        (bucket.url("ckpt"), lambda: load_checkpoint(bucket.url("ckpt"))),
+        (shard, lambda: read_tokens_header(shard)),
+        (shard, lambda: TokenStream([shard], 4, 2, PCG32(0))),
+    ]
+    for url, call in calls:
+        start = time.monotonic()
+        with pytest.raises(PermissionError) as e:
+            call()
+        assert time.monotonic() - start < PROMPT, url
+        text = str(e.value)
+        assert url in text and "refused the request" in text, text
+        assert text.count("refused the request") == 1 and "\n" not in text, text
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    start = time.monotonic()
+    out = subprocess.run(
+        [str(TLIO_BIN), "ckpt", "latest", bucket.url("ckpt")], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert time.monotonic() - start < PROMPT
+    # Exit 2: an error (1 is a check that found problems).
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tlio: error: "), out.stderr
+    assert bucket.url("ckpt") in lines[0] and "refused the request" in lines[0], out.stderr
+    # Nothing was written with the bad key, and no local cache was filled.
+    assert bucket.keys() == before
+    cache = tmp_path / "cache"
+    assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
