@@ -138,3 +138,67 @@ def test_cli_shuffle_equals_python(tmp_path):
     refused = tlio("tokens", "windows", *map(str, paths), "--seq-len", "3", "--batch", "4",
                    "--cursor", str(tmp_path / "c.json"), check=False)
     assert refused.returncode == 1 and "epoch_rng" in refused.stderr, refused.stderr
+
+
+def test_the_torch_example_with_shuffle_resumes_bitwise_and_changes_the_order(tmp_path):
+    """examples/train_torch.py --shuffle over four small shards (an epoch is about 18
+    steps): a run stopped at step 24, in its second epoch, and resumed ends with the
+    digests of an uninterrupted one (the cursor carries the epoch's generator), and the
+    shuffled run trains on another order than the in-order one."""
+    import subprocess
+    import sys
+
+    from _tokens_helpers import ROOT
+
+    rng = np.random.default_rng(3)
+    shards = []
+    for i in range(4):
+        ids = rng.integers(0, 50257, size=60 + 13 * i)
+        shards.append(str(write_shard(tmp_path / f"train_{i:06d}.bin", ids, vocab=50257)))
+    example = [sys.executable, str(ROOT / "examples" / "train_torch.py"), "--shard", *shards,
+               "--every", "6", "--batch", "2", "--seq-len", "8"]
+
+    def run(out: str, steps: int, *flags: str) -> str:
+        done = subprocess.run([*example, "--out", str(tmp_path / out), "--steps", str(steps), *flags],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        last = done.stdout.splitlines()[-1]
+        assert last.startswith("sha256 state_dict="), done.stdout
+        return last
+
+    whole = run("whole", 36, "--shuffle")
+    run("resumed", 24, "--shuffle", "--resume")
+    assert run("resumed", 36, "--shuffle", "--resume") == whole
+    assert run("in-order", 36) != whole
+
+
+def test_tlio_torch_checkpoints_keep_a_shuffled_streams_epoch_order(tmp_path):
+    """tlio.torch.save stores the whole cursor of a shuffled stream (its epoch generator
+    too), so the stream tlio.torch.load restores continues with the saved stream's
+    batches, at every point of an epoch; an in-order stream's trainer_state.json carries
+    no epoch_rng."""
+    import json
+
+    import torch
+
+    import tlio.torch as tt
+    from tlio.pcg import PCG32
+
+    rng = np.random.default_rng(4)
+    shards = [str(write_shard(tmp_path / f"s{i}.bin", rng.integers(0, 1000, size=50 + 11 * i), vocab=1000))
+              for i in range(4)]
+    for shuffle in (True, False):
+        for k in (3, 9, 17, 26):
+            saved = TokenStream(shards, 8, 2, PCG32(7), 1000, shuffle=shuffle)
+            for _ in range(k):
+                saved.next_batch()
+            model = torch.nn.Linear(2, 2)
+            out = tmp_path / f"ck-{shuffle}-{k}"
+            tt.save(out, k, model, None, saved)
+            state = json.loads((out / f"step-{k:06d}" / "trainer_state.json").read_text())
+            assert ("epoch_rng" in state["data_cursor"]) == shuffle
+            restored = TokenStream(shards, 8, 2, PCG32(0), 1000, shuffle=shuffle)
+            tt.load(out, torch.nn.Linear(2, 2), None, restored)
+            for _ in range(40):
+                (x1, y1), (x2, y2) = saved.next_batch(), restored.next_batch()
+                assert np.array_equal(x1, x2) and np.array_equal(y1, y2), (shuffle, k)

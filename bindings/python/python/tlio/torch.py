@@ -230,8 +230,13 @@ def _optimizer_items(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def _stream_state(stream) -> Tuple[Dict[str, Any], Dict[str, int]]:
+    """The stream's cursor as trainer_state.json's ``data_cursor`` (everything but the
+    generator, which is ``rng_state``) and the generator's position."""
     c = stream.cursor()
-    data = {k: c[k] for k in ("shard", "offset", "global_batch") if k in c}
+    # Every key but "rng": a shuffled stream's "epoch_rng" (the generator at its epoch's
+    # start, from which that epoch's shard order was drawn) included, or a resumed
+    # shuffled run would draw another order for the rest of its epoch.
+    data = {k: v for k, v in c.items() if k != "rng"}
     rng = {k: int(c["rng"][k], 16) for k in ("state", "inc")}
     return data, rng
 
