@@ -128,7 +128,10 @@ def launch(group, index, dir):
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                         os.path.abspath(__file__), "--child", group, str(index), dir],
-                       check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if r.returncode != 0:
+        # The ranks' own words, not only torchrun's exit status.
+        raise SystemExit(f"{group} launch {index} failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
