@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import functools
+import os
 import sys
 import threading
 import traceback
@@ -47,6 +48,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 TIMEOUT = datetime.timedelta(minutes=30)
 #: The name of the background threads.
 THREAD_NAME = "tlio-async-save"
+#: A CPU tensor at least this large is staged with torch's intra-op threads raised for
+#: the copy, when the loop runs torch on one thread (``torch.get_num_threads() == 1``).
+PARALLEL_COPY_BYTES = 4 << 20
+#: At most this many threads copy one tensor.
+MAX_COPY_THREADS = 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -88,7 +94,7 @@ class Staging:
             buf.copy_(src, non_blocking=True)
             self._devices.add(src.device)
         else:
-            buf.copy_(src)
+            _copy(buf, src)
         return buf
 
     def finish(self) -> None:
@@ -103,6 +109,38 @@ class Staging:
 
 
 _STAGING = Staging()
+
+
+def _copy_threads() -> int:
+    """The threads one rank may copy with: its share of the cores this process may run
+    on (torchrun's ``LOCAL_WORLD_SIZE`` ranks share them), at most ``MAX_COPY_THREADS``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return min(cores // local, MAX_COPY_THREADS)
+
+
+def _copy(buf: torch.Tensor, src: torch.Tensor) -> None:
+    """``buf.copy_(src)`` for CPU tensors; a large one with torch's own intra-op threads
+    raised to this rank's share of the cores (``_copy_threads``) for the copy when the
+    loop runs torch on one thread (the copy is all the loop waits for, and one thread
+    does not reach the memory's bandwidth; more threads than cores would spin against
+    each other). The values are the same either way."""
+    threads = _copy_threads()
+    before = torch.get_num_threads()
+    if threads < 2 or before > 1 or src.numel() * src.element_size() < PARALLEL_COPY_BYTES:
+        buf.copy_(src)
+        return
+    torch.set_num_threads(threads)
+    try:
+        buf.copy_(src)
+    finally:
+        torch.set_num_threads(before)
 
 
 def stager() -> Staging:
