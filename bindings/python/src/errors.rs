@@ -1,9 +1,9 @@
 //! Core errors as the Python exceptions python.md names: `FileNotFoundError` for a
 //! missing file or directory, `OSError` (with its errno) for another operating-system
 //! failure or a held lock (`PermissionError`, `ConnectionRefusedError`, `TimeoutError`
-//! for a server's refusal or silence, which come without an errno), `ValueError` for a malformed file or a bad argument; and Rust
-//! panics as `RuntimeError`, never as pyo3's `PanicException` (a `BaseException` that an
-//! `except Exception` would not catch).
+//! for a server's refusal or silence, which come without an errno), `ValueError` for a
+//! malformed file or a bad argument; and Rust panics as `RuntimeError`, never as pyo3's
+//! `PanicException` (a `BaseException` that an `except Exception` would not catch).
 //!
 //! Invariant: the message is the one line the CLI prints after `tlio: error: `: the
 //! error and its causes, outermost first, joined with ": ".

@@ -7,6 +7,7 @@ written."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,7 +53,7 @@ def bucket(auth_server, monkeypatch, tmp_path):
     return b
 
 
-def test_the_key_the_server_knows_works_everywhere(bucket, tmp_path):
+def test_the_key_the_server_knows_works_everywhere(bucket):
     model = linear_model()
     path = save_checkpoint(bucket.url("ckpt"), model, None, 3, None, {"tokens_seen": 21})
     assert path.startswith(bucket.url("ckpt"))
@@ -63,8 +64,6 @@ def test_the_key_the_server_knows_works_everywhere(bucket, tmp_path):
     stream = TokenStream([bucket.url("data/train_000000.bin")], 4, 2, PCG32(0))
     x, _ = stream.next_batch()
     assert x.shape == (2, 4)
-    import subprocess
-
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
     out = subprocess.run(
         [str(TLIO_BIN), "ckpt", "latest", bucket.url("ckpt")], capture_output=True, text=True, env=env, timeout=60
@@ -98,8 +97,6 @@ def test_bad_credentials_are_refused_at_once_naming_the_url(bucket, monkeypatch,
         text = str(e.value)
         assert url in text and "refused the request" in text, text
         assert text.count("refused the request") == 1 and "\n" not in text, text
-    import subprocess
-
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
     start = time.monotonic()
     out = subprocess.run(

@@ -1,10 +1,13 @@
 """Shuffled shard order (scale.md section 5): TokenStream(shuffle=True) against a
 plain-Python reference stream, cursor resumption, ranks tiling the single-process stream,
-and `tlio tokens windows --shuffle` giving the same batches."""
+`tlio tokens windows --shuffle` giving the same batches, and tlio.torch checkpoints (and
+the torch example's --shuffle) resuming a shuffled stream bit for bit."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -12,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tlio.tokens import TokenStream
-from _tokens_helpers import RefPCG32, tlio, write_shard
+from _tokens_helpers import ROOT, RefPCG32, tlio, write_shard
 
 
 class RefShuffled:
@@ -145,11 +148,6 @@ def test_the_torch_example_with_shuffle_resumes_bitwise_and_changes_the_order(tm
     steps): a run stopped at step 24, in its second epoch, and resumed ends with the
     digests of an uninterrupted one (the cursor carries the epoch's generator), and the
     shuffled run trains on another order than the in-order one."""
-    import subprocess
-    import sys
-
-    from _tokens_helpers import ROOT
-
     rng = np.random.default_rng(3)
     shards = []
     for i in range(4):
@@ -177,9 +175,7 @@ def test_tlio_torch_checkpoints_keep_a_shuffled_streams_epoch_order(tmp_path):
     too), so the stream tlio.torch.load restores continues with the saved stream's
     batches, at every point of an epoch; an in-order stream's trainer_state.json carries
     no epoch_rng."""
-    import json
-
-    import torch
+    import torch  # only this test needs it
 
     import tlio.torch as tt
     from tlio.pcg import PCG32
