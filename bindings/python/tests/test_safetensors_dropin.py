@@ -41,13 +41,20 @@ def _random(dtype, shape, seed):
     return raw.view(dtype).reshape(shape)
 
 
+def _bytes(t):
+    """``t``'s bytes in C order. ``contiguous()`` keeps the stride of a dimension of size 1
+    (a tensor is "contiguous" whatever it is), and such a stride cannot be viewed as
+    bytes, so the values are copied into fresh C-order memory first."""
+    fresh = torch.empty(t.shape, dtype=t.dtype)
+    fresh.copy_(t)
+    return fresh.view(-1).view(torch.uint8)
+
+
 def _same(a, b):
     assert a.dtype == b.dtype and a.shape == b.shape
     if a.numel() == 0:
-        # An empty tensor may keep any strides (it is "contiguous" whatever they are),
-        # so it cannot be viewed as bytes; equal shapes and dtypes are all there is.
         return True
-    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+    return torch.equal(_bytes(a), _bytes(b))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
