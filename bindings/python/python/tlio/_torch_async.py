@@ -131,9 +131,9 @@ def _copy(buf: torch.Tensor, src: torch.Tensor) -> None:
     loop runs torch on one thread (the copy is all the loop waits for, and one thread
     does not reach the memory's bandwidth; more threads than cores would spin against
     each other). The values are the same either way."""
-    threads = _copy_threads()
     before = torch.get_num_threads()
-    if threads < 2 or before > 1 or src.numel() * src.element_size() < PARALLEL_COPY_BYTES:
+    threads = 1 if before > 1 or src.numel() * src.element_size() < PARALLEL_COPY_BYTES else _copy_threads()
+    if threads < 2:
         buf.copy_(src)
         return
     torch.set_num_threads(threads)
