@@ -106,7 +106,8 @@ impl Store {
             .with_access_key_id(&config.access_key_id)
             .with_secret_access_key(&config.secret_access_key)
             .with_client_options(options)
-            .with_retry(retry);
+            .with_retry(retry)
+            .with_checksum_algorithm(object_store::aws::Checksum::SHA256);
         if let Some(token) = &config.session_token {
             builder = builder.with_token(token);
         }

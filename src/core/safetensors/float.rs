@@ -340,9 +340,14 @@ pub fn encode_f64(dtype: Dtype, values: &[f64], out: &mut Vec<u8>) -> Result<(),
 pub fn encode_f32(dtype: Dtype, values: &[f32], out: &mut Vec<u8>) -> Result<(), EncodeError> {
     match dtype {
         Dtype::F32 => {
-            out.reserve(values.len() * 4);
-            for v in values {
-                out.extend_from_slice(&v.to_le_bytes());
+            // Into a zeroed tail, four bytes per value: a loop the compiler turns into
+            // a copy on a little-endian machine (pushing four bytes at a time checks
+            // the capacity per value and ran at a tenth of memory speed).
+            let start = out.len();
+            out.resize(start.saturating_add(values.len().saturating_mul(4)), 0);
+            let tail = out.get_mut(start..).unwrap_or_default();
+            for (dst, v) in tail.chunks_exact_mut(4).zip(values) {
+                dst.copy_from_slice(&v.to_le_bytes());
             }
             Ok(())
         }
