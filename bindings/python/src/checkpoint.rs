@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
@@ -18,7 +19,7 @@ use pyo3::exceptions::{
     PyFileExistsError, PyFileNotFoundError, PyOSError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PySlice};
 use tlio_core::checkpoint::optimizer::{check_layout, FORMAT_KEY, FORMAT_VALUE, STATE_KEY};
 use tlio_core::checkpoint::{
     self, parse_step_name, step_name, CheckpointError, Loaded, OptimizerFile, OptimizerState,
@@ -595,50 +596,73 @@ fn py_step_name(step: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(step_name(count_arg(step, "step")?))
 }
 
-/// A decoded array: name, shape, values.
-type Array = (String, Vec<u64>, Vec<f32>);
+/// The values of one loaded tensor: where its F32 bytes lie in its file's buffer (to be
+/// viewed there, not copied), or decoded from another float dtype.
+enum Values {
+    View(Range<usize>),
+    Decoded(Vec<f32>),
+}
+
+/// A loaded array: name, shape, values.
+type Array = (String, Vec<u64>, Values);
 /// A parameter's optimizer arrays, by key.
 type ParamArrays = (String, Vec<Array>);
 
-/// What `load` found, decoded (arrays as (name, shape, values) in file order).
+/// A tensor of a verified file as [`Values`]: a view when it is F32 in this machine's
+/// byte order and its start is aligned for f32 in the buffer at `base` (the buffer
+/// does not move when numpy takes it over), else decoded.
+fn values(
+    file: &checkpoint::TensorBytes<'_>,
+    base: *const u8,
+    info: &st::TensorInfo,
+) -> Result<Values, PyErr> {
+    let range = file.range(info);
+    if let Some(range) = range.filter(|r| {
+        info.dtype == Dtype::F32
+            && cfg!(target_endian = "little")
+            && (base as usize).wrapping_add(r.start) % std::mem::align_of::<f32>() == 0
+    }) {
+        return Ok(Values::View(range));
+    }
+    file.decode_f32(&info.name)
+        .map(Values::Decoded)
+        .map_err(core_err)
+}
+
+/// What `load` found: the model's and optimizer's verified bytes and their arrays
+/// (in file order), the optimizer's JSON state.
 struct Decoded {
     loaded: Loaded,
-    model: Vec<Array>,
-    /// The optimizer's JSON state and its arrays by parameter, then key.
-    opt: Option<(String, Vec<ParamArrays>)>,
+    model: (Vec<u8>, Vec<Array>),
+    /// The optimizer's JSON state, its bytes and its arrays by parameter, then key.
+    opt: Option<(String, Vec<u8>, Vec<ParamArrays>)>,
 }
 
 fn decode(dir: &Path, step: Option<u64>) -> Result<Decoded, PyErrOrCkpt> {
-    let loaded = location::load(dir, step).map_err(PyErrOrCkpt::Ckpt)?;
-    let file = loaded.model().map_err(|e| PyErrOrCkpt::Py(core_err(e)))?;
+    let py_err = |e: PyErr| PyErrOrCkpt::Py(e);
+    let mut loaded = location::load(dir, step).map_err(PyErrOrCkpt::Ckpt)?;
+    let file = loaded.model().map_err(|e| py_err(core_err(e)))?;
+    let model_base = file_base(&loaded, checkpoint::MODEL_NAME);
     let mut model = Vec::new();
     for t in file.header().tensors() {
-        let values = file
-            .decode_f32(&t.name)
-            .map_err(|e| PyErrOrCkpt::Py(core_err(e)))?;
-        model.push((t.name.clone(), t.shape.clone(), values));
+        let v = values(&file, model_base, t).map_err(py_err)?;
+        model.push((t.name.clone(), t.shape.clone(), v));
     }
-    let opt = match loaded
-        .optimizer()
-        .map_err(|e| PyErrOrCkpt::Py(core_err(e)))?
-    {
+    let opt = match loaded.optimizer_bytes().map_err(|e| py_err(core_err(e)))? {
         None => None,
-        Some(mut f) => {
-            let json = f
-                .state
-                .to_json()
-                .map_err(|e| PyErrOrCkpt::Py(core_err(e)))?;
-            let keys = f.state.state_keys();
+        Some((state, file)) => {
+            let json = state.to_json().map_err(|e| py_err(core_err(e)))?;
+            let base = file_base(&loaded, checkpoint::OPTIMIZER_NAME);
+            let keys = state.state_keys();
             let mut by_param = Vec::new();
             for (param, _, _) in &model {
-                let arrays: Vec<_> = keys
-                    .iter()
-                    .filter_map(|k| {
-                        f.tensors
-                            .remove(&format!("{param}.{k}"))
-                            .map(|(s, v)| ((*k).to_string(), s, v))
-                    })
-                    .collect();
+                let mut arrays = Vec::new();
+                for k in keys {
+                    if let Some(info) = file.header().get(&format!("{param}.{k}")) {
+                        let v = values(&file, base, info).map_err(py_err)?;
+                        arrays.push(((*k).to_string(), info.shape.clone(), v));
+                    }
+                }
                 if !arrays.is_empty() {
                     by_param.push((param.clone(), arrays));
                 }
@@ -646,7 +670,28 @@ fn decode(dir: &Path, step: Option<u64>) -> Result<Decoded, PyErrOrCkpt> {
             Some((json, by_param))
         }
     };
-    Ok(Decoded { loaded, model, opt })
+    // The views name ranges of these very buffers, taken out of `loaded` whole.
+    let model_bytes = loaded
+        .files
+        .remove(checkpoint::MODEL_NAME)
+        .unwrap_or_default();
+    let opt = opt.map(|(json, by_param)| {
+        let bytes = loaded
+            .files
+            .remove(checkpoint::OPTIMIZER_NAME)
+            .unwrap_or_default();
+        (json, bytes, by_param)
+    });
+    Ok(Decoded {
+        loaded,
+        model: (model_bytes, model),
+        opt,
+    })
+}
+
+/// The address of a loaded file's buffer (null when it has none).
+fn file_base(loaded: &Loaded, name: &str) -> *const u8 {
+    loaded.bytes(name).map_or(std::ptr::null(), <[u8]>::as_ptr)
 }
 
 /// A load failure: core's, or already an exception.
@@ -655,13 +700,37 @@ enum PyErrOrCkpt {
     Py(PyErr),
 }
 
-fn array<'py>(py: Python<'py>, shape: &[u64], values: Vec<f32>) -> PyResult<Bound<'py, PyAny>> {
-    let dims: Vec<usize> = shape
-        .iter()
-        .map(|&d| usize::try_from(d))
-        .collect::<Result<_, _>>()
-        .map_err(|_| PyValueError::new_err("a tensor dimension does not fit this machine"))?;
-    Ok(PyArray1::from_vec(py, values).reshape(dims)?.into_any())
+/// The arrays of one loaded file: F32 tensors as writable views of `bytes` (which
+/// numpy takes over without a copy, and every view keeps alive), others from their
+/// decoded values.
+fn arrays<'py>(
+    py: Python<'py>,
+    bytes: Vec<u8>,
+    arrays: Vec<Array>,
+) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
+    let base = PyArray1::from_vec(py, bytes);
+    let float32 = numpy::dtype::<f32>(py);
+    let mut out = Vec::with_capacity(arrays.len());
+    for (name, shape, v) in arrays {
+        let dims: Vec<usize> = shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<_, _>>()
+            .map_err(|_| PyValueError::new_err("a tensor dimension does not fit this machine"))?;
+        let a = match v {
+            Values::Decoded(values) => PyArray1::from_vec(py, values).into_any(),
+            Values::View(r) => base
+                .get_item(PySlice::new(
+                    py,
+                    isize::try_from(r.start)?,
+                    isize::try_from(r.end)?,
+                    1,
+                ))?
+                .call_method1("view", (&float32,))?,
+        };
+        out.push((name, a.call_method1("reshape", (dims,))?));
+    }
+    Ok(out)
 }
 
 /// Load the checkpoint `ckpt latest` picks (or `step`, falling back to older steps).
@@ -686,17 +755,22 @@ fn load<'py>(
         })?;
         let Decoded { loaded, model, opt } = decoded;
         let model_dict = PyDict::new(py);
-        for (name, shape, values) in model {
-            model_dict.set_item(name, array(py, &shape, values)?)?;
+        for (name, a) in arrays(py, model.0, model.1)? {
+            model_dict.set_item(name, a)?;
         }
         let opt = match opt {
             None => py.None().into_bound(py),
-            Some((json, by_param)) => {
+            Some((json, bytes, by_param)) => {
+                // One buffer for the file: its arrays flattened in order, then regrouped.
+                let counts: Vec<(String, usize)> =
+                    by_param.iter().map(|(p, a)| (p.clone(), a.len())).collect();
+                let flat = by_param.into_iter().flat_map(|(_, a)| a).collect();
+                let mut made = arrays(py, bytes, flat)?.into_iter();
                 let state = PyDict::new(py);
-                for (param, arrays) in by_param {
+                for (param, n) in counts {
                     let entry = PyDict::new(py);
-                    for (key, shape, values) in arrays {
-                        entry.set_item(key, array(py, &shape, values)?)?;
+                    for (key, a) in made.by_ref().take(n) {
+                        entry.set_item(key, a)?;
                     }
                     state.set_item(param, entry)?;
                 }

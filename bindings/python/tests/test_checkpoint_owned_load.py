@@ -16,6 +16,10 @@ import pytest
 
 from tlio.checkpoint import load_checkpoint, save_checkpoint
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _ckpt_helpers import adamw  # noqa: E402
+
 F32 = np.float32
 
 # Saves the racing saver makes; every load made meanwhile must succeed.
@@ -115,3 +119,54 @@ def test_a_checkpoint_rewritten_in_place_after_a_load_never_reaches_what_was_loa
     )
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert r.stdout.split() == ["ok", "True"]
+
+
+PEAK_CHILD = textwrap.dedent(
+    """
+    import resource, sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[3])
+    from _ckpt_helpers import adamw
+    from tlio.checkpoint import load_checkpoint, save_checkpoint
+
+    ck, what = sys.argv[1], sys.argv[2]
+    if what == "save":
+        rng = np.random.default_rng(0)
+        model = {f"layer{i}.weight": rng.standard_normal((1024, 8192), dtype=np.float32) for i in range(4)}
+        opt = adamw(model)
+        for s in opt["state"].values():
+            s["exp_avg"][:] = 0.5
+            s["exp_avg_sq"][:] = 0.25
+        save_checkpoint(ck, model, opt, 1, None, None)
+        sys.exit(0)
+    def peak():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before = peak()
+    c = load_checkpoint(ck)
+    print(peak() - before)
+    """
+)
+
+
+def test_a_load_holds_the_state_once_as_writable_views_of_the_verified_bytes(tmp_path):
+    """load_checkpoint's float32 arrays are views of the very buffers it read and
+    hashed: the load's peak is one copy of the state (not the bytes and a decoded copy
+    beside them), and each array is still writable and independent of the others."""
+    ck = tmp_path / "ck"
+    state_bytes = 3 * 4 * 1024 * 8192 * 4  # model + exp_avg + exp_avg_sq: 384 MiB
+    for what in ("save", "load"):
+        r = subprocess.run([sys.executable, "-c", PEAK_CHILD, str(ck), what, HERE],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+    grown = int(r.stdout.split()[-1])
+    assert grown < 1.25 * state_bytes, f"the load grew the peak by {grown >> 20} MiB for a {state_bytes >> 20} MiB state"
+
+    small = tmp_path / "small"
+    model = {"w": np.arange(12, dtype=F32).reshape(3, 4), "b": np.ones(3, F32)}
+    save_checkpoint(small, model, adamw(model), 1, None, None)
+    c = load_checkpoint(small)
+    w, b = c.model["w"], c.model["b"]
+    assert w.dtype == F32 and w.shape == (3, 4) and w.flags.writeable and w.flags.aligned
+    w[:] = -1  # writing one array leaves its neighbours as loaded
+    assert (b == 1).all() and (c.opt["state"]["w"]["exp_avg"] == 0).all()
+    assert load_checkpoint(small).model["w"].tobytes() == model["w"].tobytes()

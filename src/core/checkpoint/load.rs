@@ -12,10 +12,11 @@
 //! now, never fail while a verified step exists.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::manifest::Manifest;
-use super::optimizer::{check_header, OptimizerError, OptimizerFile};
+use super::optimizer::{check_header, OptimizerError, OptimizerFile, OptimizerState};
 use super::state::TrainerState;
 use super::verify::{
     inspect, inspect_with, manifest_is_sharded, read_step, step_dir_bytes, Inspection, Problem,
@@ -76,10 +77,15 @@ impl<'a> TensorBytes<'a> {
     /// The bytes of a tensor of the header (inside the file: the header was validated
     /// against exactly these bytes).
     pub fn info_bytes(&self, info: &TensorInfo) -> Option<&'a [u8]> {
+        self.bytes.get(self.range(info)?)
+    }
+
+    /// Where a tensor of the header lies in the file's bytes; `None` outside them.
+    pub fn range(&self, info: &TensorInfo) -> Option<Range<usize>> {
         let start = self.header.data_start().checked_add(info.data_offsets.0)?;
         let end = self.header.data_start().checked_add(info.data_offsets.1)?;
-        self.bytes
-            .get(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
+        let range = usize::try_from(start).ok()?..usize::try_from(end).ok()?;
+        (range.start <= range.end && range.end <= self.bytes.len()).then_some(range)
     }
 
     /// Decode tensor `name` to f32 values (as `MappedFile::decode_f32`).
@@ -119,6 +125,22 @@ impl Loaded {
     /// The optimizer file, validated against the model's parameters; `None` when the
     /// checkpoint has no optimizer state.
     pub fn optimizer(&self) -> Result<Option<OptimizerFile>, OptimizerError> {
+        let Some((state, file)) = self.optimizer_bytes()? else {
+            return Ok(None);
+        };
+        let mut tensors = BTreeMap::new();
+        for t in file.header().tensors() {
+            tensors.insert(t.name.clone(), (t.shape.clone(), file.decode_f32(&t.name)?));
+        }
+        Ok(Some(OptimizerFile { state, tensors }))
+    }
+
+    /// The optimizer file's state and validated header (checked against the model's
+    /// parameters, as [`Loaded::optimizer`] checks it) over its bytes, nothing decoded:
+    /// for a caller that views the tensors where they lie. `None`: no optimizer state.
+    pub fn optimizer_bytes(
+        &self,
+    ) -> Result<Option<(OptimizerState, TensorBytes<'_>)>, OptimizerError> {
         let Some(bytes) = self.bytes(OPTIMIZER_NAME) else {
             return Ok(None);
         };
@@ -131,11 +153,7 @@ impl Loaded {
             .collect();
         let file = TensorBytes::parse(bytes)?;
         let state = check_header(file.header(), Some(&params))?;
-        let mut tensors = BTreeMap::new();
-        for t in file.header().tensors() {
-            tensors.insert(t.name.clone(), (t.shape.clone(), file.decode_f32(&t.name)?));
-        }
-        Ok(Some(OptimizerFile { state, tensors }))
+        Ok(Some((state, file)))
     }
 }
 
