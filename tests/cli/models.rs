@@ -658,7 +658,7 @@ fn a_directory_with_both_an_index_and_a_single_file_is_refused_unless_one_is_nam
 }
 
 /// The int4 fixture with the first scale of `brain.weight` set to `bits`.
-fn bad_scale(dir: &Path, bits: u16) -> PathBuf {
+pub(crate) fn bad_scale(dir: &Path, bits: u16) -> PathBuf {
     let mut bytes = fs::read(fixture("models/int4/quantized-g8.safetensors")).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();

@@ -290,17 +290,148 @@ fn malformed_urls_and_plain_http_elsewhere_are_refused() {
 }
 
 #[test]
-fn data_reading_flags_are_refused_for_urls() {
+fn st_inspect_stats_of_an_object_matches_the_local_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_file(tmp.path());
+    let b = bucket();
+    ask(&format!("put {b} models/m.safetensors {}", model.display()));
+    let url = format!("s3://{b}/models/m.safetensors");
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let remote = stdout_of(
+        tlio_s3()
+            .env("TMPDIR", &scratch)
+            .args(["--json", "st", "inspect", "--stats", &url]),
+    );
+    let local = stdout_of(
+        tlio()
+            .args(["--json", "st", "inspect", "--stats"])
+            .arg(&model),
+    );
+    assert_eq!(
+        remote.replace(&url, "FILE"),
+        local.replace(&model.display().to_string(), "FILE")
+    );
+    assert!(remote.contains("\"max\":5.0"), "{remote}");
+    // The downloaded copy is gone once the command ends.
+    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+    // An object that is no safetensors file fails on its header, naming the URL.
+    let junk = tmp.path().join("junk");
+    std::fs::write(&junk, b"PK\x03\x04 this is no safetensors file").unwrap();
+    ask(&format!("put {b} junk.safetensors {}", junk.display()));
+    let bad = format!("s3://{b}/junk.safetensors");
     let out = tlio_s3()
-        .args(["st", "inspect", "--stats", "s3://bucket/m.safetensors"])
+        .args(["st", "inspect", "--stats", &bad])
+        .assert()
+        .code(1);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(err.contains(&bad) && err.contains("zip archive"), "{err}");
+}
+
+#[test]
+fn tokens_header_check_ids_of_objects_gives_the_local_verdicts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let good = shard_file(tmp.path());
+    // Its ids are 0..5: all below the header's 50257; the copy records 3.
+    let oov = tmp.path().join("oov.bin");
+    let mut bytes = std::fs::read(&good).unwrap();
+    bytes[12..16].copy_from_slice(&3i32.to_le_bytes());
+    std::fs::write(&oov, bytes).unwrap();
+    let b = bucket();
+    ask(&format!("put {b} data/shard.bin {}", good.display()));
+    ask(&format!("put {b} data/oov.bin {}", oov.display()));
+    for (flags, local, name, code) in [
+        (&["--check-ids"][..], &good, "shard.bin", 0),
+        (&["--check-ids"][..], &oov, "oov.bin", 1),
+        (&["--vocab-size", "50257"][..], &good, "shard.bin", 0),
+        (&["--vocab-size", "5"][..], &good, "shard.bin", 1),
+    ] {
+        let url = format!("s3://{b}/data/{name}");
+        let run = |cmd: &mut assert_cmd::Command| {
+            let out = cmd.output().unwrap();
+            assert_eq!(out.status.code(), Some(code), "{flags:?} {name}: {out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let remote = run(tlio_s3()
+            .env("TLIO_CACHE_DIR", &cache)
+            .args(["--json", "tokens", "header"])
+            .args(flags)
+            .arg(&url));
+        let here = run(tlio()
+            .args(["--json", "tokens", "header"])
+            .args(flags)
+            .arg(local));
+        assert_eq!(
+            remote.replace(&url, "FILE"),
+            here.replace(&local.display().to_string(), "FILE"),
+            "{flags:?} {name}"
+        );
+        if name == "oov.bin" {
+            assert!(
+                remote.contains("is not below the vocabulary size"),
+                "{remote}"
+            );
+        }
+    }
+    // A missing object is an error naming it (exit 2), as without the flag.
+    let out = tlio_s3()
+        .env("TLIO_CACHE_DIR", &cache)
+        .args([
+            "tokens",
+            "header",
+            "--check-ids",
+            &format!("s3://{b}/data/none.bin"),
+        ])
         .assert()
         .code(2);
     let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
-    assert!(err.contains("--stats"), "{err}");
-    let out = tlio_s3()
-        .args(["tokens", "header", "--check-ids", "s3://bucket/x.bin"])
-        .assert()
-        .code(2);
-    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
-    assert!(err.contains("--check-ids"), "{err}");
+    assert!(
+        err.contains("none.bin") && err.contains("no such object"),
+        "{err}"
+    );
+}
+
+#[test]
+fn st_verify_of_an_int4_object_checks_its_scales_as_the_local_file_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = bucket();
+    let good = crate::fixture("models/int4/quantized-g8.safetensors");
+    let bad = crate::models::bad_scale(tmp.path(), 0x7e00);
+    for (name, local, code) in [("good", &good, 0), ("bad", &bad, 1)] {
+        ask(&format!(
+            "put {b} int4/{name}.safetensors {}",
+            local.display()
+        ));
+        let url = format!("s3://{b}/int4/{name}.safetensors");
+        let run = |cmd: &mut assert_cmd::Command| {
+            let out = cmd.output().unwrap();
+            assert_eq!(out.status.code(), Some(code), "{name}: {out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let remote = run(tlio_s3().args(["--json", "st", "verify", &url]));
+        let here = run(tlio().args(["--json", "st", "verify"]).arg(local));
+        assert_eq!(
+            remote.replace(&url, "FILE"),
+            here.replace(&local.display().to_string(), "FILE"),
+            "{name}"
+        );
+        if code == 1 {
+            assert!(
+                remote.contains("int4-scales") && remote.contains("finite and >= 0"),
+                "{remote}"
+            );
+            // --stats refuses the bad scale as it does locally, naming the tensor.
+            let out = tlio_s3()
+                .args(["st", "inspect", "--stats", &url])
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(1), "{out:?}");
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            assert!(
+                err.contains(&url) && err.contains("brain.weight.scales"),
+                "{err}"
+            );
+        }
+    }
 }

@@ -38,11 +38,17 @@ pub(super) fn inspect_one(
 ) -> anyhow::Result<Inspected> {
     let context = || format!("cannot inspect {}", path.display());
     if let Some(url) = crate::cmd::s3_url(path)? {
-        // An object in storage: its header by range requests, never its data.
+        // An object in storage: its header by range requests; with --stats, the
+        // object downloaded once and mapped.
         if stats {
-            return Err(crate::error::operational(format!(
-                "cannot inspect {url}: --stats reads every tensor, which tlio does not do over object storage; download the file first"
-            )));
+            let view = tlio_core::remote::map_model(&url).with_context(context)?;
+            bar.inc_length(view.model.shards.iter().map(|s| s.header.data_len()).sum());
+            let values = view.stats(&mut |n| bar.inc(n));
+            return Ok(Inspected {
+                path: url.to_string(),
+                model: view.model,
+                stats: Some(values),
+            });
         }
         let model = tlio_core::remote::open_model(&url).with_context(context)?;
         return Ok(Inspected {

@@ -320,21 +320,34 @@ fn header_row(
     ))
 }
 
-/// The row of a shard object in storage, from a range request of its header; the ids
-/// are not read (`--check-ids` and `--vocab-size` are refused for a URL).
+/// The row of a shard object in storage, from a range request of its header; with
+/// `--check-ids` or `--vocab-size`, every id is checked in the shard fetched through
+/// the verified local cache (as `tokens windows` fetches it), its errors naming the URL.
 fn remote_header_row(
     url: &tlio_core::s3::S3Url,
     check_ids: bool,
     vocab: Option<u32>,
 ) -> anyhow::Result<(HeaderRow, Option<TokensError>)> {
-    if check_ids || vocab.is_some() {
-        return Err(crate::error::operational(format!(
-            "cannot check the ids of {url}: --check-ids and --vocab-size read every id, which tlio does not do over object storage; download the shard first"
-        )));
-    }
     let report = tlio_core::remote::shard_header(url)
         .with_context(|| format!("cannot read the header of {url}"))?;
-    Ok(row_of(url.to_string(), report, &mut |_| Ok(()), vocab))
+    let mut ids = Ok(());
+    if (check_ids || vocab.is_some()) && report.header.is_ok() {
+        let source = [tlio_core::remote::url_path(url)];
+        ids = match tlio_core::remote::shards::open_shards(&source, vocab) {
+            Ok(_) => Ok(()),
+            Err(tlio_core::remote::RemoteError::Tokens(e)) => Err(e),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("cannot check the ids of {url}")))
+            }
+        };
+    }
+    let mut ids = Some(ids);
+    Ok(row_of(
+        url.to_string(),
+        report,
+        &mut |_| ids.take().unwrap_or(Ok(())),
+        vocab,
+    ))
 }
 
 /// A row from a header report; `check` is the further verdict of a valid header.

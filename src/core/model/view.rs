@@ -221,6 +221,19 @@ fn row(model: &Model, i: usize) -> Option<Row<'_>> {
     })
 }
 
+/// The message naming the first scale in `bytes` (the F16 scales of the int4 pair
+/// `name`) that is not finite or is negative (-0 is 0); `None` when every one is fine.
+pub fn bad_scale(name: &str, bytes: &[u8]) -> Option<String> {
+    let (at, bits) = scales_of(bytes)
+        .enumerate()
+        .find(|&(_, b)| (b & 0x7C00) == 0x7C00 || (b & 0x8000 != 0 && b & 0x7FFF != 0))?;
+    Some(format!(
+        "int4 (scales): tensor {}: scale {at} is {} (bits {bits:#06x}); scales must be finite and >= 0",
+        quote(&format!("{name}.scales")),
+        crate::safetensors::float::f16_to_f32(bits)
+    ))
+}
+
 fn scales_of(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
     bytes.chunks_exact(2).map(|b| {
         u16::from_le_bytes([
@@ -303,18 +316,8 @@ impl ModelView {
             let Some(bytes) = self.entry_bytes(scales) else {
                 continue;
             };
-            let bad = scales_of(bytes)
-                .enumerate()
-                .find(|&(_, b)| (b & 0x7C00) == 0x7C00 || (b & 0x8000 != 0 && b & 0x7FFF != 0));
-            if let Some((at, bits)) = bad {
-                out.push((
-                    l.name.clone(),
-                    format!(
-                        "int4 (scales): tensor {}: scale {at} is {} (bits {bits:#06x}); scales must be finite and >= 0",
-                        quote(&format!("{}.scales", l.name)),
-                        crate::safetensors::float::f16_to_f32(bits)
-                    ),
-                ));
+            if let Some(message) = bad_scale(&l.name, bytes) {
+                out.push((l.name.clone(), message));
             }
         }
         out

@@ -169,6 +169,42 @@ pub fn open_model(url: &S3Url) -> Result<Model, RemoteError> {
     })
 }
 
+/// The safetensors object at `url` mapped whole, for readers of every tensor
+/// (`st inspect --stats`): its header is checked by range requests first (a broken
+/// rule names the URL), then the object is downloaded once into a scratch directory
+/// under the system's temporary directory and mapped there. The scratch copy is
+/// unlinked before this returns (the mapping keeps its pages), so nothing is left
+/// behind whatever happens next; the model's path is the URL.
+#[cfg(feature = "s3")]
+pub fn map_model(url: &S3Url) -> Result<crate::model::view::ModelView, RemoteError> {
+    open_model(url)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("tlio-object-")
+        .tempdir()
+        .map_err(|e| {
+            S3Error::request(
+                url.to_string(),
+                e.kind(),
+                format!("cannot make a scratch directory for a copy: {e}"),
+            )
+        })?;
+    let local = scratch.path().join(url.name());
+    download(url, &local)?;
+    let invalid = |source| RemoteError::Model {
+        url: url.to_string(),
+        source: Box::new(source),
+    };
+    let mut model = Model::open(&local).map_err(invalid)?;
+    model.path = url_path(url);
+    crate::model::view::ModelView::map(model).map_err(invalid)
+}
+
+/// Without the `s3` feature an object cannot be reached.
+#[cfg(not(feature = "s3"))]
+pub fn map_model(url: &S3Url) -> Result<crate::model::view::ModelView, RemoteError> {
+    Err(not_built(url))
+}
+
 /// A URL as the path a local report names (core's reports name files by path).
 pub fn url_path(url: &S3Url) -> PathBuf {
     PathBuf::from(url.to_string())
@@ -208,7 +244,7 @@ pub fn shard_header(url: &S3Url) -> Result<HeaderReport, RemoteError> {
 }
 
 /// Download the object at `url` into the file `dest` (created or truncated); returns
-/// its size. For readers that need the whole object (`--check-ids`).
+/// its size. For readers that need the whole object ([`map_model`]).
 #[cfg(feature = "s3")]
 pub fn download(url: &S3Url, dest: &Path) -> Result<u64, RemoteError> {
     let store = crate::s3::connect(url)?;

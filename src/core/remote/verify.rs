@@ -1,6 +1,7 @@
 //! `st verify` of a safetensors object (scale.md section 3): the reader rules and the
 //! model rules from the header (range requests), `canonical` from the same header
-//! bytes, and `finite` by streaming the data once through a fixed buffer.
+//! bytes, the int4 scale rule from a range request of each pair's scales, and `finite`
+//! by streaming the data once through a fixed buffer.
 //!
 //! Invariants: the findings are the ones a local verify of the same bytes gives (same
 //! rules, same messages, the URL in place of the path); memory stays bounded whatever
@@ -73,8 +74,30 @@ pub fn verify_object(
         }
         data_findings.extend(scan.finish());
     }
-    let (_, mut findings) = Model::header_findings(&super::url_path(url), header);
+    let data_start = header.data_start();
+    let (model, mut findings) = Model::header_findings(&super::url_path(url), header);
     findings.extend(data_findings);
+    // The int4 scale rule reads the scales alone: one range request per pair.
+    for l in &model.logical {
+        let crate::model::Storage::Int4 { scales, .. } = l.storage else {
+            continue;
+        };
+        let Some(entry) = model.entry(scales) else {
+            continue;
+        };
+        let (begin, end) = entry.info.data_offsets;
+        let (Some(begin), Some(end)) = (data_start.checked_add(begin), data_start.checked_add(end))
+        else {
+            continue;
+        };
+        let bytes = store.get_range(url.key(), begin..end)?;
+        if bytes.len() as u64 != end.saturating_sub(begin) {
+            return Err(super::short_read(url, end.saturating_sub(begin), bytes.len()).into());
+        }
+        if let Some(message) = crate::model::view::bad_scale(&l.name, &bytes) {
+            findings.push(crate::model::finding("int4-scales", Some(&l.name), message));
+        }
+    }
     Ok(findings)
 }
 
