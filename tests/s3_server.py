@@ -14,6 +14,8 @@ credentials the server accepts), then answers each request line with one line,
     keys BUCKET [PREFIX]         the keys under PREFIX, space-separated, sorted
     meta BUCKET KEY NAME         the user metadata value NAME of BUCKET/KEY
     delete BUCKET KEY            delete one object
+    served BUCKET                the bytes of every GET response body for BUCKET so far
+                                 (what clients downloaded from it, ranges included)
 
 Without ``--auth`` the server checks no signature (any key works). With it, the server
 checks every request as AWS does: an IAM user with full S3 rights and an access key is
@@ -27,6 +29,7 @@ stops, so no server outlives the tests that started it. Nothing here leaves loop
 import json
 import os
 import sys
+import threading
 
 # Credentials moto accepts when it checks no signature.
 TEST_KEY = "testing"
@@ -39,7 +42,49 @@ if AUTH:
     os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = str(SETUP_REQUESTS)
 
 import boto3  # noqa: E402
-from moto.server import ThreadedMotoServer  # noqa: E402
+from moto.moto_server import threaded_moto_server as tms  # noqa: E402
+
+# Bytes of GET response bodies by bucket (path-style requests: /BUCKET/KEY).
+SERVED = {}
+SERVED_LOCK = threading.Lock()
+
+
+def counting(app):
+    """The WSGI app ``app`` adding the body bytes of each GET response to SERVED."""
+
+    def wrapped(environ, start_response):
+        body = app(environ, start_response)
+        if environ.get("REQUEST_METHOD") != "GET":
+            return body
+        bucket = environ.get("PATH_INFO", "/").lstrip("/").split("/", 1)[0]
+
+        def counted():
+            n = 0
+            try:
+                for chunk in body:
+                    n += len(chunk)
+                    yield chunk
+            finally:
+                with SERVED_LOCK:
+                    SERVED[bucket] = SERVED.get(bucket, 0) + n
+                close = getattr(body, "close", None)
+                if close is not None:
+                    close()
+
+        return counted()
+
+    return wrapped
+
+
+class CountingServer(tms.ThreadedMotoServer):
+    """moto's threaded server with its app wrapped by ``counting``."""
+
+    def _server_entry(self):
+        app = counting(tms.DomainDispatcherApplication(tms.create_backend_app))
+        self._server = tms.make_server(self._ip_address, self._port, app, True,
+                                       request_handler=tms.MotoRequestHandler)
+        self._server_ready_event.set()
+        self._server.serve_forever()
 
 # The policy of the test user: everything on S3.
 S3_ALL = json.dumps(
@@ -89,11 +134,14 @@ def answer(s3, words):
     if cmd == "delete":
         s3.delete_object(Bucket=args[0], Key=args[1])
         return ""
+    if cmd == "served":
+        with SERVED_LOCK:
+            return str(SERVED.get(args[0], 0))
     raise ValueError(f"unknown request {cmd!r}")
 
 
 def main():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = CountingServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"

@@ -3,7 +3,9 @@
 //! gap or an overlap, and a region assembled from any chunking through the planned
 //! runs and pieces equals the region of the global tensor, and the range requests of a
 //! remote read hold every piece once. Also: the local protocol refuses an `s3://` URL
-//! before anything is made (remote::location sends those to the remote one).
+//! before anything is made (remote::location sends those to the remote one). And the
+//! streamed piece checks of a remote verify find exactly the damaged pieces, however
+//! the file's bytes arrive.
 
 use proptest::prelude::*;
 
@@ -171,4 +173,105 @@ fn the_local_protocol_refuses_an_object_storage_url_before_anything_is_made() {
     }
     // The local protocol would have made a directory named after the URL's text.
     assert!(!std::path::Path::new("s3:").exists());
+}
+
+/// A step of one data file of `file_len` bytes (byte k is k as u8) holding chunks at
+/// the given (begin, len), with the table's piece digests of those bytes.
+fn one_file_step(file_len: u64, chunks: &[(u64, u64)], piece_bytes: u64) -> super::ShardedStep {
+    use super::open::{DataFile, Source, StepChunk, StepTensor};
+    let bytes: Vec<u8> = (0..file_len).map(|k| k as u8).collect();
+    let tensors = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, &(begin, len))| {
+            let data = &bytes[begin as usize..(begin + len) as usize];
+            let pieces = data
+                .chunks(piece_bytes as usize)
+                .map(super::piece::piece_digest_bytes)
+                .collect();
+            StepTensor {
+                group: super::table::Group::Model,
+                name: format!("t{i}"),
+                dtype: crate::safetensors::Dtype::U8,
+                shape: vec![len],
+                chunks: vec![StepChunk {
+                    offsets: vec![0],
+                    sizes: vec![len],
+                    file: 0,
+                    begin,
+                    end: begin + len,
+                    pieces,
+                }],
+            }
+        })
+        .collect();
+    super::ShardedStep {
+        path: std::path::PathBuf::from("step-000001"),
+        step: 1,
+        sharded: true,
+        state: crate::checkpoint::TrainerState::new(1),
+        config: None,
+        skipped: Vec::new(),
+        meta: Default::default(),
+        piece_bytes,
+        tensors,
+        files: vec![DataFile {
+            name: "model-rank00000.safetensors".to_string(),
+            source: Source::Owned(bytes),
+        }],
+    }
+}
+
+/// Disjoint (begin, len) chunks inside a file, from random gaps and lengths, listed in
+/// a shuffled order (the table's order need not be the file's); the file's length.
+fn layout_strategy() -> impl Strategy<Value = (Vec<(u64, u64)>, u64)> {
+    proptest::collection::vec((0u64..20, 0u64..50), 0..8).prop_map(|parts| {
+        let mut at = 0;
+        let mut chunks = Vec::new();
+        for (gap, len) in parts {
+            chunks.push((at + gap, len));
+            at += gap + len;
+        }
+        chunks.reverse();
+        (chunks, at + 7)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn streamed_piece_checks_find_exactly_the_damaged_pieces_whatever_the_splits(
+        (chunks, file_len) in layout_strategy(),
+        piece_bytes in 1u64..16,
+        cuts in proptest::collection::vec(0usize..400, 0..12),
+        flip in proptest::option::of(0u64..400),
+    ) {
+        let step = one_file_step(file_len, &chunks, piece_bytes);
+        let mut bytes: Vec<u8> = (0..file_len).map(|k| k as u8).collect();
+        let flip = flip.filter(|&f| f < file_len);
+        if let Some(f) = flip {
+            bytes[f as usize] ^= 1;
+        }
+        let mut scan = super::verify::FilePieces::new(&step, "model-rank00000.safetensors").unwrap();
+        let mut cuts: Vec<usize> = cuts.into_iter().filter(|&c| c <= bytes.len()).collect();
+        cuts.sort_unstable();
+        let mut from = 0;
+        for c in cuts.into_iter().chain([bytes.len()]) {
+            scan.feed(&bytes[from..c]);
+            from = c;
+        }
+        let found = scan.finish();
+        // The damaged piece, when the flipped byte lies in a chunk: (tensor, piece).
+        let damaged: Vec<(usize, u64)> = flip
+            .into_iter()
+            .flat_map(|f| chunks.iter().enumerate().filter(move |(_, &(b, l))| f >= b && f < b + l)
+                .map(move |(i, &(b, _))| (i, (f - b) / piece_bytes)))
+            .collect();
+        let got: Vec<(usize, u64)> = found.iter().map(|((t, _, p), _)| (*t, *p)).collect();
+        prop_assert_eq!(&got, &damaged);
+        for (_, problem) in &found {
+            prop_assert!(problem.contains("does not match its blake3 digest"), "{}", problem);
+        }
+    }
 }

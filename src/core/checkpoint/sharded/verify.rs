@@ -187,6 +187,119 @@ fn check_remote(step: &super::ShardedStep, jobs: &[(&StepTensor, &StepChunk, u64
     out
 }
 
+/// The piece checks of one data file of an opened step, fed the file's bytes once, in
+/// order, as they stream past: a remote verify hashes the file's sha256 from the same
+/// bytes, so the file is downloaded once, not once for each digest. Every chunk in the
+/// file is hashed piece by piece and compared with the table's digest as soon as its
+/// last byte has passed.
+#[cfg_attr(
+    not(feature = "s3"),
+    allow(dead_code, reason = "the remote verify (feature s3) uses it")
+)]
+pub(crate) struct FilePieces<'s> {
+    step: &'s super::ShardedStep,
+    file: usize,
+    /// (tensor, chunk) indices of the chunks in the file, by their first byte.
+    order: Vec<(usize, usize)>,
+    next: usize,
+    pos: u64,
+    hasher: blake3::Hasher,
+    /// Mismatches: ((tensor, chunk, piece), problem), the key giving table order.
+    found: Vec<((usize, usize, u64), String)>,
+}
+
+#[cfg_attr(
+    not(feature = "s3"),
+    allow(dead_code, reason = "the remote verify (feature s3) uses it")
+)]
+impl<'s> FilePieces<'s> {
+    /// The checks of the data file named `name`; `None` when the step has no such file.
+    pub(crate) fn new(step: &'s super::ShardedStep, name: &str) -> Option<Self> {
+        let file = step.files.iter().position(|f| f.name == name)?;
+        let mut order: Vec<(usize, usize)> = Vec::new();
+        for (ti, t) in step.tensors.iter().enumerate() {
+            for (ci, c) in t.chunks.iter().enumerate() {
+                if c.file == file {
+                    order.push((ti, ci));
+                }
+            }
+        }
+        order.sort_by_key(|&(ti, ci)| {
+            step.tensors
+                .get(ti)
+                .and_then(|t| t.chunks.get(ci))
+                .map(|c| c.begin)
+        });
+        Some(FilePieces {
+            step,
+            file,
+            order,
+            next: 0,
+            pos: 0,
+            hasher: blake3::Hasher::new(),
+            found: Vec::new(),
+        })
+    }
+
+    fn chunk(&self, k: usize) -> Option<(usize, usize, &'s StepTensor, &'s StepChunk)> {
+        let &(ti, ci) = self.order.get(k)?;
+        let t = self.step.tensors.get(ti)?;
+        Some((ti, ci, t, t.chunks.get(ci)?))
+    }
+
+    /// The next bytes of the file.
+    pub(crate) fn feed(&mut self, mut bytes: &[u8]) {
+        let piece_bytes = self.step.piece_bytes.max(1);
+        while !bytes.is_empty() {
+            let Some((ti, ci, t, c)) = self.chunk(self.next) else {
+                self.pos = self.pos.saturating_add(bytes.len() as u64);
+                return;
+            };
+            if self.pos >= c.end {
+                // Done (or empty): its pieces were judged as they closed.
+                self.next = self.next.saturating_add(1);
+                continue;
+            }
+            if self.pos < c.begin {
+                let gap = usize::try_from(c.begin.saturating_sub(self.pos)).unwrap_or(usize::MAX);
+                let skip = gap.min(bytes.len());
+                bytes = bytes.get(skip..).unwrap_or_default();
+                self.pos = self.pos.saturating_add(skip as u64);
+                continue;
+            }
+            let piece = self.pos.saturating_sub(c.begin) / piece_bytes;
+            let at = c.begin.saturating_add(piece.saturating_mul(piece_bytes));
+            let piece_end = at.saturating_add(piece_bytes).min(c.end);
+            let room = usize::try_from(piece_end.saturating_sub(self.pos)).unwrap_or(usize::MAX);
+            let (now, rest) = bytes.split_at(room.min(bytes.len()));
+            self.hasher.update(now);
+            self.pos = self.pos.saturating_add(now.len() as u64);
+            bytes = rest;
+            if self.pos == piece_end {
+                let digest = *self.hasher.finalize().as_bytes();
+                self.hasher.reset();
+                let expected = usize::try_from(piece).ok().and_then(|k| c.pieces.get(k));
+                if expected != Some(&digest) {
+                    let name = self
+                        .step
+                        .files
+                        .get(self.file)
+                        .map_or("?", |f| f.name.as_str());
+                    let n = piece_end.saturating_sub(at);
+                    self.found
+                        .push(((ti, ci, piece), mismatch(name, piece, at, n, t)));
+                }
+            }
+        }
+    }
+
+    /// The mismatches found, keyed for table order; a chunk whose bytes did not all
+    /// arrive is not judged (the file's size check reports a short file).
+    pub(crate) fn finish(self) -> Vec<((usize, usize, u64), String)> {
+        self.found
+    }
+}
+
 /// A piece that does not match its digest, in the words every check uses.
 fn mismatch(file: &str, p: u64, at: u64, n: u64, t: &StepTensor) -> String {
     format!(

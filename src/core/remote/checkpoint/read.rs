@@ -1,6 +1,6 @@
 //! Reading checkpoints on object storage: verifying a step (its manifest, then every
 //! object it lists, downloaded once and hashed as it arrives, checked by the local
-//! rules), and the choice `load` makes: the newest committed step that verifies (with
+//! rules; a sharded step's piece digests from the same bytes), and the choice `load` makes: the newest committed step that verifies (with
 //! `step`, that one or the newest older one). `LATEST` is a hint on object storage: a
 //! writer stopped between its commit and `LATEST` leaves a committed step newer than
 //! `LATEST`, and the listing finds it.
@@ -24,12 +24,18 @@ use crate::checkpoint::content::{check_hashed, check_state};
 use crate::checkpoint::load::{Loaded, Picked, Survey, SurveyRow, Unsharded, MAX_RESTARTS};
 use crate::checkpoint::manifest::{ManifestEntry, MANIFEST_NAME};
 use crate::checkpoint::sharded::open::is_sharded;
+use crate::checkpoint::sharded::verify::FilePieces;
+use crate::checkpoint::sharded::ShardedStep;
 use crate::checkpoint::verify::{
     check_manifest_step, Inspection, Problem, MAX_JSON_BYTES, MAX_MANIFEST_BYTES,
 };
 use crate::checkpoint::{step_name, CheckpointError, Latest};
 use crate::digest::hex;
 use crate::s3::{S3Error, S3Url};
+
+/// A piece mismatch found while a file streamed past, keyed (tensor, chunk, piece) for
+/// table order.
+type PieceProblem = ((usize, usize, u64), String);
 
 /// Which listed files' bytes an inspection keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,38 +98,30 @@ pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) 
     let no_objects = BTreeMap::new();
     let stored = objects.attempts.get(&rm.attempt).unwrap_or(&no_objects);
     let mut config_sha = None;
-    let checked: Vec<(Inspection, Option<String>)> = std::thread::scope(|s| {
-        let workers: Vec<_> = manifest
-            .files
-            .iter()
-            .map(|entry| {
-                let rel = object_rel(step, &rm.attempt, &entry.name);
-                let size = stored.get(&entry.name).map(|i| i.size);
-                s.spawn(move || check_object(remote, &rel, entry, size, keep))
-            })
-            .collect();
-        workers
-            .into_iter()
-            .zip(&manifest.files)
-            .map(|(w, entry)| {
-                w.join().unwrap_or_else(|_| {
-                    let mut local = Inspection::default();
-                    local.problems.push(Problem::Unreadable {
-                        name: entry.name.clone(),
-                        reason: "its check did not finish".to_string(),
-                    });
-                    (local, None)
-                })
-            })
-            .collect()
-    });
-    for (local, sha) in checked {
+    // A sharded step opened first (its table against the objects' headers, by range
+    // requests) has its pieces checked from the very bytes its files' sha256 is
+    // computed from: each data object is downloaded once.
+    let opened = (is_sharded(&manifest) && keep == Keep::Json)
+        .then(|| super::sharded::open_one(remote, step, listing).ok())
+        .flatten();
+    let checked = check_objects(
+        remote,
+        step,
+        &rm.attempt,
+        &manifest.files,
+        stored,
+        keep,
+        opened.as_ref(),
+    );
+    let mut piece_problems = Vec::new();
+    for (local, sha, pieces) in checked {
         out.problems.extend(local.problems);
         out.size = out.size.saturating_add(local.size);
         out.state = out.state.or(local.state);
         out.config = out.config.or(local.config);
         out.data.extend(local.data);
         config_sha = config_sha.or(sha);
+        piece_problems.extend(pieces);
     }
     for name in stored.keys() {
         if manifest.get(name).is_none() {
@@ -131,8 +129,14 @@ pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) 
         }
     }
     check_state(&manifest, config_sha.as_deref(), &mut out);
+    // As locally, the sharded checks speak only when every file verified.
     if out.problems.is_empty() && is_sharded(&manifest) {
-        let found = super::sharded::check_step(remote, step, listing);
+        let found = if opened.is_some() {
+            piece_problems.sort_by_key(|(key, _)| *key);
+            piece_problems.into_iter().map(|(_, p)| p).collect()
+        } else {
+            super::sharded::check_step(remote, step, listing)
+        };
         out.problems.extend(found.into_iter().map(Problem::Sharded));
     }
     out.manifest = Some(manifest);
@@ -142,6 +146,57 @@ pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) 
         out.data.clear();
     }
     out
+}
+
+/// [`check_object`] of every listed file, each on a thread of its own; with `opened`
+/// (the sharded step, opened), each data object's pieces are checked from its bytes
+/// as they arrive.
+fn check_objects(
+    remote: &Remote,
+    step: u64,
+    attempt: &str,
+    files: &[ManifestEntry],
+    stored: &BTreeMap<String, crate::s3::ObjectInfo>,
+    keep: Keep,
+    opened: Option<&ShardedStep>,
+) -> Vec<(Inspection, Option<String>, Vec<PieceProblem>)> {
+    std::thread::scope(|s| {
+        let workers: Vec<_> = files
+            .iter()
+            .map(|entry| {
+                let rel = object_rel(step, attempt, &entry.name);
+                let size = stored.get(&entry.name).map(|i| i.size);
+                s.spawn(move || {
+                    let mut pieces = opened.and_then(|o| FilePieces::new(o, &entry.name));
+                    let mut also = |chunk: &[u8]| {
+                        if let Some(p) = pieces.as_mut() {
+                            p.feed(chunk);
+                        }
+                    };
+                    let (local, sha) = check_object(remote, &rel, entry, size, keep, &mut also);
+                    (
+                        local,
+                        sha,
+                        pieces.map(FilePieces::finish).unwrap_or_default(),
+                    )
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .zip(files)
+            .map(|(w, entry)| {
+                w.join().unwrap_or_else(|_| {
+                    let mut local = Inspection::default();
+                    local.problems.push(Problem::Unreadable {
+                        name: entry.name.clone(),
+                        reason: "its check did not finish".to_string(),
+                    });
+                    (local, None, Vec::new())
+                })
+            })
+            .collect()
+    })
 }
 
 /// What the listing already says is wrong with a listed file (absent, or another
@@ -175,13 +230,15 @@ fn read_problem(entry: &ManifestEntry, err: S3Error) -> Problem {
 }
 
 /// One listed object (listed at `size`, `None` when the listing has no such object):
-/// downloaded once, hashed and checked by the local rules.
+/// downloaded once, hashed and checked by the local rules; `also` sees every byte too
+/// (a sharded step's piece checks).
 fn check_object(
     remote: &Remote,
     rel: &str,
     entry: &ManifestEntry,
     size: Option<u64>,
     keep: Keep,
+    also: &mut dyn FnMut(&[u8]),
 ) -> (Inspection, Option<String>) {
     let mut out = Inspection::default();
     let name = &entry.name;
@@ -195,6 +252,7 @@ fn check_object(
     let mut count = 0u64;
     let mut seen = |chunk: &[u8]| {
         hasher.update(chunk);
+        also(chunk);
         if let Some(h) = &mut header {
             h.see(chunk);
         }
