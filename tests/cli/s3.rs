@@ -435,3 +435,90 @@ fn st_verify_of_an_int4_object_checks_its_scales_as_the_local_file_does() {
         }
     }
 }
+
+#[test]
+fn a_model_directory_and_its_index_in_storage_inspect_and_verify_as_the_local_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = crate::sharded_model(tmp.path(), "m");
+    let b = bucket();
+    let names: Vec<String> = std::fs::read_dir(&m)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    for name in &names {
+        ask(&format!(
+            "put {b} models/m/{name} {}",
+            m.join(name).display()
+        ));
+    }
+    let prefix = format!("s3://{b}/models/m");
+    let index = "model.safetensors.index.json";
+    let pairs = [
+        (prefix.clone(), m.clone()),
+        (format!("{prefix}/{index}"), m.join(index)),
+    ];
+    for (there, here) in &pairs {
+        let same = |args: &[&str], code: i32| {
+            let remote = tlio_s3().args(args).arg(there).output().unwrap();
+            let local = tlio().args(args).arg(here).output().unwrap();
+            assert_eq!(
+                remote.status.code(),
+                Some(code),
+                "{args:?} {there}: {remote:?}"
+            );
+            assert_eq!(
+                local.status.code(),
+                Some(code),
+                "{args:?} {here:?}: {local:?}"
+            );
+            let remote = String::from_utf8(remote.stdout).unwrap();
+            assert_eq!(
+                remote.replace(&prefix, "DIR"),
+                String::from_utf8(local.stdout)
+                    .unwrap()
+                    .replace(&m.display().to_string(), "DIR"),
+                "{args:?} {there}"
+            );
+            remote
+        };
+        let shown = same(&["--json", "st", "inspect"], 0);
+        assert!(shown.contains("\"kind\""), "{shown}");
+        same(&["st", "inspect"], 0);
+        let stats = same(&["--json", "st", "inspect", "--stats"], 0);
+        assert!(stats.contains("\"stats\""), "{stats}");
+        same(&["--json", "st", "verify", "--canonical", "--finite"], 0);
+    }
+
+    // A shard missing in storage is the local finding; a prefix holding nothing is an
+    // error naming it.
+    let shard = names
+        .iter()
+        .find(|n| n.ends_with(".safetensors") && n.contains("-of-"))
+        .unwrap();
+    ask(&format!("delete {b} models/m/{shard}"));
+    std::fs::remove_file(m.join(shard)).unwrap();
+    let remote = tlio_s3()
+        .args(["--json", "st", "verify", &prefix])
+        .output()
+        .unwrap();
+    let local = tlio()
+        .args(["--json", "st", "verify"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert_eq!(remote.status.code(), Some(1), "{remote:?}");
+    assert_eq!(
+        String::from_utf8(remote.stdout)
+            .unwrap()
+            .replace(&prefix, "DIR"),
+        String::from_utf8(local.stdout)
+            .unwrap()
+            .replace(&m.display().to_string(), "DIR")
+    );
+    let out = tlio_s3()
+        .args(["st", "inspect", &format!("s3://{b}/models/none")])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(err.contains(&format!("s3://{b}/models/none")), "{err}");
+}

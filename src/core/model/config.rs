@@ -5,15 +5,17 @@
 use std::io;
 use std::path::Path;
 
+use super::files::ModelFiles;
 use super::{finding, Model, ModelError, CONFIG_NAME, MAX_CONFIG_SIZE, TOKENIZER_NAME};
 use crate::safetensors::verify::Findings;
 
 pub(super) fn read_config(
     path: &Path,
+    files: &dyn ModelFiles,
     problems: &mut Findings,
 ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ModelError> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
+    let size = match files.size(path) {
+        Ok(n) => n,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
             return Err(ModelError::Io {
@@ -22,19 +24,17 @@ pub(super) fn read_config(
             })
         }
     };
-    if meta.len() > MAX_CONFIG_SIZE {
+    if size > MAX_CONFIG_SIZE {
         problems.push(finding(
             "config",
             None,
-            format!(
-                "config: {CONFIG_NAME} is {} bytes, over the limit of {MAX_CONFIG_SIZE}",
-                meta.len()
-            ),
+            format!("config: {CONFIG_NAME} is {size} bytes, over the limit of {MAX_CONFIG_SIZE}"),
         ));
         return Ok(None);
     }
-    let text =
-        crate::files::read_limited(path, MAX_CONFIG_SIZE).map_err(|source| ModelError::Io {
+    let text = files
+        .read_limited(path, MAX_CONFIG_SIZE)
+        .map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
             source,
         })?;
@@ -63,14 +63,14 @@ pub(super) fn read_config(
 
 /// The format page: a directory holds `tokenizer.json` exactly when `config.json` says
 /// `"tl_tokenizer": "file"`; without `tl_tokenizer` (Hugging Face) either is fine.
-pub(super) fn check_tokenizer(model: &Model, problems: &mut Findings) {
+pub(super) fn check_tokenizer(model: &Model, files: &dyn ModelFiles, problems: &mut Findings) {
     let (Some(config), Some(dir)) = (&model.config, &model.dir) else {
         return;
     };
     let Some(mode) = config.get("tl_tokenizer") else {
         return;
     };
-    let has = dir.join(TOKENIZER_NAME).exists();
+    let has = files.exists(&dir.join(TOKENIZER_NAME));
     let wants = mode.as_str() == Some("file");
     if wants && !has {
         problems.push(finding(

@@ -16,7 +16,6 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::{finding, parent, Entry, Model, ModelError, Shard};
-use crate::safetensors::read_header;
 use crate::safetensors::verify::{Finding, Findings};
 use crate::text::quote;
 
@@ -79,14 +78,18 @@ pub fn is_plain_name(name: &str) -> bool {
         && !Path::new(name).is_absolute()
 }
 
-/// Read the index at `path` and the header of every shard it names. Broken rules are
-/// pushed to `problems`; None when the document itself is unusable.
-pub fn read(path: &Path, problems: &mut Findings) -> Result<Option<Parsed>, ModelError> {
+/// Read the index at `path` and the header of every shard it names, through `files`.
+/// Broken rules are pushed to `problems`; None when the document itself is unusable.
+pub fn read(
+    path: &Path,
+    files: &dyn super::files::ModelFiles,
+    problems: &mut Findings,
+) -> Result<Option<Parsed>, ModelError> {
     let io = |source| ModelError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let size = std::fs::metadata(path).map_err(io)?.len();
+    let size = files.size(path).map_err(io)?;
     if size > MAX_INDEX_SIZE {
         problems.push(finding(
             "index-json",
@@ -96,7 +99,7 @@ pub fn read(path: &Path, problems: &mut Findings) -> Result<Option<Parsed>, Mode
         return Ok(None);
     }
     // Bounded and regular-file only: a FIFO or device named as an index must not hang.
-    let text = crate::files::read_limited(path, MAX_INDEX_SIZE).map_err(io)?;
+    let text = files.read_limited(path, MAX_INDEX_SIZE).map_err(io)?;
     // serde would accept a JSON array for a struct: the document must be an object.
     if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         problems.push(finding(
@@ -120,7 +123,7 @@ pub fn read(path: &Path, problems: &mut Findings) -> Result<Option<Parsed>, Mode
         }
     };
     let weight_map = index.weight_map.0;
-    let shards = read_shards(&parent(path), &weight_map, problems)?;
+    let shards = read_shards(&parent(path), &weight_map, files, problems)?;
     Ok(Some(Parsed {
         metadata: index.metadata,
         weight_map,
@@ -133,6 +136,7 @@ pub fn read(path: &Path, problems: &mut Findings) -> Result<Option<Parsed>, Mode
 fn read_shards(
     dir: &Path,
     weight_map: &BTreeMap<String, String>,
+    files: &dyn super::files::ModelFiles,
     problems: &mut Findings,
 ) -> Result<Vec<Shard>, ModelError> {
     let names: BTreeSet<&String> = weight_map.values().collect();
@@ -150,7 +154,7 @@ fn read_shards(
             continue;
         }
         let shard_path = dir.join(name);
-        match read_header(&shard_path) {
+        match files.read_header(&shard_path) {
             Ok(header) => shards.push(Shard {
                 name: name.clone(),
                 path: shard_path,

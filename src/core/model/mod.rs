@@ -23,6 +23,7 @@ use config::{check_tokenizer, read_config};
 
 pub mod arch;
 mod config;
+pub mod files;
 pub mod index;
 pub mod int4;
 mod int4_avx2;
@@ -287,25 +288,33 @@ impl Model {
     /// tokenizer) found from the headers and JSON files; an error only when nothing can
     /// be read at all.
     pub fn scan(path: &Path) -> Result<(Model, Findings), ModelError> {
+        Model::scan_with(path, &files::LocalFiles)
+    }
+
+    /// [`Model::scan`] reading through `files` (a prefix in object storage, for one).
+    pub fn scan_with(
+        path: &Path,
+        files: &dyn files::ModelFiles,
+    ) -> Result<(Model, Findings), ModelError> {
         let io = |source| ModelError::Io {
             path: path.to_path_buf(),
             source,
         };
-        let meta = std::fs::metadata(path).map_err(io)?;
+        let is_dir = files.is_dir(path).map_err(io)?;
         let mut problems = Findings::new();
         let Located {
             kind,
             index_path,
             single,
             dir,
-        } = Located::of(path, meta.is_dir())?;
+        } = Located::of(path, is_dir, files)?;
 
         let mut shards = Vec::new();
         let mut index_metadata = BTreeMap::new();
         let mut weight_map = None;
         let before = problems.len();
         if let Some(index_path) = &index_path {
-            let parsed = index::read(index_path, &mut problems)?;
+            let parsed = index::read(index_path, files, &mut problems)?;
             if let Some(parsed) = parsed {
                 index_metadata = parsed.metadata;
                 shards = parsed.shards;
@@ -315,7 +324,7 @@ impl Model {
             let name = single
                 .file_name()
                 .map_or_else(|| SINGLE_NAME.to_string(), |n| n.to_string_lossy().into());
-            match crate::safetensors::read_header(single) {
+            match files.read_header(single) {
                 Ok(header) => shards.push(Shard {
                     name,
                     path: single.clone(),
@@ -335,7 +344,7 @@ impl Model {
         // total_size is only meaningful when every shard could be read.
         let complete = problems.len() == before;
         let config = match &dir {
-            Some(d) => read_config(&d.join(CONFIG_NAME), &mut problems)?,
+            Some(d) => read_config(&d.join(CONFIG_NAME), files, &mut problems)?,
             None => None,
         };
         let located = Located {
@@ -352,6 +361,7 @@ impl Model {
             weight_map,
             config,
             complete,
+            files,
             &mut problems,
         );
         Ok((model, problems))
@@ -390,13 +400,14 @@ impl Model {
             None,
             None,
             true,
+            &files::LocalFiles,
             &mut problems,
         );
         (model, problems)
     }
 
     /// The model, or its first broken rule with how many more there are.
-    fn first_problem(model: Model, problems: Findings) -> Result<Model, ModelError> {
+    pub(crate) fn first_problem(model: Model, problems: Findings) -> Result<Model, ModelError> {
         let total = problems.len();
         let (kept, _) = problems.into_parts();
         match kept.into_iter().next() {
@@ -421,6 +432,7 @@ impl Model {
         weight_map: Option<BTreeMap<String, String>>,
         config: Option<serde_json::Map<String, serde_json::Value>>,
         complete: bool,
+        files: &dyn files::ModelFiles,
         problems: &mut Findings,
     ) -> Model {
         let Located {
@@ -452,7 +464,7 @@ impl Model {
             arch::check(&model, problems);
         }
         if model.kind == Kind::Directory {
-            check_tokenizer(&model, problems);
+            check_tokenizer(&model, files, problems);
         }
         model.logical.sort_by(|a, b| a.name.cmp(&b.name));
         model
@@ -541,15 +553,16 @@ struct Located {
 
 impl Located {
     /// What `path` (a directory when `is_dir`) is: a directory, an index or a file.
-    fn of(path: &Path, is_dir: bool) -> Result<Located, ModelError> {
+    fn of(path: &Path, is_dir: bool, files: &dyn files::ModelFiles) -> Result<Located, ModelError> {
         let (kind, index_path, single, dir) = if is_dir {
             let index = path.join(INDEX_NAME);
             let single = path.join(SINGLE_NAME);
-            if index.exists() && single.exists() {
+            let (has_index, has_single) = (files.exists(&index), files.exists(&single));
+            if has_index && has_single {
                 return Err(ModelError::Ambiguous(path.to_path_buf()));
-            } else if index.exists() {
+            } else if has_index {
                 (Kind::Directory, Some(index), None, Some(path.to_path_buf()))
-            } else if single.exists() {
+            } else if has_single {
                 (
                     Kind::Directory,
                     None,

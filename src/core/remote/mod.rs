@@ -160,24 +160,138 @@ fn short_read(url: &S3Url, expected: u64, got: usize) -> S3Error {
 }
 
 /// The safetensors object at `url` as a one-file [`Model`] (what `st inspect` shows),
-/// from its header alone; the model's path is the URL.
+/// from its header alone; or the model directory (a prefix) or index it names, from
+/// its JSON files and its shards' headers. The model's paths are URLs.
 pub fn open_model(url: &S3Url) -> Result<Model, RemoteError> {
-    let (header, _) = safetensors_header(url)?;
-    Model::from_header(&url_path(url), header).map_err(|source| RemoteError::Model {
+    let invalid = |source| RemoteError::Model {
         url: url.to_string(),
         source: Box::new(source),
+    };
+    if url.key().ends_with(".safetensors") {
+        let (header, _) = safetensors_header(url)?;
+        return Model::from_header(&url_path(url), header).map_err(invalid);
+    }
+    open_model_files(url).map_err(|e| match e {
+        RemoteError::Model { source, .. } => invalid(*source),
+        e => e,
     })
 }
 
-/// The safetensors object at `url` mapped whole, for readers of every tensor
-/// (`st inspect --stats`): its header is checked by range requests first (a broken
-/// rule names the URL), then the object is downloaded once into a scratch directory
-/// under the system's temporary directory and mapped there. The scratch copy is
-/// unlinked before this returns (the mapping keeps its pages), so nothing is left
+/// [`open_model`] of anything but a `.safetensors` object, through [`RemoteFiles`].
+#[cfg(feature = "s3")]
+fn open_model_files(url: &S3Url) -> Result<Model, RemoteError> {
+    let store = crate::s3::connect(url)?;
+    let files = RemoteFiles { store: &store };
+    let invalid = |source| RemoteError::Model {
+        url: url.to_string(),
+        source: Box::new(source),
+    };
+    let (model, problems) = Model::scan_with(&url_path(url), &files).map_err(invalid)?;
+    Model::first_problem(model, problems).map_err(invalid)
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_model_files(url: &S3Url) -> Result<Model, RemoteError> {
+    Err(not_built(url))
+}
+
+/// A model's files in storage, for [`Model::scan_with`]: existence and sizes by HEAD
+/// (a directory is a prefix with objects under it), JSON files by one bounded GET,
+/// headers by range requests. Its paths are URLs, as [`url_path`] makes them, so every
+/// finding and error names the object.
+#[cfg(feature = "s3")]
+pub(crate) struct RemoteFiles<'a> {
+    pub(crate) store: &'a crate::s3::Store,
+}
+
+/// The URL a path of [`url_path`] holds.
+#[cfg(feature = "s3")]
+pub(crate) fn path_url(path: &Path) -> Result<S3Url, RemoteError> {
+    let text = path.to_str().ok_or_else(|| S3Error::BadUrl {
+        url: path.display().to_string(),
+        reason: "not UTF-8".to_string(),
+    })?;
+    Ok(S3Url::parse(text)?)
+}
+
+/// A request failure as the I/O error a local read of the same file gives (its kind
+/// kept: `NotFound` for a missing object).
+#[cfg(feature = "s3")]
+fn io_error(e: RemoteError) -> std::io::Error {
+    match e {
+        RemoteError::S3(S3Error::Request { source, .. }) => source,
+        e => std::io::Error::other(crate::failure::full_text(&e)),
+    }
+}
+
+#[cfg(feature = "s3")]
+impl crate::model::files::ModelFiles for RemoteFiles<'_> {
+    fn is_dir(&self, path: &Path) -> std::io::Result<bool> {
+        let url = path_url(path).map_err(io_error)?;
+        let found = |e: S3Error| io_error(e.into());
+        if self.store.head(url.key()).map_err(found)?.is_some() {
+            return Ok(false);
+        }
+        let (dirs, objects) = self.store.list_dir(url.key()).map_err(found)?;
+        if dirs.is_empty() && objects.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such object, and no object under it",
+            ));
+        }
+        Ok(true)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path_url(path)
+            .ok()
+            .and_then(|u| self.store.head(u.key()).ok().flatten())
+            .is_some()
+    }
+
+    fn size(&self, path: &Path) -> std::io::Result<u64> {
+        let url = path_url(path).map_err(io_error)?;
+        match self.store.head(url.key()).map_err(|e| io_error(e.into()))? {
+            Some(info) => Ok(info.size),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such object",
+            )),
+        }
+    }
+
+    fn read_limited(&self, path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+        let url = path_url(path).map_err(io_error)?;
+        self.store
+            .get(url.key(), limit)
+            .map_err(|e| io_error(e.into()))
+    }
+
+    fn read_header(&self, path: &Path) -> Result<Header, SafetensorsError> {
+        let io = |source| SafetensorsError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let url = path_url(path).map_err(|e| io(io_error(e)))?;
+        match header_of(self.store, &url) {
+            Ok((header, _, _)) => Ok(header),
+            Err(RemoteError::Safetensors { source, .. }) => Err(*source),
+            Err(e) => Err(io(io_error(e))),
+        }
+    }
+}
+
+/// The safetensors object at `url` (or the model directory or index it names) mapped
+/// whole, for readers of every tensor (`st inspect --stats`): the model is checked
+/// from its headers and JSON files first (a broken rule names the URL), then its files
+/// are downloaded once into a scratch directory under the system's temporary
+/// directory, under their own names, and mapped there. The scratch copies are
+/// unlinked before this returns (the mappings keep their pages), so nothing is left
 /// behind whatever happens next; the model's path is the URL.
 #[cfg(feature = "s3")]
 pub fn map_model(url: &S3Url) -> Result<crate::model::view::ModelView, RemoteError> {
-    open_model(url)?;
+    use crate::model::{Kind, CONFIG_NAME, TOKENIZER_NAME};
+    let remote = open_model(url)?;
     let scratch = tempfile::Builder::new()
         .prefix("tlio-object-")
         .tempdir()
@@ -188,8 +302,35 @@ pub fn map_model(url: &S3Url) -> Result<crate::model::view::ModelView, RemoteErr
                 format!("cannot make a scratch directory for a copy: {e}"),
             )
         })?;
-    let local = scratch.path().join(url.name());
-    download(url, &local)?;
+    let fetch = |from: &Path| -> Result<PathBuf, RemoteError> {
+        let from = path_url(from)?;
+        let to = scratch.path().join(from.name());
+        download(&from, &to)?;
+        Ok(to)
+    };
+    let local = match remote.kind {
+        Kind::File => fetch(&url_path(url))?,
+        Kind::Index | Kind::Directory => {
+            let index = remote.index_path.as_deref().map(fetch).transpose()?;
+            for shard in &remote.shards {
+                fetch(&shard.path)?;
+            }
+            // What the directory's rules read beside the tensors, when it is there.
+            if let Some(dir) = &remote.dir {
+                let store = crate::s3::connect(url)?;
+                for name in [CONFIG_NAME, TOKENIZER_NAME] {
+                    let path = dir.join(name);
+                    if store.head(path_url(&path)?.key())?.is_some() {
+                        fetch(&path)?;
+                    }
+                }
+            }
+            match (remote.kind, index) {
+                (Kind::Index, Some(index)) => index,
+                _ => scratch.path().to_path_buf(),
+            }
+        }
+    };
     let invalid = |source| RemoteError::Model {
         url: url.to_string(),
         source: Box::new(source),

@@ -1,7 +1,8 @@
-//! `st verify` of a safetensors object (scale.md section 3): the reader rules and the
-//! model rules from the header (range requests), `canonical` from the same header
-//! bytes, the int4 scale rule from a range request of each pair's scales, and `finite`
-//! by streaming the data once through a fixed buffer.
+//! `st verify` of a safetensors object, or of a model directory or index in storage
+//! (scale.md section 3): the reader rules and the model rules from the headers (range
+//! requests) and the JSON files, `canonical` from the same header bytes, the int4 scale
+//! rule from a range request of each pair's scales, and `finite` by streaming each
+//! object's data once through a fixed buffer.
 //!
 //! Invariants: the findings are the ones a local verify of the same bytes gives (same
 //! rules, same messages, the URL in place of the path); memory stays bounded whatever
@@ -16,19 +17,36 @@ use super::RemoteError;
 /// Bytes of the object's data scanned at a time by `finite`.
 pub const SCAN_BUFFER_BYTES: usize = 4 << 20;
 
-/// The findings of the safetensors object at `url` (an empty list: every rule asked
-/// for holds), `progress(done, total)` in data bytes while `finite` streams.
+/// The findings of the safetensors object at `url`, or of the model directory or
+/// index it names (an empty list: every rule asked for holds), `progress(done, total)`
+/// in data bytes while `finite` streams.
 #[cfg(feature = "s3")]
 pub fn verify_object(
     url: &S3Url,
     opts: VerifyOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Findings, RemoteError> {
-    use crate::model::Model;
-    use crate::safetensors::verify::canonical_mismatch;
-
     let store = crate::s3::connect(url)?;
-    let (header, size, raw) = match super::header_of(&store, url) {
+    if url.key().ends_with(".safetensors")
+        || store.head(url.key())?.is_some() && !url.key().ends_with(".json")
+    {
+        verify_file(&store, url, opts, progress)
+    } else {
+        verify_model(&store, url, opts, progress)
+    }
+}
+
+/// [`verify_object`] of one safetensors object.
+#[cfg(feature = "s3")]
+fn verify_file(
+    store: &crate::s3::Store,
+    url: &S3Url,
+    opts: VerifyOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Findings, RemoteError> {
+    use crate::model::Model;
+
+    let (header, size, raw) = match super::header_of(store, url) {
         Ok(got) => got,
         Err(RemoteError::Safetensors { url: u, source }) => {
             return match Finding::from_error(&source) {
@@ -42,14 +60,64 @@ pub fn verify_object(
         }
         Err(e) => return Err(e),
     };
+    // Canonical and finite findings follow the model rules, as a local verify lists them.
+    let data = data_findings(store, url, &header, size, &raw, opts, progress)?;
+    let (model, mut findings) = Model::header_findings(&super::url_path(url), header);
+    findings.extend(data);
+    findings.extend(scale_findings(store, &model)?);
+    Ok(findings)
+}
+
+/// [`verify_object`] of a model directory (a prefix) or an index in storage: the rules
+/// of a local `st verify` of the same files, each shard's data findings prefixed with
+/// its name as there.
+#[cfg(feature = "s3")]
+fn verify_model(
+    store: &crate::s3::Store,
+    url: &S3Url,
+    opts: VerifyOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Findings, RemoteError> {
+    let files = super::RemoteFiles { store };
+    let (model, mut findings) = crate::model::Model::scan_with(&super::url_path(url), &files)
+        .map_err(|source| RemoteError::Model {
+            url: url.to_string(),
+            source: Box::new(source),
+        })?;
+    if opts.canonical || opts.finite {
+        for shard in &model.shards {
+            let shard_url = super::path_url(&shard.path)?;
+            let (header, size, raw) = super::header_of(store, &shard_url)?;
+            for mut f in data_findings(store, &shard_url, &header, size, &raw, opts, progress)? {
+                f.message = format!("shard {}: {}", crate::text::quote(&shard.name), f.message);
+                findings.push(f);
+            }
+        }
+    }
+    findings.extend(scale_findings(store, &model)?);
+    Ok(findings)
+}
+
+/// The `canonical` and `finite` findings of one object whose header (and its raw bytes)
+/// were read: the data streamed once for `finite`.
+#[cfg(feature = "s3")]
+fn data_findings(
+    store: &crate::s3::Store,
+    url: &S3Url,
+    header: &crate::safetensors::Header,
+    size: u64,
+    raw: &[u8],
+    opts: VerifyOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<Finding>, RemoteError> {
+    use crate::safetensors::verify::canonical_mismatch;
     let invalid = |source| RemoteError::Safetensors {
         url: url.to_string(),
         source: Box::new(source),
     };
-    // Canonical and finite findings follow the model rules, as a local verify lists them.
     let mut data_findings = Vec::new();
     if opts.canonical {
-        data_findings.extend(canonical_mismatch(&header, &raw).map_err(invalid)?);
+        data_findings.extend(canonical_mismatch(header, raw).map_err(invalid)?);
     }
     if opts.finite {
         let mut scan = FiniteScan::new(header.tensors(), header.data_start(), header.data_len());
@@ -74,31 +142,42 @@ pub fn verify_object(
         }
         data_findings.extend(scan.finish());
     }
-    let data_start = header.data_start();
-    let (model, mut findings) = Model::header_findings(&super::url_path(url), header);
-    findings.extend(data_findings);
-    // The int4 scale rule reads the scales alone: one range request per pair.
+    Ok(data_findings)
+}
+
+/// The int4 scale rule of `model` (its shards in storage): each pair's scales read by
+/// one range request.
+#[cfg(feature = "s3")]
+fn scale_findings(
+    store: &crate::s3::Store,
+    model: &crate::model::Model,
+) -> Result<Vec<Finding>, RemoteError> {
+    let mut found = Vec::new();
     for l in &model.logical {
         let crate::model::Storage::Int4 { scales, .. } = l.storage else {
             continue;
         };
-        let Some(entry) = model.entry(scales) else {
+        let Some((entry, shard)) = model
+            .entry(scales)
+            .and_then(|e| Some((e, model.shards.get(e.shard)?)))
+        else {
             continue;
         };
+        let url = super::path_url(&shard.path)?;
+        let start = shard.header.data_start();
         let (begin, end) = entry.info.data_offsets;
-        let (Some(begin), Some(end)) = (data_start.checked_add(begin), data_start.checked_add(end))
-        else {
+        let (Some(begin), Some(end)) = (start.checked_add(begin), start.checked_add(end)) else {
             continue;
         };
         let bytes = store.get_range(url.key(), begin..end)?;
         if bytes.len() as u64 != end.saturating_sub(begin) {
-            return Err(super::short_read(url, end.saturating_sub(begin), bytes.len()).into());
+            return Err(super::short_read(&url, end.saturating_sub(begin), bytes.len()).into());
         }
         if let Some(message) = crate::model::view::bad_scale(&l.name, &bytes) {
-            findings.push(crate::model::finding("int4-scales", Some(&l.name), message));
+            found.push(crate::model::finding("int4-scales", Some(&l.name), message));
         }
     }
-    Ok(findings)
+    Ok(found)
 }
 
 /// Without the `s3` feature an object cannot be reached.
