@@ -3,8 +3,11 @@
 
     python examples/pack_ray.py --parts 64 --out /shared/fw -- data/*.jsonl --from jsonl --tokenizer gpt2
 
+    python examples/pack_ray.py --parts 64 --out s3://bucket/data/fw -- data/*.jsonl --from jsonl --tokenizer gpt2
+
 Everything after ``--`` is given to every part: the inputs and the pack flags. The
-inputs and ``--out`` must be on storage every node sees. Each task runs the CLI
+inputs must be on storage every node sees, and ``--out`` too: a shared directory, or an
+``s3://`` prefix (then every node needs the AWS variables). Each task runs the CLI
 (the tokenizers live in the ``tlio`` binary; the Python package is built without
 them), so ``tlio`` must be on every node's PATH (or ``--tlio PATH``). A part that
 completed in an earlier run is skipped by the CLI itself, so rerunning the driver
@@ -61,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cut = argv.index("--")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", type=int, required=True, help="N, the number of parts (Ray tasks)")
-    ap.add_argument("--out", required=True, help="the -o of the pack, on shared storage")
+    ap.add_argument("--out", required=True, help="the -o of the pack: a shared directory or s3://bucket/prefix")
     ap.add_argument("--tlio", default="tlio", help="the tlio binary on every node")
     ap.add_argument("--cpus-per-part", type=int, default=1, help="CPUs reserved per task (its --threads)")
     ap.add_argument("--address", default=None, help="the Ray cluster (default: start a local one)")

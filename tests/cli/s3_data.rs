@@ -2,13 +2,18 @@
 //! `s3.rs`: `tokens windows` over `s3://` shards (listed, by pattern, through a pack's
 //! manifest, resumed from a cursor) prints what it prints over local copies;
 //! `tokens pack -o s3://` uploads the bytes a local pack writes, with its manifest last,
-//! and never replaces objects; `st verify` of an object gives a local verify's verdicts
+//! and never replaces objects; a pack in parts into storage (one part killed before
+//! its marker, two runners of another) merges into the shards and manifest of one
+//! pack, naming missing and damaged parts by URL; `st verify` of an object gives a local verify's verdicts
 //! (reader rules, canonical bytes, finite values streamed).
 
 use std::path::{Path, PathBuf};
 
-use super::s3::{ask, bucket, stdout_of, tlio_s3};
-use super::tlio;
+use std::process::{Command as StdCommand, Stdio};
+use std::time::{Duration, Instant};
+
+use super::s3::{ask, bucket, server, stdout_of, tlio_s3};
+use super::{fixture, tlio};
 
 /// Deterministic bytes for packing (a 32-bit LCG's high bytes).
 fn corpus(len: usize) -> Vec<u8> {
@@ -411,22 +416,213 @@ fn a_tokenizer_pack_to_storage_writes_the_local_val_and_train_shards() {
         .as_str()
         .unwrap()
         .ends_with("fw_val_000000.bin"));
-    // Parts are packed and merged locally: --part with an s3:// output is refused.
-    let out = tlio_s3()
-        .args([
-            "tokens",
-            "pack",
-            "--part",
-            "0/2",
-            "-o",
-            &format!("s3://{b}/p/x"),
-        ])
-        .arg(&text)
-        .assert()
-        .code(2);
-    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+}
+
+/// `tlio` with the server's environment as a `std` command, for a child the test
+/// kills.
+fn tlio_s3_child() -> StdCommand {
+    let mut cmd = StdCommand::new(env!("CARGO_BIN_EXE_tlio"));
+    for var in [
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_PROFILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("AWS_ENDPOINT_URL", &server().url)
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env_remove("FAILPOINTS");
+    cmd
+}
+
+/// Wait until a part's ids are in storage under `prefix` of bucket `b`.
+fn wait_for_ids(b: &str, prefix: &str) {
+    let started = Instant::now();
+    while !ask(&format!("keys {b} {prefix}")).contains("/ids-") {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no ids under {prefix} in time"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The error output of a command expected to exit with `code`.
+fn fails(cmd: &mut assert_cmd::Command, code: i32) -> String {
+    let out = cmd.assert().code(code);
+    String::from_utf8_lossy(&out.get_output().stderr).to_string()
+}
+
+#[test]
+fn parts_packed_into_storage_merge_into_the_shards_of_one_pack() {
+    let tmp = tempfile::tempdir().unwrap();
+    // JSONL the plan cuts inside: the corpus, three times over.
+    let corpus = std::fs::read_to_string(fixture("tokenizers/corpus.jsonl")).unwrap();
+    let input = tmp.path().join("docs.jsonl");
+    std::fs::write(&input, corpus.repeat(3)).unwrap();
+    let flags = [
+        "--from",
+        "jsonl",
+        "--tokenizer",
+        "gpt2",
+        "--val-tokens",
+        "700",
+        "--shard-tokens",
+        "2000",
+    ];
+    let local = tmp.path().join("fw");
+    let listed = stdout_of(
+        tlio()
+            .args(["--json", "tokens", "pack"])
+            .args(flags)
+            .arg("-o")
+            .arg(&local)
+            .arg(&input),
+    );
+    let local_doc: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let b = bucket();
+    let out = format!("s3://{b}/data/fw");
+    let part = |k: usize, extra: &[&str]| {
+        let mut cmd = tlio_s3();
+        cmd.args(["--json", "tokens", "pack"])
+            .args(flags)
+            .args(extra)
+            .args(["-o", &out, "--part", &format!("{k}/3")])
+            .arg(&input);
+        cmd
+    };
+    // Part 1 is killed after its ids are in storage and before its marker.
+    let mut held = tlio_s3_child();
+    held.env("FAILPOINTS", "tokens/part-commit=sleep(600000)")
+        .args(["tokens", "pack"])
+        .args(flags)
+        .args(["-o", &out, "--part", "1/3"])
+        .arg(&input)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = held.spawn().unwrap();
+    wait_for_ids(&b, "data/fw.parts/1-of-3/");
+    child.kill().unwrap();
+    assert!(!child.wait().unwrap().success());
+    // Two runners of part 2 at once (a retried task beside a slow one): the first to
+    // create the marker packed it, the other finds it complete.
+    let mut slow = tlio_s3_child();
+    slow.env("FAILPOINTS", "tokens/part-commit=sleep(5000)")
+        .args(["--json", "tokens", "pack"])
+        .args(flags)
+        .args(["-o", &out, "--part", "2/3"])
+        .arg(&input)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let slow = slow.spawn().unwrap();
+    // Its ids are up, so it found no marker; it commits after the other runner.
+    wait_for_ids(&b, "data/fw.parts/2-of-3/");
+    for k in [2, 0] {
+        let doc: serde_json::Value = serde_json::from_str(&stdout_of(&mut part(k, &[]))).unwrap();
+        assert_eq!(doc["status"], "packed", "{doc}");
+        assert_eq!(doc["dir"], format!("{out}.parts/{k}-of-3").as_str());
+    }
+    let late = slow.wait_with_output().unwrap();
     assert!(
-        err.contains("--part 0/2") && err.contains("locally"),
+        late.status.success(),
+        "{}",
+        String::from_utf8_lossy(&late.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&late.stdout).unwrap();
+    assert_eq!(doc["status"], "complete", "{doc}");
+    // Part 1 has its ids but no marker: the merge names it and writes nothing.
+    let err = fails(tlio_s3().args(["tokens", "merge", &out]), 1);
+    assert!(
+        err.contains(&format!(
+            "{out}.parts: 1 of 3 parts missing or incomplete: 1-of-3"
+        )),
         "{err}"
     );
+    assert!(!ask(&format!("keys {b} data/")).contains("fw_"));
+    // A part run with other options than the parts in storage is refused, naming both.
+    let err = fails(&mut part(0, &["--skip-bad"]), 1);
+    assert!(
+        err.contains(&format!(
+            "{out}.parts/0-of-3: made with skip_bad false, but this run has true"
+        )),
+        "{err}"
+    );
+    // The rerun packs part 1 (it never completed); a rerun of part 0 does nothing.
+    let doc: serde_json::Value = serde_json::from_str(&stdout_of(&mut part(1, &[]))).unwrap();
+    assert_eq!(doc["status"], "packed", "{doc}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout_of(&mut part(0, &[]))).unwrap();
+    assert_eq!(doc["status"], "complete", "{doc}");
+    // A damaged part is named by its object, and nothing is published.
+    let keys = ask(&format!("keys {b} data/fw.parts/2-of-3/"));
+    let ids_key = keys
+        .split(' ')
+        .find(|k| k.contains("/ids-"))
+        .unwrap()
+        .to_string();
+    let good = tmp.path().join("good-ids.bin");
+    ask(&format!("get {b} {ids_key} {}", good.display()));
+    let mut bad = std::fs::read(&good).unwrap();
+    bad[7] ^= 1;
+    let bad_path = tmp.path().join("bad-ids.bin");
+    std::fs::write(&bad_path, bad).unwrap();
+    ask(&format!("put {b} {ids_key} {}", bad_path.display()));
+    let err = fails(tlio_s3().args(["tokens", "merge", &out]), 1);
+    assert!(
+        err.contains(&format!("s3://{b}/{ids_key}: blake3 "))
+            && err.contains("but the marker records"),
+        "{err}"
+    );
+    assert!(!ask(&format!("keys {b} data/")).contains("fw_"));
+    ask(&format!("put {b} {ids_key} {}", good.display()));
+    // The merge publishes the shards of one pack, byte for byte, and a manifest.
+    let merged: serde_json::Value = serde_json::from_str(&stdout_of(
+        tlio_s3().args(["--json", "tokens", "merge", &out]),
+    ))
+    .unwrap();
+    assert_eq!(merged["tokens"], local_doc["tokens"]);
+    assert_eq!(merged["documents"], local_doc["documents"]);
+    assert_eq!(
+        merged["manifest"],
+        format!("s3://{b}/data/fw.manifest.json").as_str()
+    );
+    let shards = local_doc["shards"].as_array().unwrap();
+    assert!(shards.len() >= 3, "{listed}");
+    assert_eq!(merged["shards"].as_array().unwrap().len(), shards.len());
+    for (i, s) in shards.iter().enumerate() {
+        let path = PathBuf::from(s["file"].as_str().unwrap());
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            merged["shards"][i]["file"],
+            format!("s3://{b}/data/{name}").as_str()
+        );
+        let got = tmp.path().join(format!("got-{name}"));
+        ask(&format!("get {b} data/{name} {}", got.display()));
+        assert_eq!(
+            std::fs::read(&got).unwrap(),
+            std::fs::read(&path).unwrap(),
+            "{name}"
+        );
+    }
+    // Its manifest is the one a single pack to storage creates.
+    stdout_of(
+        tlio_s3()
+            .args(["tokens", "pack"])
+            .args(flags)
+            .args(["-o", &format!("s3://{b}/one/fw")])
+            .arg(&input),
+    );
+    let manifest = |key: &str| {
+        let path = tmp.path().join(key.replace('/', "-"));
+        ask(&format!("get {b} {key} {}", path.display()));
+        std::fs::read(&path).unwrap()
+    };
+    assert_eq!(
+        manifest("data/fw.manifest.json"),
+        manifest("one/fw.manifest.json")
+    );
+    // A second merge never replaces what the first published.
+    let err = fails(tlio_s3().args(["tokens", "merge", &out]), 2);
+    assert!(err.contains("already exists"), "{err}");
 }

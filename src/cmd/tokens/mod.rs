@@ -173,9 +173,9 @@ pub struct PackArgs {
     /// The header of shards whose vocabulary exceeds 65,536 (uint32 ids).
     #[arg(long, value_enum, default_value_t = ShardFormat::Llama3)]
     pub format: ShardFormat,
-    /// Pack only part K of N (K from 0) into SHARD.parts/K-of-N, for `tokens merge`;
-    /// `slurm` takes K and N from a Slurm array task's environment. A complete part is
-    /// not packed again.
+    /// Pack only part K of N (K from 0) into SHARD.parts/K-of-N (a directory, or a
+    /// prefix beside an s3:// output), for `tokens merge`; `slurm` takes K and N from a
+    /// Slurm array task's environment. A complete part is not packed again.
     #[arg(long, value_name = "K/N")]
     pub part: Option<String>,
 }
@@ -183,10 +183,12 @@ pub struct PackArgs {
 /// Arguments of `tokens merge`.
 #[derive(Debug, Args)]
 pub struct MergeArgs {
-    /// The output the parts were packed for (the -o of `tokens pack --part`).
+    /// The output the parts were packed for (the -o of `tokens pack --part`: a path or
+    /// s3://bucket/prefix).
     #[arg(value_name = "SHARD")]
     pub output: PathBuf,
-    /// Also check every part's ids against the digest in its marker (reads them twice).
+    /// Also check every part's ids against the digest in its marker (reads them twice;
+    /// always done for parts in object storage, as they are downloaded).
     #[arg(long)]
     pub verify: bool,
 }

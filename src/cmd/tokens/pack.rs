@@ -28,12 +28,6 @@ pub(super) struct PackReport {
 
 pub(super) fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     if let Some(part) = args.part.clone() {
-        if crate::cmd::s3_url(&args.output)?.is_some() {
-            return Err(operational(format!(
-                "--part {part} writes its part beside a local output; pack the parts and merge them locally, then pack or copy the result to {}",
-                args.output.display()
-            )));
-        }
         return super::parts::pack_part(&args, &part, printer);
     }
     if let Some(spec) = args.tokenizer.clone() {
@@ -144,24 +138,11 @@ fn open_id_inputs(paths: &[PathBuf]) -> anyhow::Result<(Vec<PackInput>, Option<u
 }
 
 /// The report rows of shards named by path or URL.
-fn published_shards(shards: &[Written]) -> Vec<PackedShard> {
+pub(super) fn published_shards(shards: &[Written]) -> Vec<PackedShard> {
     shards
         .iter()
         .map(|(file, h)| PackedShard {
             file: file.clone(),
-            n: h.count,
-            magic: h.magic,
-            version: h.version,
-            vocab_size: h.vocab,
-        })
-        .collect()
-}
-
-pub(super) fn packed_shards(shards: &[(PathBuf, tokens::ShardHeader)]) -> Vec<PackedShard> {
-    shards
-        .iter()
-        .map(|(path, h)| PackedShard {
-            file: path.display().to_string(),
             n: h.count,
             magic: h.magic,
             version: h.version,

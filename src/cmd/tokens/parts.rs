@@ -3,10 +3,11 @@
 //! merge's report. Each is one core call plus printing.
 
 use super::pack::{
-    id_format, input_paths, packed_shards, report_pack, show_text_progress, text_options,
+    id_format, input_paths, published_shards, report_pack, show_text_progress, text_options,
     PackReport,
 };
 use super::*;
+use tlio_core::remote::parts::{merge_at, pack_part_at};
 use tlio_core::tokens::{MergeSummary, Part, PartJob, PartMarker, PartOutcome, PartSource};
 
 /// What `tokens pack --part` reports.
@@ -54,7 +55,7 @@ pub(super) fn pack_part(
                     opts: &opts,
                 },
             };
-            tokens::pack_part(&job, &mut show)
+            pack_part_at(&job, &mut show)
         }
         None => {
             let (format, vocab) = id_format(args)?;
@@ -71,19 +72,19 @@ pub(super) fn pack_part(
                 part,
                 source: PartSource::Ids { opts: &opts },
             };
-            tokens::pack_part(&job, &mut show)
+            pack_part_at(&job, &mut show)
         }
     };
     bar.finish_and_clear();
-    let (status, marker): (&'static str, PartMarker) = match outcome? {
+    let (outcome, dir) = outcome?;
+    let (status, marker): (&'static str, PartMarker) = match outcome {
         PartOutcome::AlreadyComplete(m) => ("complete", m),
         PartOutcome::Packed(m) => ("packed", m),
     };
-    let dir = tokens::part_area(&args.output).join(part.dir_name());
     let report = PartReport {
         part: part.to_string(),
         status,
-        dir: dir.display().to_string(),
+        dir,
         documents: marker.documents,
         tokens: marker.tokens,
         skipped: marker.skipped,
@@ -114,21 +115,23 @@ pub(super) fn pack_part(
 
 pub(super) fn merge(args: MergeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let bar = printer.bar(0, "merging", "{msg} {bytes} {bytes_per_sec}");
-    let summary = tokens::merge_parts(&args.output, args.verify, &mut |n| bar.inc(n));
+    let merged = merge_at(&args.output, args.verify, &mut |n| bar.inc(n));
     bar.finish_and_clear();
+    let (summary, published) =
+        merged.with_context(|| format!("cannot merge the parts of {}", args.output.display()))?;
     let MergeSummary {
-        shards,
         parts,
         documents,
         tokens,
         skipped,
-    } = summary.with_context(|| format!("cannot merge the parts of {}", args.output.display()))?;
+        ..
+    } = summary;
     let report = PackReport {
-        shards: packed_shards(&shards),
+        shards: published_shards(&published.shards),
         tokens,
         documents: Some(documents),
         skipped: Some(skipped),
-        manifest: None,
+        manifest: published.manifest,
     };
     if !printer.json {
         printer.info(format!("merged {parts} parts"));

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 pub mod checkpoint;
 pub mod location;
 pub mod pack;
+pub mod parts;
 pub mod shards;
 pub mod verify;
 
@@ -29,7 +30,7 @@ use crate::safetensors::header::{header_len, parse_header_bytes, N_LEN};
 use crate::safetensors::{Header, SafetensorsError};
 #[cfg(feature = "s3")]
 use crate::tokens::HEADER_BYTES;
-use crate::tokens::{HeaderReport, TokensError};
+use crate::tokens::{HeaderReport, PartsError, TokensError};
 
 /// Errors of reading tlio's formats from object storage.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +57,10 @@ pub enum RemoteError {
     /// The token shard breaks a rule (the error names the URL as its path).
     #[error(transparent)]
     Tokens(#[from] TokensError),
+    /// A part of a pack to storage, or their merge, breaks a rule (the error names the
+    /// URL as its path).
+    #[error(transparent)]
+    Parts(#[from] PartsError),
     /// The local cache of an object could not be written or read.
     #[error("{url}: local cache {}", path.display())]
     Cache {
@@ -75,6 +80,7 @@ impl Failure for RemoteError {
             RemoteError::Safetensors { source, .. } => source.kind(),
             RemoteError::Model { source, .. } => source.kind(),
             RemoteError::Tokens(e) => e.kind(),
+            RemoteError::Parts(e) => e.kind(),
             RemoteError::Cache { .. } => FailureKind::Operational,
         }
     }

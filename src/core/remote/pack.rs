@@ -92,13 +92,19 @@ fn publish<F>(url: &S3Url, pack: F) -> Result<Published, RemoteError>
 where
     F: FnOnce(&Path) -> Result<Vec<(PathBuf, ShardHeader)>, TokensError>,
 {
+    publish_with(url, |out| pack(out).map_err(RemoteError::from))
+}
+
+/// The name of the output `url` and the key of the prefix it lies in; an output
+/// needs a name below the bucket.
+#[cfg(feature = "s3")]
+pub(super) fn output_parent(url: &S3Url) -> Result<(&str, String), S3Error> {
     let name = url.name();
     if name.is_empty() {
         return Err(S3Error::BadUrl {
             url: url.to_string(),
             reason: "the output needs a name below the bucket (s3://bucket/prefix)".to_string(),
-        }
-        .into());
+        });
     }
     let parent_key = url
         .key()
@@ -106,6 +112,17 @@ where
         .map(|p| p.trim_end_matches('/'))
         .unwrap_or("")
         .to_string();
+    Ok((name, parent_key))
+}
+
+/// [`publish`] of shards that `pack` (packing, or merging parts) writes into the
+/// staging directory: its output path there is the argument.
+#[cfg(feature = "s3")]
+pub(super) fn publish_with<F>(url: &S3Url, pack: F) -> Result<Published, RemoteError>
+where
+    F: FnOnce(&Path) -> Result<Vec<(PathBuf, ShardHeader)>, RemoteError>,
+{
+    let (name, parent_key) = output_parent(url)?;
     let store = crate::s3::connect(url)?;
     refuse_existing(&store, url, &parent_key)?;
     let stage = tempfile::Builder::new()

@@ -46,7 +46,7 @@ pub const MARKER_FORMAT: &str = "tlio-tokens-part";
 /// The marker version this build writes and reads.
 pub const MARKER_VERSION: u32 = 1;
 /// The largest marker read (it holds the input list).
-const MAX_MARKER_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_MARKER_BYTES: u64 = 64 << 20;
 /// Bytes read at a time when looking for a document boundary.
 const SCAN_CHUNK: usize = 64 << 10;
 /// Longest value shown in a difference message.
@@ -645,6 +645,7 @@ pub fn tokenizer_identity(spec: &str, tokenizer: &Tokenizer) -> Result<String, P
 // Running a part.
 
 /// What a part packs with.
+#[derive(Clone)]
 pub enum PartSource<'a> {
     /// Documents through a tokenizer (`opts.plan` names the final shards).
     Text {
@@ -764,6 +765,14 @@ impl PartJob<'_> {
         }
     }
 
+    /// Check the job (before anything is read or written), then its inputs' sizes and
+    /// the identity a part of it records.
+    pub(crate) fn checked_identity(&self) -> Result<(Vec<u64>, PartIdentity), PartsError> {
+        let sizes = check_job(self)?;
+        let identity = self.identity(&sizes);
+        Ok((sizes, identity))
+    }
+
     fn split(&self, path: &Path) -> Split {
         match &self.source {
             PartSource::Text { opts, .. } => match opts.format {
@@ -861,7 +870,12 @@ fn read_marker(dir: &Path) -> Result<Option<PartMarker>, PartsError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(error) => return Err(PartsError::Io { path, error }),
     };
-    let marker: PartMarker = serde_json::from_slice(&bytes).map_err(|e| PartsError::BadMarker {
+    parse_marker(&bytes, path).map(Some)
+}
+
+/// The marker in `bytes`, read from `path` (a file, or an object's URL).
+pub(crate) fn parse_marker(bytes: &[u8], path: PathBuf) -> Result<PartMarker, PartsError> {
+    let marker: PartMarker = serde_json::from_slice(bytes).map_err(|e| PartsError::BadMarker {
         path: path.clone(),
         reason: e.to_string(),
     })?;
@@ -874,7 +888,7 @@ fn read_marker(dir: &Path) -> Result<Option<PartMarker>, PartsError> {
             ),
         });
     }
-    Ok(Some(marker))
+    Ok(marker)
 }
 
 /// The size of the ids file in `dir`, if it exists.
@@ -893,11 +907,7 @@ fn list_parts(area: &Path) -> Result<Vec<(usize, usize, PathBuf)>, PartsError> {
     let mut found = Vec::new();
     for entry in entries {
         let entry = entry.map_err(io_err(area))?;
-        let name = entry.file_name();
-        let Some((k, n)) = name.to_str().and_then(|s| s.split_once("-of-")) else {
-            continue;
-        };
-        if let (Ok(k), Ok(n)) = (k.parse::<usize>(), n.parse::<usize>()) {
+        if let Some((k, n)) = entry.file_name().to_str().and_then(parse_dir_name) {
             found.push((k, n, entry.path()));
         }
     }
@@ -905,10 +915,22 @@ fn list_parts(area: &Path) -> Result<Vec<(usize, usize, PathBuf)>, PartsError> {
     Ok(found)
 }
 
+/// (K, N) of a part directory's name `K-of-N`.
+pub(crate) fn parse_dir_name(name: &str) -> Option<(usize, usize)> {
+    let (k, n) = name.split_once("-of-")?;
+    Some((k.parse().ok()?, n.parse().ok()?))
+}
+
 /// Refuse an area holding parts of another count than `count`.
 fn check_count(area: &Path, count: usize) -> Result<(), PartsError> {
-    match list_parts(area)?.into_iter().find(|&(_, n, _)| n != count) {
-        Some((_, found, _)) => Err(PartsError::CountMismatch {
+    let found: Vec<usize> = list_parts(area)?.into_iter().map(|(_, n, _)| n).collect();
+    check_counts(area, &found, count)
+}
+
+/// Refuse part counts `found` (of the parts in `area`) other than `count`.
+pub(crate) fn check_counts(area: &Path, found: &[usize], count: usize) -> Result<(), PartsError> {
+    match found.iter().find(|&&n| n != count) {
+        Some(&found) => Err(PartsError::CountMismatch {
             area: area.to_path_buf(),
             found,
             expected: count,
@@ -947,21 +969,32 @@ fn complete_marker(dir: &Path, identity: &PartIdentity) -> Result<Option<PartMar
     let Some(marker) = read_marker(dir)? else {
         return Ok(None);
     };
-    if let Some((field, theirs, ours)) = marker.identity.difference(identity) {
-        return Err(PartsError::Mismatch {
-            part: dir.to_path_buf(),
-            field,
-            theirs,
-            other: "this run".to_string(),
-            ours,
-        });
-    }
+    check_made_with(dir, &marker, identity)?;
     if ids_size(dir) == Some(marker.bytes) {
         return Ok(Some(marker));
     }
     let marker_path = dir.join(MARKER_FILE);
     fs::remove_file(&marker_path).map_err(io_err(&marker_path))?;
     Ok(None)
+}
+
+/// Refuse the part in `dir` (a directory, or an object prefix's URL) when its marker
+/// was made with other inputs or options than `identity`, this run's.
+pub(crate) fn check_made_with(
+    dir: &Path,
+    marker: &PartMarker,
+    identity: &PartIdentity,
+) -> Result<(), PartsError> {
+    match marker.identity.difference(identity) {
+        Some((field, theirs, ours)) => Err(PartsError::Mismatch {
+            part: dir.to_path_buf(),
+            field,
+            theirs,
+            other: "this run".to_string(),
+            ours,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The document sources of a part's segments: whole files, or line ranges.
@@ -1007,8 +1040,7 @@ pub fn pack_part(
     job: &PartJob<'_>,
     progress: &mut dyn FnMut(&TextPackProgress),
 ) -> Result<PartOutcome, PartsError> {
-    let sizes = check_job(job)?;
-    let identity = job.identity(&sizes);
+    let (sizes, identity) = job.checked_identity()?;
     let dir = part_area(job.out).join(job.part.dir_name());
     if let Some(marker) = complete_marker(&dir, &identity)? {
         return Ok(PartOutcome::AlreadyComplete(marker));
@@ -1127,53 +1159,78 @@ fn all_markers(area: &Path, count: usize) -> Result<Vec<(PathBuf, PartMarker)>, 
         }
     }
     if !missing.is_empty() {
-        const SHOWN: usize = 20;
-        let mut shown = missing
-            .iter()
-            .take(SHOWN)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(", ");
-        if missing.len() > SHOWN {
-            shown.push_str(", ...");
-        }
-        return Err(PartsError::Missing {
-            area: area.to_path_buf(),
-            count: missing.len(),
-            parts: count,
-            missing: shown,
-        });
+        return Err(missing_parts(area, &missing, count));
     }
     Ok(parts)
+}
+
+/// The error for the parts `missing` (their names `K-of-N`) of `count` in `area`.
+pub(crate) fn missing_parts(area: &Path, missing: &[String], count: usize) -> PartsError {
+    const SHOWN: usize = 20;
+    let mut shown = missing
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if missing.len() > SHOWN {
+        shown.push_str(", ...");
+    }
+    PartsError::Missing {
+        area: area.to_path_buf(),
+        count: missing.len(),
+        parts: count,
+        missing: shown,
+    }
 }
 
 /// Check a part's ids file against its marker: the size, and the digest with `verify`.
 fn check_ids(dir: &Path, marker: &PartMarker, verify: bool) -> Result<(), PartsError> {
     let ids = dir.join(IDS_FILE);
     let size = fs::metadata(&ids).map_err(io_err(&ids))?.len();
+    check_ids_size(&ids, marker, size)?;
+    if verify {
+        let mut file = crate::files::open_regular(&ids).map_err(io_err(&ids))?;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update_reader(&mut file).map_err(io_err(&ids))?;
+        check_ids_digest(&ids, marker, &hasher.finalize().to_hex())?;
+    }
+    Ok(())
+}
+
+/// Refuse ids at `path` (a file or an object's URL) of `size` bytes when the marker
+/// records another size, or a count that does not fill it.
+pub(crate) fn check_ids_size(
+    path: &Path,
+    marker: &PartMarker,
+    size: u64,
+) -> Result<(), PartsError> {
     let itemsize = ShardHeader::for_layout(0, marker.identity.vocab_size, marker.identity.layout())?
         .dtype
         .itemsize() as u64;
     if size != marker.bytes || marker.tokens.checked_mul(itemsize) != Some(size) {
         return Err(PartsError::BadIds {
-            path: ids,
+            path: path.to_path_buf(),
             reason: format!(
                 "{size} bytes, but the marker records {} ids in {} bytes",
                 marker.tokens, marker.bytes
             ),
         });
     }
-    if verify {
-        let mut file = crate::files::open_regular(&ids).map_err(io_err(&ids))?;
-        let mut hasher = blake3::Hasher::new();
-        hasher.update_reader(&mut file).map_err(io_err(&ids))?;
-        let digest = hasher.finalize().to_hex().to_string();
-        if digest != marker.blake3 {
-            return Err(PartsError::BadIds {
-                path: ids,
-                reason: format!("blake3 {digest}, but the marker records {}", marker.blake3),
-            });
-        }
+    Ok(())
+}
+
+/// Refuse ids at `path` whose blake3 `digest` (lowercase hex) is not the marker's.
+pub(crate) fn check_ids_digest(
+    path: &Path,
+    marker: &PartMarker,
+    digest: &str,
+) -> Result<(), PartsError> {
+    if digest != marker.blake3 {
+        return Err(PartsError::BadIds {
+            path: path.to_path_buf(),
+            reason: format!("blake3 {digest}, but the marker records {}", marker.blake3),
+        });
     }
     Ok(())
 }
@@ -1189,6 +1246,18 @@ fn complete_parts(out: &Path, verify: bool) -> Result<Vec<(PathBuf, PartMarker)>
     };
     check_count(&area, count)?;
     let parts = all_markers(&area, count)?;
+    check_tiling(&area, &parts)?;
+    for (dir, marker) in &parts {
+        check_ids(dir, marker, verify)?;
+    }
+    Ok(parts)
+}
+
+/// Check the markers of all the parts of `area`, in part order, each with its
+/// directory (a path, or an object prefix's URL): the same identity, numbered as they
+/// lie, tiling the inputs from the first byte to the last.
+pub(crate) fn check_tiling(area: &Path, parts: &[(PathBuf, PartMarker)]) -> Result<(), PartsError> {
+    let count = parts.len();
     let first = parts.first().map(|(_, m)| m.identity.clone());
     let mut expected = Position {
         input: 0,
@@ -1225,7 +1294,6 @@ fn complete_parts(out: &Path, verify: bool) -> Result<Vec<(PathBuf, PartMarker)>
             });
         }
         expected = marker.end;
-        check_ids(dir, marker, verify)?;
     }
     let inputs = first.as_ref().map_or(0, |f| f.inputs.len());
     let end = Position {
@@ -1239,7 +1307,7 @@ fn complete_parts(out: &Path, verify: bool) -> Result<Vec<(PathBuf, PartMarker)>
             expected: end.to_string(),
         });
     }
-    Ok(parts)
+    Ok(())
 }
 
 /// Reads the part id files back to back, copying ranges into shards.
