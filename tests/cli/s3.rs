@@ -98,20 +98,64 @@ pub(crate) fn bucket() -> String {
     name
 }
 
+/// The AWS variables a test command clears: only the server's own ones are set.
+const CLEARED_AWS_VARS: [&str; 4] = [
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+];
+
+/// The server's endpoint and the test credentials.
+fn server_vars() -> [(&'static str, String); 3] {
+    [
+        ("AWS_ENDPOINT_URL", server().url.clone()),
+        ("AWS_ACCESS_KEY_ID", "testing".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".to_string()),
+    ]
+}
+
 /// `tlio` with the server's endpoint and test credentials, and no other AWS variable.
 pub(crate) fn tlio_s3() -> assert_cmd::Command {
     let mut cmd = tlio();
-    for var in [
-        "AWS_SESSION_TOKEN",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "AWS_PROFILE",
-    ] {
+    for var in CLEARED_AWS_VARS {
         cmd.env_remove(var);
     }
-    cmd.env("AWS_ENDPOINT_URL", &server().url)
-        .env("AWS_ACCESS_KEY_ID", "testing")
-        .env("AWS_SECRET_ACCESS_KEY", "testing");
+    cmd.envs(server_vars());
+    cmd
+}
+
+/// The first key under `prefix` of bucket `b` that `matches`.
+pub(crate) fn find_key(b: &str, prefix: &str, matches: impl Fn(&str) -> bool) -> String {
+    let keys = ask(&format!("keys {b} {prefix}"));
+    keys.split(' ')
+        .find(|k| matches(k))
+        .unwrap_or_else(|| panic!("no such key under {prefix}: {keys}"))
+        .to_string()
+}
+
+/// Flip the last byte of object `key` of bucket `b` (same size, other bytes), through
+/// files in `dir`; returns the path of a copy of the undamaged object, to put back.
+pub(crate) fn flip_last_byte_of_object(dir: &Path, b: &str, key: &str) -> PathBuf {
+    let good = dir.join(format!("good-{}", key.replace('/', "-")));
+    ask(&format!("get {b} {key} {}", good.display()));
+    let mut bytes = std::fs::read(&good).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    let bad = dir.join(format!("bad-{}", key.replace('/', "-")));
+    std::fs::write(&bad, &bytes).unwrap();
+    ask(&format!("put {b} {key} {}", bad.display()));
+    good
+}
+
+/// [`tlio_s3`] as a `std` command (no failpoint set), for a child a test holds or
+/// kills.
+pub(crate) fn tlio_s3_std() -> StdCommand {
+    let mut cmd = StdCommand::new(env!("CARGO_BIN_EXE_tlio"));
+    for var in CLEARED_AWS_VARS.into_iter().chain(["FAILPOINTS"]) {
+        cmd.env_remove(var);
+    }
+    cmd.envs(server_vars());
     cmd
 }
 

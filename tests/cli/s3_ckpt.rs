@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
 use std::time::{Duration, Instant};
 
-use super::s3::{ask, bucket, model_file, python, server, stdout_of, tlio_s3};
+use super::s3::{
+    ask, bucket, find_key, flip_last_byte_of_object, model_file, python, server, stdout_of, tlio_s3,
+};
 use super::tlio;
 
 /// A safetensors file of one U8 tensor of `bytes` bytes (large ones go up in parts).
@@ -333,19 +335,10 @@ fn a_corrupted_object_fails_verify_and_latest_falls_back() {
     save(&remote, 1, &model, &[]).success();
     save(&remote, 2, &model, &[]).success();
     // Flip one byte of step 2's model object (same size).
-    let keys = ask(&format!("keys {b} ckpt/step-000002/"));
-    let key = keys
-        .split(' ')
-        .find(|k| k.ends_with("/model.safetensors"))
-        .unwrap()
-        .to_string();
-    let copy = tmp.path().join("copy");
-    ask(&format!("get {b} {key} {}", copy.display()));
-    let mut bytes = std::fs::read(&copy).unwrap();
-    let last = bytes.len() - 1;
-    bytes[last] ^= 1;
-    std::fs::write(&copy, &bytes).unwrap();
-    ask(&format!("put {b} {key} {}", copy.display()));
+    let key = find_key(&b, "ckpt/step-000002/", |k| {
+        k.ends_with("/model.safetensors")
+    });
+    flip_last_byte_of_object(tmp.path(), &b, &key);
 
     let out = tlio_s3()
         .args(["ckpt", "verify", &format!("{remote}/step-000002")])

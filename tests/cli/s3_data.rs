@@ -9,10 +9,10 @@
 
 use std::path::{Path, PathBuf};
 
-use std::process::{Command as StdCommand, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use super::s3::{ask, bucket, server, stdout_of, tlio_s3};
+use super::s3::{ask, bucket, find_key, flip_last_byte_of_object, stdout_of, tlio_s3, tlio_s3_std};
 use super::{fixture, tlio};
 
 /// Deterministic bytes for packing (a 32-bit LCG's high bytes).
@@ -42,13 +42,48 @@ fn pack_local(input: &Path, out: &Path, n: u32) -> Vec<PathBuf> {
             .arg(out)
             .arg(input),
     );
-    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    shard_files(&serde_json::from_str(&text).unwrap())
+}
+
+/// The shard paths of a pack's JSON report.
+fn shard_files(doc: &serde_json::Value) -> Vec<PathBuf> {
     doc["shards"]
         .as_array()
         .unwrap()
         .iter()
         .map(|s| PathBuf::from(s["file"].as_str().unwrap()))
         .collect()
+}
+
+/// The shards a pack into `s3://b/prefix/` reports (`doc`, its JSON report) are the
+/// local shards `local`: the same names, in order, and the same bytes (read back with
+/// boto3 into `dir`).
+fn assert_published_as_local(
+    dir: &Path,
+    b: &str,
+    prefix: &str,
+    doc: &serde_json::Value,
+    local: &[PathBuf],
+) {
+    assert_eq!(
+        doc["shards"].as_array().unwrap().len(),
+        local.len(),
+        "{doc}"
+    );
+    for (i, path) in local.iter().enumerate() {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            doc["shards"][i]["file"],
+            format!("s3://{b}/{prefix}/{name}").as_str()
+        );
+        let got = dir.join(format!("got-{prefix}-{name}"));
+        ask(&format!("get {b} {prefix}/{name} {}", got.display()));
+        assert_eq!(
+            std::fs::read(&got).unwrap(),
+            std::fs::read(path).unwrap(),
+            "{name}"
+        );
+    }
 }
 
 fn upload_all(b: &str, prefix: &str, files: &[PathBuf]) -> Vec<String> {
@@ -216,20 +251,7 @@ fn pack_to_a_prefix_uploads_the_local_shards_and_a_manifest_last() {
         "packed/train.manifest.json packed/train_000000.bin packed/train_000001.bin packed/train_000002.bin"
     );
     // boto3 reads back the bytes a local pack wrote.
-    for (i, path) in local.iter().enumerate() {
-        let name = path.file_name().unwrap().to_str().unwrap();
-        assert_eq!(
-            doc["shards"][i]["file"],
-            format!("s3://{b}/packed/{name}").as_str()
-        );
-        let got = tmp.path().join(format!("got-{name}"));
-        ask(&format!("get {b} packed/{name} {}", got.display()));
-        assert_eq!(
-            std::fs::read(&got).unwrap(),
-            std::fs::read(path).unwrap(),
-            "{name}"
-        );
-    }
+    assert_published_as_local(tmp.path(), &b, "packed", &doc, &local);
     let manifest = tmp.path().join("manifest.json");
     ask(&format!(
         "get {b} packed/train.manifest.json {}",
@@ -397,44 +419,11 @@ fn a_tokenizer_pack_to_storage_writes_the_local_val_and_train_shards() {
     assert_eq!(remote_doc["documents"], local_doc["documents"]);
     let shards = local_doc["shards"].as_array().unwrap();
     assert!(shards.len() >= 3, "{listed}");
-    for (i, s) in shards.iter().enumerate() {
-        let path = PathBuf::from(s["file"].as_str().unwrap());
-        let name = path.file_name().unwrap().to_str().unwrap();
-        assert_eq!(
-            remote_doc["shards"][i]["file"],
-            format!("s3://{b}/fw/{name}").as_str()
-        );
-        let got = tmp.path().join(format!("got-{name}"));
-        ask(&format!("get {b} fw/{name} {}", got.display()));
-        assert_eq!(
-            std::fs::read(&got).unwrap(),
-            std::fs::read(&path).unwrap(),
-            "{name}"
-        );
-    }
+    assert_published_as_local(tmp.path(), &b, "fw", &remote_doc, &shard_files(&local_doc));
     assert!(shards[0]["file"]
         .as_str()
         .unwrap()
         .ends_with("fw_val_000000.bin"));
-}
-
-/// `tlio` with the server's environment as a `std` command, for a child the test
-/// kills.
-fn tlio_s3_child() -> StdCommand {
-    let mut cmd = StdCommand::new(env!("CARGO_BIN_EXE_tlio"));
-    for var in [
-        "AWS_SESSION_TOKEN",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "AWS_PROFILE",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.env("AWS_ENDPOINT_URL", &server().url)
-        .env("AWS_ACCESS_KEY_ID", "testing")
-        .env("AWS_SECRET_ACCESS_KEY", "testing")
-        .env_remove("FAILPOINTS");
-    cmd
 }
 
 /// Wait until a part's ids are in storage under `prefix` of bucket `b`.
@@ -494,7 +483,7 @@ fn parts_packed_into_storage_merge_into_the_shards_of_one_pack() {
         cmd
     };
     // Part 1 is killed after its ids are in storage and before its marker.
-    let mut held = tlio_s3_child();
+    let mut held = tlio_s3_std();
     held.env("FAILPOINTS", "tokens/part-commit=sleep(600000)")
         .args(["tokens", "pack"])
         .args(flags)
@@ -508,7 +497,7 @@ fn parts_packed_into_storage_merge_into_the_shards_of_one_pack() {
     assert!(!child.wait().unwrap().success());
     // Two runners of part 2 at once (a retried task beside a slow one): the first to
     // create the marker packed it, the other finds it complete.
-    let mut slow = tlio_s3_child();
+    let mut slow = tlio_s3_std();
     slow.env("FAILPOINTS", "tokens/part-commit=sleep(5000)")
         .args(["--json", "tokens", "pack"])
         .args(flags)
@@ -555,19 +544,8 @@ fn parts_packed_into_storage_merge_into_the_shards_of_one_pack() {
     let doc: serde_json::Value = serde_json::from_str(&stdout_of(&mut part(0, &[]))).unwrap();
     assert_eq!(doc["status"], "complete", "{doc}");
     // A damaged part is named by its object, and nothing is published.
-    let keys = ask(&format!("keys {b} data/fw.parts/2-of-3/"));
-    let ids_key = keys
-        .split(' ')
-        .find(|k| k.contains("/ids-"))
-        .unwrap()
-        .to_string();
-    let good = tmp.path().join("good-ids.bin");
-    ask(&format!("get {b} {ids_key} {}", good.display()));
-    let mut bad = std::fs::read(&good).unwrap();
-    bad[7] ^= 1;
-    let bad_path = tmp.path().join("bad-ids.bin");
-    std::fs::write(&bad_path, bad).unwrap();
-    ask(&format!("put {b} {ids_key} {}", bad_path.display()));
+    let ids_key = find_key(&b, "data/fw.parts/2-of-3/", |k| k.contains("/ids-"));
+    let good = flip_last_byte_of_object(tmp.path(), &b, &ids_key);
     let err = fails(tlio_s3().args(["tokens", "merge", &out]), 1);
     assert!(
         err.contains(&format!("s3://{b}/{ids_key}: blake3 "))
@@ -587,24 +565,9 @@ fn parts_packed_into_storage_merge_into_the_shards_of_one_pack() {
         merged["manifest"],
         format!("s3://{b}/data/fw.manifest.json").as_str()
     );
-    let shards = local_doc["shards"].as_array().unwrap();
+    let shards = shard_files(&local_doc);
     assert!(shards.len() >= 3, "{listed}");
-    assert_eq!(merged["shards"].as_array().unwrap().len(), shards.len());
-    for (i, s) in shards.iter().enumerate() {
-        let path = PathBuf::from(s["file"].as_str().unwrap());
-        let name = path.file_name().unwrap().to_str().unwrap();
-        assert_eq!(
-            merged["shards"][i]["file"],
-            format!("s3://{b}/data/{name}").as_str()
-        );
-        let got = tmp.path().join(format!("got-{name}"));
-        ask(&format!("get {b} data/{name} {}", got.display()));
-        assert_eq!(
-            std::fs::read(&got).unwrap(),
-            std::fs::read(&path).unwrap(),
-            "{name}"
-        );
-    }
+    assert_published_as_local(tmp.path(), &b, "data", &merged, &shards);
     // Its manifest is the one a single pack to storage creates.
     stdout_of(
         tlio_s3()

@@ -92,7 +92,7 @@ fn publish<F>(url: &S3Url, pack: F) -> Result<Published, RemoteError>
 where
     F: FnOnce(&Path) -> Result<Vec<(PathBuf, ShardHeader)>, TokensError>,
 {
-    publish_with(url, |out| pack(out).map_err(RemoteError::from))
+    publish_with(url, |out| Ok((pack(out)?, ()))).map(|(published, ())| published)
 }
 
 /// The name of the output `url` and the key of the prefix it lies in; an output
@@ -115,35 +115,45 @@ pub(super) fn output_parent(url: &S3Url) -> Result<(&str, String), S3Error> {
     Ok((name, parent_key))
 }
 
-/// [`publish`] of shards that `pack` (packing, or merging parts) writes into the
-/// staging directory: its output path there is the argument.
+/// A staging directory (under `$TMPDIR`, named `prefix...`) for the local half of the
+/// work on `url`.
 #[cfg(feature = "s3")]
-pub(super) fn publish_with<F>(url: &S3Url, pack: F) -> Result<Published, RemoteError>
-where
-    F: FnOnce(&Path) -> Result<Vec<(PathBuf, ShardHeader)>, RemoteError>,
-{
-    let (name, parent_key) = output_parent(url)?;
-    let store = crate::s3::connect(url)?;
-    refuse_existing(&store, url, &parent_key)?;
-    let stage = tempfile::Builder::new()
-        .prefix("tlio-pack-")
+pub(super) fn staging(url: &S3Url, prefix: &str) -> Result<tempfile::TempDir, RemoteError> {
+    tempfile::Builder::new()
+        .prefix(prefix)
         .tempdir()
         .map_err(|source| RemoteError::Cache {
             url: url.to_string(),
             path: std::env::temp_dir(),
             source,
-        })?;
-    let written = pack(&stage.path().join(name))?;
+        })
+}
+
+/// [`publish`] of shards that `pack` (packing, or merging parts) writes into the
+/// staging directory (its output path there is the argument), with what else `pack`
+/// returns.
+#[cfg(feature = "s3")]
+pub(super) fn publish_with<F, T>(url: &S3Url, pack: F) -> Result<(Published, T), RemoteError>
+where
+    F: FnOnce(&Path) -> Result<(Vec<(PathBuf, ShardHeader)>, T), RemoteError>,
+{
+    let (name, parent_key) = output_parent(url)?;
+    let store = crate::s3::connect(url)?;
+    refuse_existing(&store, url, &parent_key)?;
+    let stage = staging(url, "tlio-pack-")?;
+    let (written, extra) = pack(&stage.path().join(name))?;
     // Packing may have taken hours: another writer may have come meanwhile.
     refuse_existing(&store, url, &parent_key)?;
     let mut uploaded: Vec<String> = Vec::new();
-    let result = upload_all(&store, url, &parent_key, &written, &mut uploaded);
-    if result.is_err() {
-        for key in &uploaded {
-            store.delete(key).ok();
+    match upload_all(&store, url, &parent_key, &written, &mut uploaded) {
+        Ok(published) => Ok((published, extra)),
+        Err(e) => {
+            for key in &uploaded {
+                store.delete(key).ok();
+            }
+            Err(e)
         }
     }
-    result
 }
 
 /// Upload the staged shards `written` beside `url` (in `parent_key`), recording each

@@ -28,7 +28,7 @@ use std::path::Path;
 use super::not_built;
 use super::pack::Published;
 #[cfg(feature = "s3")]
-use super::pack::{output_parent, publish_with};
+use super::pack::{output_parent, publish_with, staging};
 use super::RemoteError;
 use crate::s3::{is_s3_url, S3Url};
 use crate::tokens::parts::{part_area, MergeSummary, PartJob, PartOutcome};
@@ -128,13 +128,13 @@ mod storage {
         Ok(part.join(&format!("ids-{}.bin", marker.blake3))?)
     }
 
-    /// The part counts N of the `K-of-N` prefixes in `area`.
-    fn counts_in(store: &Store, area: &S3Url) -> Result<Vec<(usize, usize)>, RemoteError> {
+    /// The part counts N of the `K-of-N` prefixes in `area`, in the order of K.
+    fn counts_in(store: &Store, area: &S3Url) -> Result<Vec<usize>, RemoteError> {
         let (dirs, _) = store.list_dir(area.key())?;
         let mut found: Vec<(usize, usize)> =
             dirs.iter().filter_map(|d| parse_dir_name(d)).collect();
         found.sort_unstable();
-        Ok(found)
+        Ok(found.into_iter().map(|(_, n)| n).collect())
     }
 
     /// The marker of the part prefix `part`, if it has one.
@@ -144,18 +144,6 @@ mod storage {
             Some((bytes, _)) => Ok(Some(parse_marker(&bytes, url_path(&url))?)),
             None => Ok(None),
         }
-    }
-
-    /// A staging directory for the local half of the work on `url`.
-    fn staging(url: &S3Url, prefix: &str) -> Result<tempfile::TempDir, RemoteError> {
-        tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir()
-            .map_err(|source| RemoteError::Cache {
-                url: url.to_string(),
-                path: std::env::temp_dir(),
-                source,
-            })
     }
 
     pub(super) fn pack_part(
@@ -177,8 +165,7 @@ mod storage {
         // The inputs and options first: a bad flag never reaches the network.
         let (_, identity) = staged.checked_identity()?;
         let store = crate::s3::connect(url)?;
-        let counts: Vec<usize> = counts_in(&store, &area)?.iter().map(|c| c.1).collect();
-        check_counts(&url_path(&area), &counts, job.part.count)?;
+        check_counts(&url_path(&area), &counts_in(&store, &area)?, job.part.count)?;
         if let Some(marker) = marker_of(&store, &part)? {
             check_made_with(&url_path(&part), &marker, &identity)?;
             let ids = ids_url(&part, &marker)?;
@@ -229,11 +216,10 @@ mod storage {
         let area = area_of(url)?;
         let area_path = url_path(&area);
         let store = crate::s3::connect(url)?;
-        let found = counts_in(&store, &area)?;
-        let Some(&(_, count)) = found.first() else {
+        let counts = counts_in(&store, &area)?;
+        let Some(&count) = counts.first() else {
             return Err(PartsError::NoParts { area: area_path }.into());
         };
-        let counts: Vec<usize> = found.iter().map(|c| c.1).collect();
         check_counts(&area_path, &counts, count)?;
         let mut parts = Vec::with_capacity(count);
         let mut missing = Vec::new();
@@ -249,8 +235,7 @@ mod storage {
             return Err(missing_parts(&area_path, &missing, count).into());
         }
         check_tiling(&area_path, &parts)?;
-        let mut summary = None;
-        let published = publish_with(url, |staged_out| {
+        publish_with(url, |staged_out| {
             let staged_area = part_area(staged_out);
             for (k, (_, marker)) in parts.iter().enumerate() {
                 let name = format!("{k}-of-{count}");
@@ -259,18 +244,9 @@ mod storage {
             }
             // Checked as they arrived: the local merge need not read them twice.
             let merged = merge_parts(staged_out, false, progress)?;
-            let shards = merged.shards.clone();
-            summary = Some(merged);
-            Ok(shards)
-        })?;
-        let summary = summary.ok_or_else(|| {
-            S3Error::request(
-                url.to_string(),
-                io::ErrorKind::Other,
-                "the merge published without merging".to_string(),
-            )
-        })?;
-        Ok((summary, published))
+            Ok((merged.shards.clone(), merged))
+        })
+        .map(|(published, summary)| (summary, published))
     }
 
     /// Download part `part` (its `marker` read already) into the local part directory
