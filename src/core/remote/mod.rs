@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 #[cfg(feature = "s3")]
 pub mod checkpoint;
+#[cfg(feature = "s3")]
+pub mod create;
 pub mod location;
 pub mod pack;
 pub mod parts;

@@ -37,6 +37,10 @@ use crate::s3::{S3Error, S3Url};
 /// table order.
 type PieceProblem = ((usize, usize, u64), String);
 
+/// One listed file checked: its findings, its sha256 when it is the config, its piece
+/// problems, and a read that failed for a reason [`is_unreachable`].
+type Checked = (Inspection, Option<String>, Vec<PieceProblem>, Option<S3Error>);
+
 /// Which listed files' bytes an inspection keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
@@ -48,6 +52,37 @@ pub enum Keep {
 
 /// The manifest of `step`, or the problem that stops its verification.
 fn fetch_manifest(remote: &Remote, step: u64, out: &mut Inspection) -> Option<RemoteManifest> {
+    let mut failed = None;
+    let got = fetch_manifest_or(remote, step, out, &mut failed);
+    if let Some(e) = failed {
+        out.problems.push(Problem::Unreadable {
+            name: MANIFEST_NAME.to_string(),
+            reason: crate::failure::full_text(&e),
+        });
+    }
+    got
+}
+
+/// Whether a failed read of a step's object says nothing about the step: the server
+/// could not be reached, refused or failed. Only a missing object (or one of another
+/// size) is a finding about the step; for anything else a load stops rather than
+/// fall back to an older step.
+pub(crate) fn is_unreachable(err: &S3Error) -> bool {
+    match err {
+        S3Error::Request { source, .. } => source.kind() != io::ErrorKind::NotFound,
+        S3Error::NotBuilt { .. } | S3Error::Config { .. } => true,
+        S3Error::BadUrl { .. } | S3Error::TooLarge { .. } => false,
+    }
+}
+
+/// [`fetch_manifest`], except that a read that failed for a reason [`is_unreachable`]
+/// is left in `failed` (no problem is recorded for it).
+fn fetch_manifest_or(
+    remote: &Remote,
+    step: u64,
+    out: &mut Inspection,
+    failed: &mut Option<S3Error>,
+) -> Option<RemoteManifest> {
     let got = remote
         .store
         .get_if_exists(&remote.key(&manifest_rel(step)), MAX_MANIFEST_BYTES);
@@ -60,6 +95,10 @@ fn fetch_manifest(remote: &Remote, step: u64, out: &mut Inspection) -> Option<Re
         Err(S3Error::TooLarge { limit, .. }) => {
             out.problems
                 .push(Problem::BadManifest(format!("larger than {limit} bytes")));
+            return None;
+        }
+        Err(e) if is_unreachable(&e) => {
+            *failed = Some(e);
             return None;
         }
         Err(e) => {
@@ -81,17 +120,40 @@ fn fetch_manifest(remote: &Remote, step: u64, out: &mut Inspection) -> Option<Re
 }
 
 /// Verify committed step `step` of the listing: what a local verification checks, on
-/// the objects of the attempt its manifest names (every byte downloaded once).
+/// the objects of the attempt its manifest names (every byte downloaded once). A read
+/// that failed for a reason [`is_unreachable`] is a problem of the step here.
 pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) -> Inspection {
+    match inspect_or(remote, step, listing, keep) {
+        Ok(ins) => ins,
+        Err(e) => {
+            let mut out = Inspection::default();
+            out.problems.push(Problem::Unreadable {
+                name: step_name(step),
+                reason: crate::failure::full_text(&e),
+            });
+            out
+        }
+    }
+}
+
+/// [`inspect`], except that a read that failed for a reason [`is_unreachable`] is the
+/// error: it says nothing about the step.
+pub fn inspect_or(
+    remote: &Remote,
+    step: u64,
+    listing: &RemoteListing,
+    keep: Keep,
+) -> Result<Inspection, S3Error> {
     let empty = StepObjects::default();
     let objects = listing.steps.get(&step).unwrap_or(&empty);
     let mut out = Inspection::default();
     if objects.manifest.is_none() {
         out.problems.push(Problem::MissingManifest);
-        return out;
+        return Ok(out);
     }
-    let Some(rm) = fetch_manifest(remote, step, &mut out) else {
-        return out;
+    let mut failed = None;
+    let Some(rm) = fetch_manifest_or(remote, step, &mut out, &mut failed) else {
+        return failed.map_or(Ok(out), Err);
     };
     let manifest = rm.manifest;
     check_manifest_step(Path::new(&step_name(step)), &manifest, &mut out);
@@ -114,7 +176,10 @@ pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) 
         opened.as_ref(),
     );
     let mut piece_problems = Vec::new();
-    for (local, sha, pieces) in checked {
+    for (local, sha, pieces, failed) in checked {
+        if let Some(e) = failed {
+            return Err(e);
+        }
         out.problems.extend(local.problems);
         out.size = out.size.saturating_add(local.size);
         out.state = out.state.or(local.state);
@@ -145,7 +210,7 @@ pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) 
         out.config = None;
         out.data.clear();
     }
-    out
+    Ok(out)
 }
 
 /// [`check_object`] of every listed file, each on a thread of its own; with `opened`
@@ -159,7 +224,7 @@ fn check_objects(
     stored: &BTreeMap<String, crate::s3::ObjectInfo>,
     keep: Keep,
     opened: Option<&ShardedStep>,
-) -> Vec<(Inspection, Option<String>, Vec<PieceProblem>)> {
+) -> Vec<Checked> {
     std::thread::scope(|s| {
         let workers: Vec<_> = files
             .iter()
@@ -173,11 +238,13 @@ fn check_objects(
                             p.feed(chunk);
                         }
                     };
-                    let (local, sha) = check_object(remote, &rel, entry, size, keep, &mut also);
+                    let (local, sha, failed) =
+                        check_object(remote, &rel, entry, size, keep, &mut also);
                     (
                         local,
                         sha,
                         pieces.map(FilePieces::finish).unwrap_or_default(),
+                        failed,
                     )
                 })
             })
@@ -192,7 +259,7 @@ fn check_objects(
                         name: entry.name.clone(),
                         reason: "its check did not finish".to_string(),
                     });
-                    (local, None, Vec::new())
+                    (local, None, Vec::new(), None)
                 })
             })
             .collect()
@@ -239,12 +306,12 @@ fn check_object(
     size: Option<u64>,
     keep: Keep,
     also: &mut dyn FnMut(&[u8]),
-) -> (Inspection, Option<String>) {
+) -> (Inspection, Option<String>, Option<S3Error>) {
     let mut out = Inspection::default();
     let name = &entry.name;
     if let Some(p) = listed_problem(entry, size) {
         out.problems.push(p);
-        return (out, None);
+        return (out, None, None);
     }
     let keeps = keep == Keep::All || (name.ends_with(".json") && entry.size <= MAX_JSON_BYTES);
     let mut hasher = Sha256::new();
@@ -269,9 +336,10 @@ fn check_object(
     };
     let kept = match read {
         Ok(k) => k,
+        Err(e) if is_unreachable(&e) => return (out, None, Some(e)),
         Err(e) => {
             out.problems.push(read_problem(entry, e));
-            return (out, None);
+            return (out, None, None);
         }
     };
     out.size = count;
@@ -281,7 +349,7 @@ fn check_object(
             expected: entry.size,
             actual: count,
         });
-        return (out, None);
+        return (out, None, None);
     }
     let actual = hex(&hasher.finalize());
     let mut config_sha = None;
@@ -302,7 +370,7 @@ fn check_object(
         &mut out,
         &mut config_sha,
     );
-    (out, config_sha)
+    (out, config_sha, None)
 }
 
 /// Whether committed step `step` looks whole without reading its data: its manifest
@@ -358,13 +426,31 @@ fn plan(
     (committed.into_iter().rev().collect(), before)
 }
 
+/// Why `load`'s check of one step refused it.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The step is broken (it failed verification): the choice goes on to the next.
+    Broken(String),
+    /// Its objects could not be read ([`is_unreachable`]): the choice stops with
+    /// this error, since it says nothing about the step.
+    Unreachable(S3Error),
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Self {
+        Refusal::Broken(why)
+    }
+}
+
 /// `load`'s choice with `attempt` as the check of one step: the first candidate it
 /// accepts, with what was refused before it; starts over (at most [`MAX_RESTARTS`]
-/// times) when a candidate fails and the commits changed meanwhile.
+/// times) when a candidate fails and the commits changed meanwhile. A candidate that
+/// could not be read ([`Refusal::Unreachable`]) ends the choice with that error: an
+/// older step is never loaded because the newest one could not be reached.
 pub fn choose<T>(
     remote: &Remote,
     step: Option<u64>,
-    attempt: &mut dyn FnMut(u64, &RemoteListing) -> Result<T, String>,
+    attempt: &mut dyn FnMut(u64, &RemoteListing) -> Result<T, Refusal>,
 ) -> Result<(T, Picked), CheckpointError> {
     let mut listing = list(remote)?;
     let mut latest = read_latest(remote)?.map(|(l, _)| l);
@@ -381,7 +467,8 @@ pub fn choose<T>(
                     };
                     return Ok((value, picked));
                 }
-                Err(why) => {
+                Err(Refusal::Unreachable(e)) => return Err(e.into()),
+                Err(Refusal::Broken(why)) => {
                     if restarts < MAX_RESTARTS {
                         let now = list(remote)?;
                         if now.commits() != listing.commits() {
@@ -419,10 +506,10 @@ pub fn load(root: &S3Url, step: Option<u64>) -> Result<Loaded, CheckpointError> 
 }
 
 /// Committed step `n` verified and read whole, or the reason it was refused.
-fn load_one(remote: &Remote, n: u64, listing: &RemoteListing) -> Result<Loaded, String> {
-    let ins = inspect(remote, n, listing, Keep::All);
+fn load_one(remote: &Remote, n: u64, listing: &RemoteListing) -> Result<Loaded, Refusal> {
+    let ins = inspect_or(remote, n, listing, Keep::All).map_err(Refusal::Unreachable)?;
     if let Some(why) = first_problem(&ins) {
-        return Err(why);
+        return Err(Refusal::Broken(why));
     }
     match (ins.state, ins.manifest) {
         (Some(state), Some(manifest)) => Ok(Loaded {
@@ -434,7 +521,7 @@ fn load_one(remote: &Remote, n: u64, listing: &RemoteListing) -> Result<Loaded, 
             skipped: Vec::new(),
             files: ins.data,
         }),
-        _ => Err("incomplete".to_string()),
+        _ => Err(Refusal::Broken("incomplete".to_string())),
     }
 }
 
@@ -463,9 +550,12 @@ pub fn pick(root: &S3Url, step: Option<u64>) -> Result<Picked, CheckpointError> 
     choose(
         &remote,
         step,
-        &mut |n, listing| match first_problem(&inspect(&remote, n, listing, Keep::Json)) {
-            None => Ok(()),
-            Some(why) => Err(why),
+        &mut |n, listing| {
+            let ins = inspect_or(&remote, n, listing, Keep::Json).map_err(Refusal::Unreachable)?;
+            match first_problem(&ins) {
+                None => Ok(()),
+                Some(why) => Err(Refusal::Broken(why)),
+            }
         },
     )
     .map(|(_, picked)| picked)
