@@ -30,9 +30,6 @@ pub(super) struct PackReport {
 }
 
 pub(super) fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    if let Some(part) = args.part.clone() {
-        return super::parts::pack_part(&args, &part, printer);
-    }
     if let Some(spec) = args.tokenizer.clone() {
         return pack_text(args, &spec, printer);
     }

@@ -22,6 +22,8 @@ use std::path::PathBuf;
 
 use crate::failure::{Failure, FailureKind};
 
+mod batch;
+mod checks;
 #[cfg(feature = "compression")]
 mod compressed;
 mod corpus;
@@ -31,6 +33,7 @@ mod gpt2fast;
 mod hf;
 #[cfg(feature = "tokenizers")]
 mod o200k;
+mod order;
 mod pack;
 pub mod parts;
 #[cfg(feature = "tokenizers")]

@@ -305,15 +305,14 @@ def file_name(group: str, rank: int) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def _prepare(model, optimizer, stream, extra, config, keep, step) -> dict:
+def _prepare(model, optimizer, stream, extra, config, keep, step, state=None) -> dict:
     """Everything this rank saves, checked: its chunks, the tie map, the optimizer JSON,
-    the trainer state, rng and config (tlio.torch.save's rules)."""
+    the trainer state, rng, config and the ``state=`` states (tlio.torch.save's rules)."""
+    from tlio import _torch_args, _torch_state
     from tlio.checkpoint import EXTRA_KEYS, _integer, _json, _rng
     from tlio.torch import TIED_KEY, _stream_state
 
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    extra = dict(extra or {})
+    extra = _torch_args.save(model, optimizer, stream, extra, config, False, state)
     unknown = [k for k in extra if k not in EXTRA_KEYS]
     if unknown:
         raise ValueError(f"extra has unknown key {unknown[0]!r} (allowed: {', '.join(EXTRA_KEYS)})")
@@ -330,6 +329,9 @@ def _prepare(model, optimizer, stream, extra, config, keep, step) -> dict:
         config_bytes = (_json("config", config, indent=2) + "\n").encode()
     chunks, tied = _model_chunks(model)
     meta: Dict[str, Dict[str, str]] = {MODEL: {TIED_KEY: json.dumps(tied, separators=(",", ":"))} if tied else {}}
+    states = _torch_state.encode(state or {})
+    if states is not None:
+        meta[MODEL][_torch_state.STATE_KEY] = states
     if optimizer is not None:
         opt_chunks, opt_json = _optimizer_chunks(model, optimizer)
         chunks += opt_chunks
@@ -377,14 +379,14 @@ def _table(entries: Sequence[Sequence[list]], writer: Dict[tuple, int]) -> List[
 
 def save(dir: Any, step: Any, model: Any, optimizer: Any = None, stream: Any = None, *,
          extra: Any = None, keep: Any = None, config: Any = None, overwrite: bool = False,
-         blocking: bool = True) -> Any:
+         blocking: bool = True, state: Any = None) -> Any:
     """tlio.torch.save for a state holding DTensors: the collective sharded save. With
     ``blocking=False`` this rank's chunks are staged now (``tlio._torch_async``) and the
     collective write and commit are returned as a ``Deferred`` for the background, on
     the async saves' own process group."""
     if blocking:
         return _commit(Group(), dir, step, overwrite,
-                       lambda: _prepare(model, optimizer, stream, extra, config, keep, step))
+                       lambda: _prepare(model, optimizer, stream, extra, config, keep, step, state))
     from tlio import _torch_async
 
     g = Group(pg=_torch_async.group())
@@ -392,7 +394,7 @@ def save(dir: Any, step: Any, model: Any, optimizer: Any = None, stream: Any = N
     error: Optional[BaseException] = None
     try:
         stage = _torch_async.stager()
-        prepared = _prepare(model, optimizer, stream, extra, config, keep, step)
+        prepared = _prepare(model, optimizer, stream, extra, config, keep, step, state)
         for c in prepared["chunks"]:
             c.tensor = stage.copy((c.group, c.name), c.tensor)
         stage.finish()
@@ -588,13 +590,14 @@ def _open(dir: str, step: Optional[int]) -> Any:
     return _sharded().open_step(dir, step)
 
 
-def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, step: Any = None) -> Any:
+def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, step: Any = None,
+         state: Any = None) -> Any:
     """tlio.torch.load for a model or optimizer holding DTensors: every rank reads its
     regions of the step rank 0 picks and checks them against its state; only when every
     rank's check passed does any rank apply (a refusal on one rank changes nothing on
     any rank)."""
     g = Group()
-    ck, apply = prepare_load(dir, model, optimizer, stream, step=step, group=g)
+    ck, apply = prepare_load(dir, model, optimizer, stream, step=step, group=g, state=state)
     mine: Failure = None
     error: Optional[BaseException] = None
     try:
@@ -606,16 +609,16 @@ def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, ste
 
 
 def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, step: Any = None,
-                 group: Optional[Group] = None) -> Tuple[Any, Callable[[], None]]:
+                 group: Optional[Group] = None, state: Any = None) -> Tuple[Any, Callable[[], None]]:
     """Everything of a load but applying it: the step chosen (by rank 0), read and
     checked on every rank of ``group`` (``None``: this process alone, as for a plain
     model loading a sharded step, each rank for itself under tlio.torch's collective
     load), the outcome agreed on. Returns the Checkpoint and the function that applies
     it; raises on every rank when any rank failed."""
+    from tlio import _torch_args
     from tlio.checkpoint import _integer
 
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _torch_args.load(model, optimizer, stream, state)
     if step is not None:
         step = _integer("step", step)
     g = group if group is not None else Group(solo=True)
@@ -668,7 +671,7 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
     ck = apply = None
     error, mine = None, None
     try:
-        ck, apply = _checked(handle, model, optimizer, stream, wants, tied, skipped)
+        ck, apply = _checked(handle, model, optimizer, stream, wants, tied, skipped, state)
     except BaseException as e:
         error, mine = e, _failure(e)
     finally:
@@ -677,13 +680,15 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
     return ck, apply
 
 
-def _checked(handle, model, optimizer, stream, wants, tied, skipped):
+def _checked(handle, model, optimizer, stream, wants, tied, skipped, state=None):
     """The verified tensors checked whole against the state (the optimizer by
-    tlio._torch_optim): the Checkpoint and the function that applies it as tlio.torch
-    applies an unsharded load."""
-    from tlio import _torch_optim
+    tlio._torch_optim, the ``state=`` objects by tlio._torch_state): the Checkpoint and
+    the function that applies it as tlio.torch applies an unsharded load."""
+    from tlio import _torch_optim, _torch_state
     from tlio.checkpoint import EXTRA_KEYS, Checkpoint
     from tlio.torch import TYPE_PREFIX, _apply as apply_checked, _param_names
+
+    objects = dict(state or {})  # ``state`` names the trainer state below
 
     path = handle.path
     state = json.loads(handle.state_json)
@@ -703,15 +708,17 @@ def _checked(handle, model, optimizer, stream, wants, tied, skipped):
                                            path, want)
     if stream is not None:
         cursor = {**state["data_cursor"], "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}}
+    saved_states = _torch_state.decode(handle.meta.get(MODEL, {}), path)
+    states = _torch_state.plan(objects, saved_states, path)
     config = handle.config
     ck = Checkpoint(
         path=path, step=handle.step, model=sd, opt=opt,
         rng_state=None if rng is None else {"state": rng[0], "inc": rng[1]},
         extra={k: state.get(k) for k in EXTRA_KEYS},
         config=None if config is None else json.loads(config),
-        skipped=skipped,
+        skipped=skipped, state=saved_states,
     )
-    return ck, lambda: apply_checked(model, sd, tied, optimizer, opt_state, stream, cursor)
+    return ck, lambda: apply_checked(model, sd, tied, optimizer, opt_state, stream, cursor, states)
 
 
 def dispatch_save(whole: F) -> F:
