@@ -271,7 +271,10 @@ mod tests {
         }
         let no_return: std::collections::BTreeSet<String> =
             NO_RETURN.iter().map(|s| s.to_string()).collect();
-        assert_eq!(without, no_return, "sites without a closure must be in NO_RETURN");
+        assert_eq!(
+            without, no_return,
+            "sites without a closure must be in NO_RETURN"
+        );
         assert!(with.is_disjoint(&no_return), "{with:?}");
     }
 

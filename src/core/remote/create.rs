@@ -61,13 +61,18 @@ pub fn put_once(
                 false
             }
         };
+        // A refusal answered cleanly while no earlier try of this put is in doubt
+        // was another writer's doing (nothing retries a put here), even when that
+        // writer's bytes equal these.
+        let in_doubt = last.is_some();
         let back = match store.get_if_exists(key, limit) {
             Ok(found) => found,
             Err(S3Error::TooLarge { .. }) => return Ok(Outcome::Theirs(Vec::new(), None)),
             Err(read) => return Err(unknown(url, last, &read)),
         };
         match (back, etag) {
-            (Some((bytes, _)), _) if mine(&bytes) => return Ok(Outcome::Ours),
+            (Some((bytes, _)), _) if in_doubt && mine(&bytes) => return Ok(Outcome::Ours),
+            (Some((bytes, tag)), _) if refused => return Ok(Outcome::Theirs(bytes, tag)),
             // The state the condition expected: the put was not applied; send it again.
             (None, None) => {}
             (Some((_, tag)), Some(want)) if tag.as_deref() == Some(want) && !refused => {}

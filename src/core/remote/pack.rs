@@ -16,12 +16,12 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "s3")]
+use super::create::{put_once, Outcome};
 use super::shards::MANIFEST_SUFFIX;
 #[cfg(feature = "s3")]
 use super::shards::{Manifest, ManifestShard, MANIFEST_FORMAT};
 use super::RemoteError;
-#[cfg(feature = "s3")]
-use super::create::{put_once, Outcome};
 #[cfg(feature = "s3")]
 use crate::s3::S3Error;
 use crate::s3::{is_s3_url, S3Url};
@@ -180,7 +180,15 @@ where
     let mine = |bytes: &[u8]| bytes == text.as_slice();
     let limit = super::shards::MAX_MANIFEST_BYTES;
     let url_text = manifest_url.to_string();
-    match put_once(&store, &url_text, manifest_url.key(), &text, None, limit, &mine)? {
+    match put_once(
+        &store,
+        &url_text,
+        manifest_url.key(),
+        &text,
+        None,
+        limit,
+        &mine,
+    )? {
         Outcome::Ours => Ok((published(shards, &manifest_url, false), extra)),
         Outcome::Theirs(..) | Outcome::Gone => Err(exists(&manifest_url).into()),
     }
@@ -239,7 +247,11 @@ fn complete(
         .into());
     }
     let manifest: Manifest = serde_json::from_slice(ours).map_err(|e| {
-        S3Error::request(manifest_url.to_string(), std::io::ErrorKind::Other, e.to_string())
+        S3Error::request(
+            manifest_url.to_string(),
+            std::io::ErrorKind::Other,
+            e.to_string(),
+        )
     })?;
     for shard in &manifest.shards {
         let url = manifest_url.with_key(&key_in(parent_key, &shard.name))?;
@@ -293,7 +305,11 @@ fn staged_manifest(
 /// A local I/O error about a staged file of the output `url`.
 #[cfg(feature = "s3")]
 fn local_err(url: &S3Url, path: &Path, e: &std::io::Error) -> S3Error {
-    S3Error::request(url.to_string(), e.kind(), format!("{}: {e}", path.display()))
+    S3Error::request(
+        url.to_string(),
+        e.kind(),
+        format!("{}: {e}", path.display()),
+    )
 }
 
 /// The name of a staged shard (its file name, UTF-8).
@@ -320,9 +336,8 @@ fn manifest_text(url: &S3Url, listed: Vec<ManifestShard>) -> Result<Vec<u8>, S3E
         shards: listed,
         tokens,
     };
-    let mut text = serde_json::to_vec_pretty(&manifest).map_err(|e| {
-        S3Error::request(url.to_string(), std::io::ErrorKind::Other, e.to_string())
-    })?;
+    let mut text = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| S3Error::request(url.to_string(), std::io::ErrorKind::Other, e.to_string()))?;
     text.push(b'\n');
     Ok(text)
 }

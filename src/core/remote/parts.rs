@@ -72,6 +72,7 @@ pub fn merge_at(
                     .map(|(p, h)| (p.display().to_string(), *h))
                     .collect(),
                 manifest: None,
+                already_complete: false,
             };
             Ok((summary, published))
         }

@@ -34,12 +34,12 @@ use super::{
 use crate::checkpoint::manifest::{Manifest, ManifestEntry};
 use crate::checkpoint::optimizer::check_any_header;
 use crate::checkpoint::save::{validate, Payload, SaveReport, SaveRequest};
+use crate::checkpoint::verify::MAX_MANIFEST_BYTES;
 use crate::checkpoint::{
-    parse_latest, step_name, CheckpointError, Latest, SaveAnyway, CONFIG_NAME, LATEST_NAME, MODEL_NAME,
-    OPTIMIZER_NAME, STATE_NAME,
+    parse_latest, step_name, CheckpointError, Latest, SaveAnyway, CONFIG_NAME, LATEST_NAME,
+    MODEL_NAME, OPTIMIZER_NAME, STATE_NAME,
 };
 use crate::digest::hex;
-use crate::checkpoint::verify::MAX_MANIFEST_BYTES;
 use crate::remote::create::{put_once, Outcome};
 use crate::s3::{S3Error, S3Url};
 use crate::safetensors::Header;
@@ -382,7 +382,15 @@ fn advance_latest(remote: &Remote, step: u64) -> Result<(), S3Error> {
             };
         let limit = crate::checkpoint::MAX_LATEST_BYTES;
         let url = remote.url(LATEST_NAME);
-        match put_once(&remote.store, &url, &key, line.as_bytes(), condition, limit, &ours)? {
+        match put_once(
+            &remote.store,
+            &url,
+            &key,
+            line.as_bytes(),
+            condition,
+            limit,
+            &ours,
+        )? {
             Outcome::Ours => return Ok(()),
             // Another writer moved it (or removed it) meanwhile: read it again.
             Outcome::Theirs(..) | Outcome::Gone => continue,

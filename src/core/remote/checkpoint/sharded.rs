@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::read::{choose, Refusal};
+use super::choose::{choose, Refusal};
 use super::save::{after_commit, commit, put, refusals, remove_attempt};
 use super::{
     is_attempt_name, list, list_under, manifest_rel, new_attempt, object_rel, Remote,
