@@ -31,6 +31,7 @@ mod corpus;
 mod gpt2fast;
 #[cfg(feature = "tokenizers")]
 mod hf;
+mod mixture;
 #[cfg(feature = "tokenizers")]
 mod o200k;
 mod order;
@@ -49,6 +50,11 @@ pub use crate::pcg::RngState;
 pub use corpus::{
     pack_text, CorpusFormat, TextPackOptions, TextPackProgress, TextPackSummary,
     DEFAULT_SHARD_TOKENS,
+};
+pub use mixture::{
+    check_stages, check_weights, choose_source, expand_source, source_digest, sources_of, stage_at,
+    Mixture, MixtureBatch, MixtureCursor, MixtureOptions, MixtureSource, Rule, SourceCursor, Stage,
+    StageRecord, WindowOrigin, MAX_SOURCES, WEIGHT_SUM_TOLERANCE,
 };
 pub use pack::{
     output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
@@ -348,6 +354,13 @@ pub enum TokensError {
     /// `pack` options that cannot work (a zero shard size, too many ids for one shard).
     #[error("{0}")]
     BadOptions(String),
+    /// A mixture that cannot be built: bad weights or stages, a source without shards
+    /// (scale.md section 8).
+    #[error("{reason}")]
+    BadMixture {
+        /// What is wrong, naming the source or stage.
+        reason: String,
+    },
     /// Reading a `pack` input failed.
     #[error("cannot read {input}: {error}")]
     Read {
@@ -405,6 +418,7 @@ impl Failure for TokensError {
             | TokensError::BatchTooLarge { .. }
             | TokensError::BadVocab { .. }
             | TokensError::BadOptions(_)
+            | TokensError::BadMixture { .. }
             | TokensError::NotBuilt { .. }
             | TokensError::ReplacesInput { .. } => FailureKind::Operational,
             TokensError::Short { .. }
