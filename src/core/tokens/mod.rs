@@ -31,6 +31,7 @@ mod corpus;
 mod gpt2fast;
 #[cfg(feature = "tokenizers")]
 mod hf;
+pub mod manifest;
 mod mixture;
 #[cfg(feature = "tokenizers")]
 mod o200k;
@@ -56,6 +57,7 @@ pub use mixture::{
     Mixture, MixtureBatch, MixtureCursor, MixtureOptions, MixtureSource, Rule, SourceCursor, Stage,
     StageRecord, WindowOrigin, MAX_SOURCES, WEIGHT_SUM_TOLERANCE,
 };
+pub use manifest::{manifest_source, Manifest, ManifestShard, Split};
 pub use pack::{
     output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
 };
@@ -392,6 +394,15 @@ pub enum TokensError {
         /// The crate feature that reads it.
         feature: &'static str,
     },
+    /// A pack's manifest that cannot be read as one, or a split of it that lists no
+    /// shard.
+    #[error("{path}: {reason}")]
+    BadManifest {
+        /// The manifest's path or URL (with the split chosen, when that is the problem).
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The tokenizer could not be loaded or failed.
     #[error(transparent)]
     Tokenizer(#[from] tokenizer::TokenizerError),
@@ -439,6 +450,7 @@ impl Failure for TokensError {
             | TokensError::BadInput { .. }
             | TokensError::Empty
             | TokensError::BadDocument { .. }
+            | TokensError::BadManifest { .. }
             | TokensError::MixedVocab { .. } => FailureKind::Invalid,
         }
     }
