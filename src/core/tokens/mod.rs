@@ -52,12 +52,12 @@ pub use corpus::{
     pack_text, CorpusFormat, TextPackOptions, TextPackProgress, TextPackSummary,
     DEFAULT_SHARD_TOKENS,
 };
+pub use manifest::{manifest_source, Manifest, ManifestShard, Split};
 pub use mixture::{
     check_stages, check_weights, choose_source, expand_source, source_digest, sources_of, stage_at,
     Mixture, MixtureBatch, MixtureCursor, MixtureOptions, MixtureSource, Rule, SourceCursor, Stage,
     StageRecord, WindowOrigin, MAX_SOURCES, WEIGHT_SUM_TOLERANCE,
 };
-pub use manifest::{manifest_source, Manifest, ManifestShard, Split};
 pub use pack::{
     output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
 };
