@@ -72,6 +72,23 @@ impl Proxy {
         self.ask(&format!("hits {id}")).parse().unwrap()
     }
 
+    /// `ckpt save REMOTE --step STEP [EXTRA] --model MODEL` through the proxy.
+    fn save(
+        &self,
+        remote: &str,
+        step: &str,
+        extra: &[&str],
+        model: &Path,
+    ) -> assert_cmd::assert::Assert {
+        self.tlio()
+            .args(["ckpt", "save", remote, "--step", step])
+            .args(extra)
+            .arg("--model")
+            .arg(model)
+            .timeout(Duration::from_secs(120))
+            .assert()
+    }
+
     /// `tlio` with the proxy as its endpoint.
     fn tlio(&self) -> assert_cmd::Command {
         let mut cmd = tlio_s3();
@@ -144,12 +161,7 @@ fn a_lost_reply_to_the_commit_keeps_the_committed_step() {
         let manifest = format!("^/{b}/ckpt/step-000001/MANIFEST\\.json$");
         // The server creates the manifest; its reply is lost.
         let lost = proxy.rule("PUT", &manifest, "1", action);
-        let out = proxy
-            .tlio()
-            .args(["ckpt", "save", &remote, "--step", "1", "--model"])
-            .arg(&first)
-            .timeout(Duration::from_secs(120))
-            .assert();
+        let out = proxy.save(&remote, "1", &[], &first);
         assert_eq!(proxy.hits(&lost), 1, "{action}");
         assert!(
             out.get_output().status.success(),
@@ -162,20 +174,7 @@ fn a_lost_reply_to_the_commit_keeps_the_committed_step() {
         // Replacing a sound step (--overwrite, If-Match), the reply lost again; LATEST's
         // conditional replace loses its reply too (a second save, step 2).
         let lost = proxy.rule("PUT", &manifest, "1", action);
-        let out = proxy
-            .tlio()
-            .args([
-                "ckpt",
-                "save",
-                &remote,
-                "--step",
-                "1",
-                "--overwrite",
-                "--model",
-            ])
-            .arg(&second)
-            .timeout(Duration::from_secs(120))
-            .assert();
+        let out = proxy.save(&remote, "1", &["--overwrite"], &second);
         assert_eq!(proxy.hits(&lost), 1, "{action}");
         assert!(
             out.get_output().status.success(),
@@ -193,12 +192,7 @@ fn a_lost_reply_to_the_commit_keeps_the_committed_step() {
         assert!(got.ends_with(&[3.0f32.to_le_bytes(), 4.0f32.to_le_bytes()].concat()));
 
         let latest_rule = proxy.rule("PUT", &format!("^/{b}/ckpt/LATEST$"), "1", action);
-        let out = proxy
-            .tlio()
-            .args(["ckpt", "save", &remote, "--step", "2", "--model"])
-            .arg(&first)
-            .timeout(Duration::from_secs(120))
-            .assert();
+        let out = proxy.save(&remote, "2", &[], &first);
         assert_eq!(proxy.hits(&latest_rule), 1, "{action}");
         let err = stderr_of(&out);
         assert!(out.get_output().status.success(), "{action}: {err}");
