@@ -73,7 +73,7 @@ from torch.futures import Future
 
 from tlio._tlio import sharded as _core
 
-__all__ = ["Writer", "Reader", "latest", "import_checkpoint", "GROUP", "FORMAT"]
+__all__ = ["Writer", "Reader", "latest", "GROUP", "FORMAT"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -692,11 +692,3 @@ def latest(run_dir: PathLike) -> Optional[str]:
     except FileNotFoundError:
         return None
     return chosen
-
-
-def import_checkpoint(dcp_dir: PathLike, run_dir: PathLike, step: Optional[int] = None) -> str:
-    """Convert a FileSystemWriter checkpoint (``.metadata`` + ``*.distcp``) into a verified
-    tlio step (``tlio ckpt import``); see ``tlio._dcp_import``."""
-    from tlio._dcp_import import import_checkpoint as run
-
-    return run(dcp_dir, run_dir, step)
