@@ -358,19 +358,35 @@ pub struct ShardedStep {
     meta: BTreeMap<String, BTreeMap<String, String>>,
 }
 
-/// Open the step `load` would pick (or `step`, or the newest older one that passes).
+/// Open the step `load` would pick (or exactly `step`); with `below`, the one `load`
+/// would pick among the steps older than `below` (a collective load's next candidate).
 #[pyfunction]
-#[pyo3(signature = (dir, step=None))]
+#[pyo3(signature = (dir, step=None, *, below=None))]
 fn open_step(
     py: Python<'_>,
     dir: PathBuf,
     step: Option<&Bound<'_, PyAny>>,
+    below: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<ShardedStep> {
     guard(|| {
         path_arg(&dir, "dir")?;
         let step = opt_count(step, "step")?;
+        let below = opt_count(below, "below")?;
+        if step.is_some() && below.is_some() {
+            return Err(PyValueError::new_err(
+                "open_step takes step or below, not both",
+            ));
+        }
         let opened = py
-            .detach(|| location::sharded_open_step(&dir, step))
+            .detach(|| match below {
+                Some(b) if !location::is_remote(&dir) => {
+                    core_sharded::open::open_step_below(&dir, b)
+                }
+                // The remote choice of a named step still takes the newest older one
+                // that passes: asking for the step below gives the same candidate.
+                Some(b) => location::sharded_open_step(&dir, Some(b.saturating_sub(1))),
+                None => location::sharded_open_step(&dir, step),
+            })
             .map_err(|e| sharded_err(py, e))?;
         step_object(opened)
     })

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 #[cfg(feature = "s3")]
 pub mod checkpoint;
 #[cfg(feature = "s3")]
+pub mod create;
+#[cfg(feature = "s3")]
 pub(crate) mod header;
 pub mod location;
 pub mod pack;

@@ -145,3 +145,29 @@ pub(super) fn check_each_shard(
     }
     Ok(())
 }
+
+/// Counts a batch's work and asks `cancel` every [`CANCEL_EVERY`] units.
+pub(super) struct Ticker<'a> {
+    cancel: &'a mut dyn FnMut() -> bool,
+    work: usize,
+}
+
+impl<'a> Ticker<'a> {
+    /// A ticker that has counted nothing yet.
+    pub(super) fn new(cancel: &'a mut dyn FnMut() -> bool) -> Ticker<'a> {
+        Ticker { cancel, work: 0 }
+    }
+
+    /// Count `units` of work; every [`CANCEL_EVERY`] units, ask `cancel`, and stop
+    /// with [`TokensError::Interrupted`] when it says so.
+    pub(super) fn add(&mut self, units: usize) -> Result<(), TokensError> {
+        self.work = self.work.saturating_add(units);
+        if self.work >= CANCEL_EVERY {
+            self.work = 0;
+            if (self.cancel)() {
+                return Err(TokensError::Interrupted);
+            }
+        }
+        Ok(())
+    }
+}

@@ -19,11 +19,12 @@ use std::num::NonZeroU64;
 use std::path::Path;
 
 pub use super::batch::Batch;
+use super::checks::Ticker;
 pub use super::checks::{
     check_batch_shape, check_ranks, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES, MAX_GLOBAL_BATCH,
     MAX_SHARDS, MAX_WORLD_SIZE,
 };
-use super::checks::{check_each_shard, check_one_vocab, CANCEL_EVERY};
+use super::checks::{check_each_shard, check_one_vocab};
 use super::order::{draw_phase, Epoch};
 pub use super::order::{shuffle_order, ShardOrder};
 use super::shard::{check_shard_vocab, Shard};
@@ -37,6 +38,9 @@ fn bad(field: &str, reason: impl Into<String>) -> TokensError {
         reason: reason.into(),
     }
 }
+
+/// A stream's walk position: shard, offset, generator, epoch.
+pub(super) type Mark = (usize, usize, Pcg32, Epoch);
 
 /// Which part of each global batch a stream reads: rank `rank` of `world_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,25 +91,6 @@ pub struct TokenStream {
     held: Option<usize>,
     /// Reused bytes of one window's read.
     scratch: Vec<u8>,
-}
-
-/// Counts a batch's work and asks `cancel` every [`CANCEL_EVERY`] units.
-struct Ticker<'a> {
-    cancel: &'a mut dyn FnMut() -> bool,
-    work: usize,
-}
-
-impl Ticker<'_> {
-    fn add(&mut self, units: usize) -> Result<(), TokensError> {
-        self.work = self.work.saturating_add(units);
-        if self.work >= CANCEL_EVERY {
-            self.work = 0;
-            if (self.cancel)() {
-                return Err(TokensError::Interrupted);
-            }
-        }
-        Ok(())
-    }
 }
 
 impl TokenStream {
@@ -308,7 +293,7 @@ impl TokenStream {
     }
 
     /// The windows that still fit in the current pass from the offset.
-    fn windows_left(&self) -> usize {
+    pub(super) fn windows_left(&self) -> usize {
         let n = self.shard_len(self.shard);
         let span = self.seq_len.saturating_add(1);
         match n.checked_sub(self.offset).and_then(|r| r.checked_sub(span)) {
@@ -319,7 +304,10 @@ impl TokenStream {
 
     /// Move past the next window, starting a new pass first when no window fits at the
     /// offset; returns the window's shard and offset.
-    fn advance(&mut self, ticks: &mut Ticker<'_>) -> Result<(usize, usize), TokensError> {
+    pub(super) fn advance(
+        &mut self,
+        ticks: &mut Ticker<'_>,
+    ) -> Result<(usize, usize), TokensError> {
         if self.windows_left() == 0 {
             let work = self.start_pass();
             ticks.add(work)?;
@@ -331,7 +319,7 @@ impl TokenStream {
 
     /// Skip `n` windows without reading them (the other ranks' part of a batch), a
     /// pass at a time.
-    fn skip(&mut self, mut n: usize, ticks: &mut Ticker<'_>) -> Result<(), TokensError> {
+    pub(super) fn skip(&mut self, mut n: usize, ticks: &mut Ticker<'_>) -> Result<(), TokensError> {
         while n > 0 {
             let left = self.windows_left();
             if left == 0 {
@@ -349,7 +337,7 @@ impl TokenStream {
     /// Read the window at (`shard`, `offset`) into one row of inputs and one of
     /// targets, holding that shard's descriptor (and closing the last one's, after
     /// checking that it did not change while it was read).
-    fn read_window(
+    pub(super) fn read_window(
         &mut self,
         (shard, offset): (usize, usize),
         inputs: &mut [i64],
@@ -436,13 +424,33 @@ impl TokenStream {
         targets: &mut [i64],
         cancel: &mut dyn FnMut() -> bool,
     ) -> Result<(), TokensError> {
-        let before = (self.shard, self.offset, self.rng, self.epoch.clone());
-        let mut ticks = Ticker { cancel, work: 0 };
+        let before = self.mark();
+        let mut ticks = Ticker::new(cancel);
         let result = self.walk_batch(inputs, targets, &mut ticks);
         if result.is_err() {
-            (self.shard, self.offset, self.rng, self.epoch) = before;
+            self.reset(before);
         }
         result
+    }
+
+    /// The walk's position, for a caller that walks several streams (a mixture) and
+    /// puts them all back when one fails.
+    pub(super) fn mark(&self) -> Mark {
+        (self.shard, self.offset, self.rng, self.epoch.clone())
+    }
+
+    /// Back to a [`TokenStream::mark`] of this stream.
+    pub(super) fn reset(&mut self, mark: Mark) {
+        (self.shard, self.offset, self.rng, self.epoch) = mark;
+    }
+
+    /// Check that the shard read last did not change since it was opened (a shard
+    /// rewritten in place with the same size is caught before a batch is handed out).
+    pub(super) fn check_held(&self) -> Result<(), TokensError> {
+        match self.held.and_then(|i| self.shards.get(i)) {
+            Some(held) => held.check_unchanged(),
+            None => Ok(()),
+        }
     }
 
     fn walk_batch(
@@ -464,12 +472,7 @@ impl TokenStream {
             .saturating_sub(self.ranks.rank)
             .saturating_sub(1);
         self.skip(after.saturating_mul(self.batch), ticks)?;
-        // A shard rewritten in place with the same size is caught here, before the
-        // batch is handed out.
-        if let Some(held) = self.held.and_then(|i| self.shards.get(i)) {
-            held.check_unchanged()?;
-        }
-        Ok(())
+        self.check_held()
     }
 
     /// The whole position: shard, offset of the next window, generator state, the
@@ -1280,10 +1283,7 @@ mod tests {
         // Walking the same global batch in one process ends at the same cursor.
         let mut x = vec![0i64; 3];
         let mut y = vec![0i64; 3];
-        let mut ticks = Ticker {
-            cancel: &mut cancel_never,
-            work: 0,
-        };
+        let mut ticks = Ticker::new(&mut cancel_never);
         single.skip(MAX_GLOBAL_BATCH - 1, &mut ticks).unwrap();
         single.next_batch_into(&mut x, &mut y).unwrap();
         assert_eq!(&got.inputs[got.inputs.len() - 3..], &x[..]);

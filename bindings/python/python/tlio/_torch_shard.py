@@ -18,8 +18,9 @@ Load: rank 0 opens the step a load picks and broadcasts its number; every rank o
 that step, computes the regions its local shards need (the whole tensor for a plain
 one), reads them into fresh tensors (the core reads only overlapping pieces and
 verifies each), and all ranks agree before anything is applied: a digest mismatch on any
-rank makes every rank fall back to the next older step, any other failure is raised on
-every rank. The optimizer follows parameter names (tlio.torch's own rules).
+rank makes every rank fall back to the next older step (with ``step=None``; a named step
+is raised as a ``FileNotFoundError`` naming it), any other failure is raised on every
+rank. The optimizer follows parameter names (tlio.torch's own rules).
 
 Invariants: the rules (chunk table, coverage, digests, read plans, commit) are the
 core's (``tlio._tlio.sharded``); this module converts tensors to byte views and back and
@@ -479,7 +480,8 @@ def _commit(g: Group, dir: Any, step: Any, overwrite: bool, prepare: Callable[[]
 
 
 class Corrupt(Exception):
-    """A read whose bytes did not verify: the ranks fall back to an older step."""
+    """A read whose bytes did not verify: with no named step the ranks fall back to an
+    older one; a named step is refused."""
 
 
 class Want:
@@ -586,7 +588,11 @@ def is_sharded_step(path: str) -> bool:
     return os.path.exists(os.path.join(path, name))
 
 
-def _open(dir: str, step: Optional[int]) -> Any:
+def _open(dir: str, step: Optional[int], below: Optional[int] = None) -> Any:
+    """The step ``load``'s rules pick (exactly ``step`` when it is given), or with
+    ``below`` the one they pick among the steps older than ``below``."""
+    if below is not None:
+        return _sharded().open_step(dir, below=below)
     return _sharded().open_step(dir, step)
 
 
@@ -616,7 +622,7 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
     load), the outcome agreed on. Returns the Checkpoint and the function that applies
     it; raises on every rank when any rank failed."""
     from tlio import _torch_args
-    from tlio.checkpoint import _integer
+    from tlio.checkpoint import _integer, step_name
 
     _torch_args.load(model, optimizer, stream, state)
     if step is not None:
@@ -624,14 +630,14 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
     g = group if group is not None else Group(solo=True)
     dir = os.fspath(dir)
     skipped: List[Tuple[str, str]] = []
-    want_step = step
+    below: Optional[int] = None  # after a step failed on some rank: only older ones
     while True:
         handle, error, mine = None, None, None
         # Rank 0 picks the step; every rank opens exactly that one.
         chosen: Any = None
         if g.rank == 0:
             try:
-                handle = _open(dir, want_step)
+                handle = _open(dir, step, below)
                 chosen = ("ok", handle.step, [list(s) for s in handle.skipped])
             except BaseException as e:
                 error, chosen = e, _failure(e)
@@ -643,10 +649,10 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
         kind = None
         try:
             if handle is None:
-                handle = _open(dir, n)
-                if handle.step != n:
-                    raise Corrupt(f"step {n}, which rank 0 loaded, does not verify here "
-                                  f"(this rank would have loaded step {handle.step})")
+                try:
+                    handle = _open(dir, n)
+                except FileNotFoundError as e:  # step n fails this rank's check
+                    raise Corrupt(f"step {n}, which rank 0 loaded, does not verify here ({e})") from e
             wants, tied = _plan(handle, model, optimizer)
             _read(handle, wants)
         except Corrupt as e:
@@ -660,13 +666,16 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
         if not bad:
             break
         r, m = bad[0]
-        skipped.append((os.path.basename(handle.path) if handle is not None else f"step {n}",
-                        f"on rank {r}: {m[1]}"))
+        # Which rank found it only matters when there are several.
+        why = f"on rank {r}: {m[1]}" if g.size > 1 else m[1]
         if handle is not None:
             handle.close()
+        if step is not None:  # a named step is that step or an error, never another
+            raise FileNotFoundError(f"no loadable checkpoint in {dir} ({step_name(n)}: {why})")
+        skipped.append((step_name(n), why))
         if n == 0:
             raise FileNotFoundError(f"{dir}: no step verifies on every rank")
-        want_step = n - 1
+        below = n
     # Checked on every rank or raised on every rank: no rank applies alone.
     ck = apply = None
     error, mine = None, None

@@ -212,9 +212,10 @@ def load_checkpoint(dir: PathLike, step: Optional[int] = None) -> Checkpoint:
     """Load the checkpoint ``tlio ckpt latest`` picks from ``dir``, verified.
 
     ``LATEST`` first; when the step it names fails, the newest older step that verifies;
-    steps newer than ``LATEST`` are ignored (never declared done). With ``step``, that
-    step, or the newest older one that verifies. Nothing valid: ``FileNotFoundError``
-    listing each directory and why.
+    steps newer than ``LATEST`` are ignored (never declared done). With ``step``, exactly
+    that step: missing or failing, it is a ``FileNotFoundError`` naming why, never
+    another step (the fallback is for ``step=None``). Nothing valid:
+    ``FileNotFoundError`` listing each directory and why.
     """
     if step is not None:
         step = _integer("step", step)

@@ -501,8 +501,8 @@ def load(
     step: Optional[int] = None,
     state: Optional[Mapping[str, Any]] = None,
 ) -> Checkpoint:
-    """Restore the checkpoint ``tlio ckpt latest`` picks (or ``step``, falling back to
-    older steps that verify) into ``model``, ``optimizer`` and ``stream``.
+    """Restore the checkpoint ``tlio ckpt latest`` picks (or exactly step ``step``) into
+    ``model``, ``optimizer`` and ``stream``.
 
     The model gets ``load_state_dict`` (strict) with every tensor in its saved dtype and
     its ties restored as the same Parameter; the optimizer gets its state and param
@@ -514,7 +514,10 @@ def load(
     tensors), ``opt`` the optimizer JSON (or ``None``) and ``state`` every ``state=``
     state the step holds. Each object of ``state`` gets its saved state through
     ``load_state_dict`` (a name the step does not hold is refused before anything is
-    applied). Nothing valid: ``FileNotFoundError``.
+    applied). With ``step=None`` a step that fails verification is skipped for the
+    newest older one that verifies (``Checkpoint.skipped`` says why); a named ``step``
+    is that step or a ``FileNotFoundError`` naming it and why it failed, never another
+    step. Nothing valid: ``FileNotFoundError``.
 
     Under torch.distributed every rank calls ``load``: rank 0 chooses the step (its
     ``step`` argument counts) and every rank reads and checks exactly that one; only

@@ -15,6 +15,7 @@
 //! step, against the file's sha256) in the same pass that copied it.
 
 pub mod commit;
+pub mod coverage;
 pub mod dcp;
 pub mod export;
 pub mod named;

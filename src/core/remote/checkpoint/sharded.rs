@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::read::choose;
+use super::choose::{choose, Refusal};
 use super::save::{after_commit, commit, put, refusals, remove_attempt};
 use super::{
     is_attempt_name, list, list_under, manifest_rel, new_attempt, object_rel, Remote,
@@ -426,7 +426,7 @@ pub(crate) fn open_one(
 pub fn open_step(url: &S3Url, step: Option<u64>) -> Result<ShardedStep, ShardedError> {
     let remote = Remote::connect(url).map_err(remote_err)?;
     let (mut opened, picked) = choose(&remote, step, &mut |n, listing| {
-        open_one(&remote, n, listing)
+        open_one(&remote, n, listing).map_err(Refusal::Broken)
     })?;
     opened.skipped = picked.skipped;
     Ok(opened)
