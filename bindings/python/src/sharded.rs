@@ -41,7 +41,7 @@ fn sharded_err(py: Python<'_>, err: ShardedError) -> PyErr {
 fn group_arg(name: &str) -> PyResult<Group> {
     Group::from_name(name).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "unknown group {name:?} (the groups are \"model\" and \"optimizer\")"
+            "unknown group {name:?} (the groups are \"model\", \"optimizer\" and \"dcp\")"
         ))
     })
 }
@@ -83,6 +83,34 @@ fn begin(
             .unwrap_or_default();
         Ok(ShardedSave {
             inner: Mutex::new(save),
+            tmp_dir,
+            step,
+        })
+    })
+}
+
+/// Start a sharded save of `step` into the directory `step_dir` of any name (a
+/// canonical `step-NNNNNN` name is its parent's step, LATEST included).
+#[pyfunction]
+#[pyo3(signature = (step_dir, step, overwrite=false))]
+fn begin_named(
+    py: Python<'_>,
+    step_dir: PathBuf,
+    step: &Bound<'_, PyAny>,
+    overwrite: bool,
+) -> PyResult<ShardedSave> {
+    guard(|| {
+        path_arg(&step_dir, "step_dir")?;
+        let step = count_arg(step, "step")?;
+        let save = py
+            .detach(|| core_sharded::begin_named(&step_dir, step, overwrite))
+            .map_err(|e| sharded_err(py, e))?;
+        let tmp_dir = save
+            .tmp_dir()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        Ok(ShardedSave {
+            inner: Mutex::new(location::ShardedSaveAt::Local(save)),
             tmp_dir,
             step,
         })
@@ -360,23 +388,63 @@ fn open_step(
                 None => location::sharded_open_step(&dir, step),
             })
             .map_err(|e| sharded_err(py, e))?;
-        let state_json = String::from_utf8(opened.state.to_json().map_err(core_err)?)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(ShardedStep {
-            path: opened.path.display().to_string(),
-            step: opened.step,
-            sharded: opened.sharded,
-            state_json,
-            rng: opened.state.rng_state.map(|r| (r.state, r.inc)),
-            config: opened.config.clone(),
-            skipped: opened.skipped.clone(),
-            meta: opened
-                .meta
-                .iter()
-                .map(|(g, m)| (g.name().to_string(), m.clone()))
-                .collect(),
-            inner: RwLock::new(Some(opened)),
-        })
+        step_object(opened)
+    })
+}
+
+/// Open exactly the step directory `step_dir` (any name; local only).
+#[pyfunction]
+fn open_step_dir(py: Python<'_>, step_dir: PathBuf) -> PyResult<ShardedStep> {
+    guard(|| {
+        path_arg(&step_dir, "step_dir")?;
+        let opened = py
+            .detach(|| core_sharded::open_step_dir(&step_dir))
+            .map_err(|e| sharded_err(py, e))?;
+        step_object(opened)
+    })
+}
+
+/// The step `tlio ckpt latest` picks in `dir` (every candidate verified whole):
+/// (path, step, skipped as (name, why)).
+#[pyfunction]
+#[pyo3(signature = (dir, step=None))]
+fn pick(
+    py: Python<'_>,
+    dir: PathBuf,
+    step: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(String, u64, Vec<(String, String)>)> {
+    guard(|| {
+        path_arg(&dir, "dir")?;
+        let step = opt_count(step, "step")?;
+        let picked = py
+            .detach(|| location::pick(&dir, step))
+            .map_err(|e| ckpt_err(py, e))?;
+        Ok((
+            picked.path.display().to_string(),
+            picked.step,
+            picked.skipped,
+        ))
+    })
+}
+
+/// The Python object of an opened step.
+fn step_object(opened: core_sharded::ShardedStep) -> PyResult<ShardedStep> {
+    let state_json = String::from_utf8(opened.state.to_json().map_err(core_err)?)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(ShardedStep {
+        path: opened.path.display().to_string(),
+        step: opened.step,
+        sharded: opened.sharded,
+        state_json,
+        rng: opened.state.rng_state.map(|r| (r.state, r.inc)),
+        config: opened.config.clone(),
+        skipped: opened.skipped.clone(),
+        meta: opened
+            .meta
+            .iter()
+            .map(|(g, m)| (g.name().to_string(), m.clone()))
+            .collect(),
+        inner: RwLock::new(Some(opened)),
     })
 }
 
@@ -448,6 +516,20 @@ impl ShardedStep {
                     (d.name().to_string(), s.to_vec()),
                 )
             })
+            .collect())
+    }
+
+    /// The chunks of one global tensor as (offsets, sizes), sorted by offsets.
+    fn chunks(&self, group: &str, name: &str) -> PyResult<Vec<(Vec<u64>, Vec<u64>)>> {
+        let group = group_arg(group)?;
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        let step = inner.as_ref().ok_or_else(closed)?;
+        let boxes = step.chunk_boxes(group, name).ok_or_else(|| {
+            PyValueError::new_err(format!("the step holds no tensor {group}/{name}"))
+        })?;
+        Ok(boxes
+            .into_iter()
+            .map(|(o, s)| (o.to_vec(), s.to_vec()))
             .collect())
     }
 
@@ -532,12 +614,19 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(begin, m)?)?;
     m.add_function(wrap_pyfunction!(write_rank_file, m)?)?;
     m.add_function(wrap_pyfunction!(open_step, m)?)?;
+    m.add_function(wrap_pyfunction!(begin_named, m)?)?;
+    m.add_function(wrap_pyfunction!(open_step_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(pick, m)?)?;
     m.add("FORMAT", core_sharded::SHARDS_FORMAT)?;
     m.add("VERSION", core_sharded::SHARDS_VERSION)?;
     m.add("SHARDS_NAME", core_sharded::SHARDS_NAME)?;
     m.add("PIECE_BYTES", core_sharded::PIECE_BYTES)?;
     m.add("DIGEST", core_sharded::piece::DIGEST_NAME)?;
-    m.add("GROUPS", ("model", "optimizer"))?;
+    m.add("GROUPS", ("model", "optimizer", "dcp"))?;
+    m.add("DCP_TABLE_VERSION", core_sharded::table::DCP_VERSION)?;
+    m.add("DCP_FORMAT", core_sharded::dcp::DCP_FORMAT)?;
+    m.add("DCP_DOC_VERSION", core_sharded::dcp::DCP_DOC_VERSION)?;
+    m.add("DCP_META_KEY", core_sharded::dcp::DCP_META_KEY)?;
     m.add("DTYPES", whole_byte_dtypes())?;
     Ok(())
 }

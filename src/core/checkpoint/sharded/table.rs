@@ -39,17 +39,27 @@ pub enum Group {
     Model,
     /// The optimizer's state arrays (`<parameter>.<state key>`).
     Optimizer,
+    /// A state dict saved through PyTorch DCP (`tlio.dcp`): every item under its
+    /// flattened key, tensors as they are, DCP's bytes items as `U8` vectors of one
+    /// chunk (which items are bytes is the group's `dcp` metadata). Only a table of
+    /// version [`DCP_VERSION`] holds this group.
+    Dcp,
 }
+
+/// The table version that holds a [`Group::Dcp`]; a table without one is written as
+/// version [`SHARDS_VERSION`], byte for byte as before.
+pub const DCP_VERSION: u64 = 2;
 
 impl Group {
     /// Every group, in table order.
-    pub const ALL: [Group; 2] = [Group::Model, Group::Optimizer];
+    pub const ALL: [Group; 3] = [Group::Model, Group::Optimizer, Group::Dcp];
 
     /// The group's name in `shards.json`.
     pub fn name(self) -> &'static str {
         match self {
             Group::Model => "model",
             Group::Optimizer => "optimizer",
+            Group::Dcp => "dcp",
         }
     }
 
@@ -191,9 +201,10 @@ impl ShardsTable {
                 wire.format
             )));
         }
-        if wire.version != SHARDS_VERSION {
+        if wire.version != SHARDS_VERSION && wire.version != DCP_VERSION {
             return Err(bad(&format!(
-                "version {} is not supported (this tlio reads version {SHARDS_VERSION})",
+                "version {} is not supported (this tlio reads versions {SHARDS_VERSION} and \
+                 {DCP_VERSION})",
                 wire.version
             )));
         }
@@ -240,14 +251,37 @@ impl ShardsTable {
             tensors,
         };
         table.validate()?;
+        if table.version() != wire.version {
+            return Err(bad(&format!(
+                "version {} with{} a dcp group (a dcp group is version {DCP_VERSION}, and \
+                 only it)",
+                wire.version,
+                if table.has_dcp() { "" } else { "out" }
+            )));
+        }
         Ok(table)
+    }
+
+    /// Whether the table holds DCP's state (a tensor of [`Group::Dcp`], or its metadata).
+    pub fn has_dcp(&self) -> bool {
+        self.meta.contains_key(&Group::Dcp) || self.tensors.iter().any(|t| t.group == Group::Dcp)
+    }
+
+    /// The version this table is written as: [`DCP_VERSION`] when it holds DCP's
+    /// state, else [`SHARDS_VERSION`].
+    pub fn version(&self) -> u64 {
+        if self.has_dcp() {
+            DCP_VERSION
+        } else {
+            SHARDS_VERSION
+        }
     }
 
     /// The canonical bytes: compact JSON, keys in a fixed order, a final newline.
     pub fn to_json(&self) -> Vec<u8> {
         let wire = WireTable {
             format: SHARDS_FORMAT.to_string(),
-            version: SHARDS_VERSION,
+            version: self.version(),
             digest: DIGEST_NAME.to_string(),
             piece_bytes: self.piece_bytes,
             meta: self
@@ -327,6 +361,7 @@ impl ShardsTable {
                 }
             }
         }
+        super::dcp::document(self)?;
         Ok(())
     }
 }
