@@ -106,7 +106,18 @@ fn bad_cursor(field: &str, reason: impl Into<String>) -> TokensError {
 fn show_stages(stages: &[StageRecord]) -> String {
     let parts: Vec<String> = stages
         .iter()
-        .map(|s| format!("{:?} from batch {}", s.weights, s.batch))
+        .map(|s| {
+            // Nine decimals: a normalised 0.6 shows as 0.6, not 0.6000000000000001.
+            let ws: Vec<String> = s
+                .weights
+                .iter()
+                .map(|w| {
+                    let text = format!("{w:.9}");
+                    text.trim_end_matches('0').trim_end_matches('.').to_string()
+                })
+                .collect();
+            format!("[{}] from batch {}", ws.join(", "), s.batch)
+        })
         .collect();
     parts.join(", ")
 }
