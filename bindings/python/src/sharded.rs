@@ -404,15 +404,14 @@ fn open_step_dir(py: Python<'_>, step_dir: PathBuf) -> PyResult<ShardedStep> {
     })
 }
 
-/// The step `tlio ckpt latest` picks in `dir` (every candidate verified whole):
-/// (path, step, skipped as (name, why)).
+/// What `pick` returns: the chosen step's path, its number, and each step skipped
+/// before it as (name, why).
+type Picked = (String, u64, Vec<(String, String)>);
+
+/// The step `tlio ckpt latest` picks in `dir` (every candidate verified whole).
 #[pyfunction]
 #[pyo3(signature = (dir, step=None))]
-fn pick(
-    py: Python<'_>,
-    dir: PathBuf,
-    step: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(String, u64, Vec<(String, String)>)> {
+fn pick(py: Python<'_>, dir: PathBuf, step: Option<&Bound<'_, PyAny>>) -> PyResult<Picked> {
     guard(|| {
         path_arg(&dir, "dir")?;
         let step = opt_count(step, "step")?;
