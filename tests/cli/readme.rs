@@ -1,6 +1,6 @@
-//! The README's tour runs as written: every ```` ```console ```` block of README.md is
-//! executed, command by command, and what each command prints must equal what the
-//! README shows under it.
+//! The README's quick start and the tour run as written: every ```` ```console ````
+//! block of README.md and docs/tour.md is executed, command by command, and what each
+//! command prints must equal what the page shows under it.
 //!
 //! How to write a block this test checks (for anyone adding a README section):
 //! - Fence it with ```` ```console ````. A line starting `$ ` is a command, run by
@@ -15,8 +15,9 @@
 //!   where `assets/` and `fixtures/` are the checkout's own); a `cd` inside a section
 //!   carries over to the section's later commands. Sections that write files begin
 //!   with `mkdir -p tour/<name> && cd tour/<name>` (`tour/` is git-ignored).
-//! - A block that must not run (it needs a network, a GPU, a large download) is
-//!   preceded by the line `<!-- readme-test: skip -->`, or fenced as ```` ```text ````.
+//! - A block that must not run here (it needs torch, a server, a GPU, a download) is
+//!   preceded by the line `<!-- readme-test: skip: REASON -->`, or fenced as another
+//!   language than `console` (the Python tests run the README's `sh` blocks).
 //! - After a deliberate change, `TLIO_README_UPDATE=1 cargo test --release --test cli
 //!   readme` writes each command's actual output (and `[exit N]`) into README.md in
 //!   place of the old one; review the diff before committing.
@@ -52,7 +53,7 @@ fn steps(readme: &str) -> Vec<Step> {
             if line.starts_with("## ") || line.starts_with("### ") {
                 section += 1;
             }
-            if line.trim() == "<!-- readme-test: skip -->" {
+            if line.trim().starts_with("<!-- readme-test: skip") {
                 skip_next = true;
                 continue;
             }
@@ -168,12 +169,22 @@ fn link_or_copy(from: &Path, to: &Path) {
     );
 }
 
+/// The pages whose `console` blocks run: the README's quick start and the tour.
+const TOUR_PAGES: [&str; 2] = ["README.md", "docs/tour.md"];
+
 #[test]
-fn readme_tour_runs_as_written() {
+fn readme_and_tour_run_as_written() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    for page in TOUR_PAGES {
+        run_page(root, page);
+    }
+}
+
+/// Run every `console` block of `page` (relative to the checkout) and compare.
+fn run_page(root: &Path, page: &str) {
+    let readme = fs::read_to_string(root.join(page)).unwrap();
     let steps = steps(&readme);
-    assert!(steps.len() >= 10, "found only {} commands", steps.len());
+    assert!(steps.len() >= 5, "{page}: found only {} commands", steps.len());
     let scratch = super::tmp();
     for name in ["assets", "fixtures"] {
         link_or_copy(&root.join(name), &scratch.path().join(name));
@@ -222,18 +233,18 @@ fn readme_tour_runs_as_written() {
         actuals.push((step.line, actual.clone(), code));
         if mask(&actual) != mask(&step.expected) || code != step.code {
             failures.push(format!(
-                "README.md:{}: $ {}\n--- README (exit {})\n{}--- actual (exit {code})\n{actual}",
+                "{page}:{}: $ {}\n--- {page} (exit {})\n{}--- actual (exit {code})\n{actual}",
                 step.line, step.command, step.code, step.expected
             ));
         }
     }
     if std::env::var_os("TLIO_README_UPDATE").is_some() {
-        fs::write(root.join("README.md"), rewrite(&readme, &actuals)).unwrap();
+        fs::write(root.join(page), rewrite(&readme, &actuals)).unwrap();
         return;
     }
     assert!(
         failures.is_empty(),
-        "{} of {} README commands differ:\n\n{}",
+        "{} of {} commands of {page} differ:\n\n{}",
         failures.len(),
         steps.len(),
         failures.join("\n")
