@@ -6,6 +6,7 @@ with ``tlio.torch.save`` every K steps and resumable bit for bit with ``--resume
     python examples/train_torch.py --shard train.bin --out run --steps 60 --every 10 --resume
     torchrun --nproc_per_node 2 examples/train_torch.py --shard train.bin --out run2 --steps 60
     python examples/train_torch.py --shard train.bin --out run3 --steps 60 --every 10 --async-save
+    python examples/train_torch.py --shard train.bin --out run4 --steps 60 --lr-schedule cosine
 
 The model: token and position embeddings, two pre-LayerNorm causal self-attention
 blocks with an MLP, a final LayerNorm and a head tied to the token embedding; AdamW.
@@ -20,6 +21,9 @@ and restarted with ``--resume`` loses at most ``--every`` steps and ends exactly
 an uninterrupted run with the same world size ends. With ``--async-save`` each save
 returns once the state is copied to host memory and is written in the background
 (``blocking=False``); a kill during that write costs the steps since the previous save.
+With ``--lr-schedule cosine`` the learning rate follows a cosine decay over ``--steps``
+(``torch.optim.lr_scheduler.CosineAnnealingLR``), whose state is saved and restored
+through ``state={"scheduler": ...}``, so a resumed run stays on the same schedule.
 
 Each step prints ``step N loss L``; the final line is
 ``sha256 state_dict=<hex> optimizer=<hex>``: the state_dict digest hashes, for each
@@ -147,6 +151,8 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")
     ap.add_argument("--async-save", action="store_true",
                     help="save with blocking=False: the loop pays for a copy of the state, the write runs behind it")
+    ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                    help="cosine: decay the learning rate to 0 over --steps (its state is checkpointed)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -160,13 +166,17 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = GPT(vocab, args.d_model, 2, 2, args.seq_len)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    # The loop's other state, saved and loaded by name (as JSON) beside the model.
+    state = {}
+    if args.lr_schedule == "cosine":
+        state["scheduler"] = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
     # rank and world_size come from the process group under torchrun, else 0 and 1.
     stream = TokenStream(args.shard, args.seq_len, args.batch, PCG32(args.seed), vocab,
                          rank=None, world_size=None, shuffle=args.shuffle)
     start = 0
     if args.resume:
         try:
-            start = tt.load(args.out, model, opt, stream).step
+            start = tt.load(args.out, model, opt, stream, state=state).step
         except FileNotFoundError:
             pass
     say(f"rank {rank} pid {os.getpid()} start {start}")
@@ -180,11 +190,13 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if "scheduler" in state:
+            state["scheduler"].step()
         say(f"rank {rank} step {step} loss {loss.item():.4f}")
         if step % args.every == 0:
             tokens = step * stream.global_batch * args.seq_len
             pending = tt.save(args.out, step, model, opt, stream, extra={"tokens_seen": tokens}, keep=3,
-                              blocking=not args.async_save)
+                              blocking=not args.async_save, state=state)
 
     if isinstance(pending, tt.PendingSave):
         pending.wait()  # before the process group goes: the background commit uses it

@@ -222,16 +222,16 @@ fn export(
             data_bytes: report.data_bytes,
         })?;
     } else {
-        let mut out = printer.out();
-        writeln!(
-            out,
+        // A command that writes files prints no result of its own: what it wrote is
+        // chatter on stderr, which -q silences (docs/cli.md).
+        printer.info(format!(
             "exported {} tensors ({} bytes, {} tied names not stored twice) to {}: {}",
             report.tensors,
             report.data_bytes,
             report.tied,
             output.display(),
             report.files.join(", ")
-        )?;
+        ));
     }
     Ok(Outcome::Success)
 }

@@ -29,6 +29,12 @@ pub const KNOWN: &[&str] = &[
     "train/after-step",
 ];
 
+/// The failpoints whose site gives `return` nothing to do (the `fail` crate would
+/// panic there with "Return is not supported"), so a value asking for it is refused
+/// before anything runs. Every other point of [`KNOWN`] aborts the process on
+/// `return` (a crash at that instant), or fails the operation (`ckpt/remove`).
+pub const NO_RETURN: &[&str] = &["model/before-commit", "tokens/part-marker"];
+
 /// Errors of the `FAILPOINTS` value.
 #[derive(Debug, thiserror::Error)]
 pub enum FailpointsError {
@@ -109,6 +115,23 @@ pub fn configure(spec: &str) -> Result<(), FailpointsError> {
     if !cfg!(feature = "failpoints") && !entries.is_empty() {
         return Err(FailpointsError::NotBuilt);
     }
+    for (name, actions) in &entries {
+        if NO_RETURN.contains(name) && tasks(actions).any(|t| t == "return") {
+            return Err(FailpointsError::BadActions {
+                name: (*name).to_string(),
+                reason: format!(
+                    "return is not supported at this point (it has nothing to return there); \
+                     the points that take it: {}",
+                    KNOWN
+                        .iter()
+                        .filter(|k| !NO_RETURN.contains(k))
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+    }
     for (i, (name, actions)) in entries.iter().enumerate() {
         if let Err(reason) = fail::cfg(*name, actions) {
             for (done, _) in entries.iter().take(i) {
@@ -121,6 +144,19 @@ pub fn configure(spec: &str) -> Result<(), FailpointsError> {
         }
     }
     Ok(())
+}
+
+/// The task of each action of `actions` (`3*off->return` gives `off`, `return`):
+/// each `->` step of the crate's syntax (`[P%][N*]TASK[(ARG)]`) without its `P%` and
+/// `N*` prefixes and its `(ARG)`; what is not one of the crate's tasks is left for the
+/// crate to refuse.
+fn tasks(actions: &str) -> impl Iterator<Item = &str> {
+    actions.split("->").map(|step| {
+        let step = step.trim();
+        let step = step.split_once('%').map_or(step, |(_, rest)| rest);
+        let step = step.split_once('*').map_or(step, |(_, rest)| rest);
+        step.split_once('(').map_or(step, |(task, _)| task).trim()
+    })
 }
 
 /// Configure from the environment; an unset or empty variable configures nothing.
@@ -179,6 +215,67 @@ mod tests {
         ));
         // Actions are the other program's business: not checked, never configured.
         assert!(configure("raft/append=bogus(").is_ok());
+    }
+
+    #[test]
+    fn tasks_are_read_from_every_step_of_an_action() {
+        let got: Vec<&str> = tasks("3*off->return").collect();
+        assert_eq!(got, ["off", "return"]);
+        let got: Vec<&str> = tasks("50%2*sleep(100) -> return(x)").collect();
+        assert_eq!(got, ["sleep", "return"]);
+        assert_eq!(tasks("panic").collect::<Vec<_>>(), ["panic"]);
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn return_is_refused_where_its_site_cannot_return() {
+        for point in NO_RETURN {
+            for action in ["return", "2*off->return", "return(x)"] {
+                let err = configure(&format!("{point}={action}")).unwrap_err();
+                assert!(
+                    matches!(&err, FailpointsError::BadActions { name, .. } if name == point),
+                    "{point}={action}: {err}"
+                );
+            }
+            assert!(configure(&format!("{point}=sleep(1)")).is_ok(), "{point}");
+            fail::remove(*point);
+        }
+        // Refused whole: a good entry before a refused one is not configured either.
+        assert!(configure("ckpt/rename=off;model/before-commit=return").is_err());
+    }
+
+    #[test]
+    fn every_failpoint_that_cannot_return_is_a_known_one_whose_site_has_no_closure() {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let re = regex::Regex::new(r#"fail_point!\(\s*"([^"]+)"\s*(,)?"#).unwrap();
+        let mut without = std::collections::BTreeSet::new();
+        let mut with = std::collections::BTreeSet::new();
+        let mut stack = vec![root];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for cap in re.captures_iter(&text) {
+                        let name = cap[1].to_string();
+                        if cap.get(2).is_some() {
+                            with.insert(name);
+                        } else {
+                            without.insert(name);
+                        }
+                    }
+                }
+            }
+        }
+        let no_return: std::collections::BTreeSet<String> =
+            NO_RETURN.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            without, no_return,
+            "sites without a closure must be in NO_RETURN"
+        );
+        assert!(with.is_disjoint(&no_return), "{with:?}");
     }
 
     #[cfg(feature = "failpoints")]

@@ -22,10 +22,7 @@ mod tests {
         "checkpoint/verify.rs",
         "model/mod.rs",
         "s3/client.rs",
-        "tokens/corpus.rs",
         "tokens/parts.rs",
-        "tokens/shard.rs",
-        "tokens/stream.rs",
     ];
 
     fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

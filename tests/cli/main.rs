@@ -34,6 +34,7 @@ mod readme;
 mod s3;
 mod s3_ckpt;
 mod s3_data;
+mod s3_faults;
 mod shapes;
 mod sharded;
 mod snapshots;

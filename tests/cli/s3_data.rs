@@ -426,6 +426,92 @@ fn a_tokenizer_pack_to_storage_writes_the_local_val_and_train_shards() {
         .ends_with("fw_val_000000.bin"));
 }
 
+#[test]
+fn a_packs_manifest_as_a_source_is_its_train_shards_unless_a_split_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("docs.txt");
+    std::fs::write(&text, "Once upon a time there was a shard. ".repeat(40)).unwrap();
+    let flags = [
+        "--tokenizer",
+        "gpt2",
+        "--val-tokens",
+        "60",
+        "--shard-tokens",
+        "150",
+    ];
+    let local_doc: serde_json::Value = serde_json::from_str(&stdout_of(
+        tlio()
+            .args(["--json", "tokens", "pack"])
+            .args(flags)
+            .arg("-o")
+            .arg(tmp.path().join("fw"))
+            .arg(&text),
+    ))
+    .unwrap();
+    let b = bucket();
+    stdout_of(
+        tlio_s3()
+            .args(["-q", "tokens", "pack"])
+            .args(flags)
+            .args(["-o", &format!("s3://{b}/m/fw")])
+            .arg(&text),
+    );
+    let local: Vec<String> = shard_files(&local_doc)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let (val, train) = local.split_first().unwrap();
+    assert!(
+        val.ends_with("fw_val_000000.bin") && train.len() >= 2,
+        "{local:?}"
+    );
+    let cache = tmp.path().join("cache");
+    let manifest = format!("s3://{b}/m/fw.manifest.json");
+    let args = ["--seed", "3", "--batches", "30"];
+    // Without a split, the manifest is its training shards: the batches of those alone.
+    let train_only = windows(tlio(), &cache, train, &args);
+    assert_eq!(
+        windows(tlio_s3(), &cache, std::slice::from_ref(&manifest), &args),
+        train_only
+    );
+    assert_eq!(
+        windows(tlio_s3(), &cache, &[format!("{manifest}#train")], &args),
+        train_only
+    );
+    assert_eq!(
+        windows(tlio_s3(), &cache, &[format!("{manifest}#val")], &args),
+        windows(tlio(), &cache, std::slice::from_ref(val), &args)
+    );
+    assert_eq!(
+        windows(tlio_s3(), &cache, &[format!("{manifest}#all")], &args),
+        windows(tlio(), &cache, &local, &args)
+    );
+    // A copy of the pack on disk reads the same way.
+    let copy = tmp.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    for key in ask(&format!("keys {b} m/")).split_whitespace() {
+        let name = key.rsplit('/').next().unwrap();
+        ask(&format!("get {b} {key} {}", copy.join(name).display()));
+    }
+    let local_manifest = copy.join("fw.manifest.json").display().to_string();
+    assert_eq!(
+        windows(tlio(), &cache, std::slice::from_ref(&local_manifest), &args),
+        train_only
+    );
+    // A split that does not exist is refused, naming the choices.
+    let err = fails(
+        tlio()
+            .env("TLIO_CACHE_DIR", &cache)
+            .args(["tokens", "windows", "--seq-len", "7", "--batch", "3"])
+            .arg(format!("{local_manifest}#test")),
+        1,
+    );
+    assert!(
+        err.contains("unknown split \"test\" after # (train, val or all)"),
+        "{err}"
+    );
+}
+
 /// Wait until a part's ids are in storage under `prefix` of bucket `b`.
 fn wait_for_ids(b: &str, prefix: &str) {
     let started = Instant::now();
@@ -585,7 +671,11 @@ fn parts_packed_into_storage_merge_into_the_shards_of_one_pack() {
         manifest("data/fw.manifest.json"),
         manifest("one/fw.manifest.json")
     );
-    // A second merge never replaces what the first published.
-    let err = fails(tlio_s3().args(["tokens", "merge", &out]), 2);
-    assert!(err.contains("already exists"), "{err}");
+    // A second merge never replaces what the first published: it finds the very
+    // manifest it would create, says the output is complete and uploads nothing.
+    let keys = ask(&format!("keys {b} data/"));
+    let again = tlio_s3().args(["tokens", "merge", &out]).assert().success();
+    let err = String::from_utf8_lossy(&again.get_output().stderr).to_string();
+    assert!(err.contains("already complete"), "{err}");
+    assert_eq!(ask(&format!("keys {b} data/")), keys);
 }

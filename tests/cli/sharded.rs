@@ -197,3 +197,171 @@ fn ckpt_export_consolidates_a_sharded_step_into_a_model_directory() {
         .unwrap();
     assert_ne!(out.status.code(), Some(0));
 }
+
+#[test]
+fn exported_and_converted_model_directories_follow_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (step, _, _) = sharded_step(dir.path(), 3);
+    let model = crate::fixture("models/llama-sharded");
+    let exe = assert_cmd::cargo::cargo_bin("tlio");
+    for (mask, mode) in [("022", 0o755), ("027", 0o750)] {
+        let status = std::process::Command::new("sh")
+            .current_dir(dir.path())
+            .env_remove("FAILPOINTS")
+            .arg("-c")
+            .arg(format!(
+                "umask {mask} && \"$0\" -q ckpt export \"$1\" -o hf-{mask} && \
+                 exec \"$0\" -q st convert \"$2\" conv-{mask} --dtype F16"
+            ))
+            .arg(&exe)
+            .arg(&step)
+            .arg(&model)
+            .status()
+            .unwrap();
+        assert!(status.success(), "umask {mask}");
+        for out in [format!("hf-{mask}"), format!("conv-{mask}")] {
+            let meta = std::fs::metadata(dir.path().join(&out)).unwrap();
+            assert_eq!(meta.permissions().mode() & 0o777, mode, "{out}");
+        }
+    }
+}
+
+#[test]
+fn ckpt_export_says_what_it_wrote_on_stderr_and_quiet_silences_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (step, _, _) = sharded_step(dir.path(), 3);
+    let out = tlio()
+        .args(["ckpt", "export"])
+        .arg(&step)
+        .arg("-o")
+        .arg(dir.path().join("hf"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("exported 2 tensors"), "{err}");
+    let out = tlio()
+        .args(["-q", "ckpt", "export"])
+        .arg(&step)
+        .arg("-o")
+        .arg(dir.path().join("hf-quiet"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
+    assert!(dir.path().join("hf-quiet/model.safetensors").is_file());
+}
+
+/// A sharded step of one model tensor `w` and its optimizer state `w.exp_avg`, each in
+/// a file of its own; returns the step directory.
+fn step_with_optimizer(dir: &Path, step: u64) -> PathBuf {
+    let w: Vec<u8> = (0..16u8).collect();
+    let m: Vec<u8> = (100..116u8).collect();
+    let mut save = begin(dir, step, false).unwrap();
+    let tmp = save.tmp_dir().unwrap().to_path_buf();
+    let file = |name: &str, key: &str, data: &[u8]| {
+        write_rank_file(
+            &tmp,
+            name,
+            &[ChunkData {
+                key,
+                dtype: Dtype::F32,
+                shape: &[4],
+                data,
+            }],
+            true,
+        )
+        .unwrap()
+    };
+    let f0 = file("model-rank00000.safetensors", "w", &w);
+    let f1 = file("optimizer-rank00000.safetensors", "w.exp_avg", &m);
+    let tensor = |group, name: &str, file: &str| TensorRequest {
+        group,
+        name: name.into(),
+        dtype: Dtype::F32,
+        shape: vec![4],
+        chunks: vec![ChunkRequest {
+            offsets: vec![0],
+            sizes: vec![4],
+            file: file.into(),
+            key: name.into(),
+        }],
+    };
+    save.commit(CommitRequest {
+        files: vec![f0, f1],
+        tensors: vec![
+            tensor(Group::Model, "w", "model-rank00000.safetensors"),
+            tensor(
+                Group::Optimizer,
+                "w.exp_avg",
+                "optimizer-rank00000.safetensors",
+            ),
+        ],
+        meta: BTreeMap::new(),
+        state: TrainerState::new(step),
+        config: None,
+        keep: None,
+    })
+    .unwrap()
+    .path
+}
+
+#[test]
+fn ckpt_export_refuses_a_step_whose_optimizer_file_does_not_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let step = step_with_optimizer(dir.path(), 4);
+    tlio()
+        .args(["ckpt", "export"])
+        .arg(&step)
+        .arg("-o")
+        .arg(dir.path().join("sound"))
+        .assert()
+        .success();
+    let victim = step.join("optimizer-rank00000.safetensors");
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&victim, &bytes).unwrap();
+    let out = tlio()
+        .args(["ckpt", "export"])
+        .arg(&step)
+        .arg("-o")
+        .arg(dir.path().join("hf"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not verify") && err.contains("optimizer-rank00000.safetensors"),
+        "{err}"
+    );
+    assert!(!dir.path().join("hf").exists());
+}
+
+#[test]
+fn ckpt_export_of_a_missing_step_exits_2_naming_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    sharded_step(dir.path(), 3);
+    let missing = dir.path().join("step-000500");
+    let out = tlio()
+        .args(["ckpt", "export"])
+        .arg(&missing)
+        .arg("-o")
+        .arg(dir.path().join("hf"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("step-000500") && err.contains("No such file"),
+        "{err}"
+    );
+    assert!(!err.contains("cannot read ."), "{err}");
+}

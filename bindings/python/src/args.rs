@@ -45,3 +45,25 @@ pub(crate) fn path_arg(path: &std::path::Path, what: &str) -> PyResult<()> {
     }
     Ok(())
 }
+
+/// A name given as a Python str, as a Rust `String`: a str that UTF-8 cannot hold (a
+/// lone surrogate such as `"\udc80"`) is a `ValueError` naming `what` and the value,
+/// anything but a str a `TypeError` (pyo3's own conversion would call both a TypeError).
+pub(crate) fn str_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    let s = obj.cast::<pyo3::types::PyString>().map_err(|_| {
+        let kind = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".to_string(), |n| n.to_string());
+        pyo3::exceptions::PyTypeError::new_err(format!("{what} must be str, got {kind}"))
+    })?;
+    // A str that does not convert is one UTF-8 cannot encode.
+    match s.extract::<String>() {
+        Ok(text) => Ok(text),
+        Err(_) => Err(PyValueError::new_err(format!(
+            "{what} {} is not valid UTF-8 (a lone surrogate): safetensors names are UTF-8",
+            obj.repr()
+                .map_or_else(|_| "?".to_string(), |r| r.to_string())
+        ))),
+    }
+}

@@ -15,9 +15,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
-use pyo3::exceptions::{
-    PyFileExistsError, PyFileNotFoundError, PyOSError, PyTypeError, PyValueError,
-};
+use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PySlice};
 use tlio_core::checkpoint::optimizer::{check_layout, FORMAT_KEY, FORMAT_VALUE, STATE_KEY};
@@ -28,7 +26,7 @@ use tlio_core::checkpoint::{
 use tlio_core::remote::location;
 use tlio_core::safetensors::{self as st, Dtype, Tensor, TensorData};
 
-use crate::args::path_arg;
+use crate::args::{path_arg, str_arg};
 use crate::errors::{core_err, guard, one_line, os_error};
 use crate::safetensors::{hold, with_path, HeldTensor, Item};
 use crate::tokens::count_arg;
@@ -154,9 +152,7 @@ fn model_arrays<'py>(model: &Bound<'py, PyDict>) -> PyResult<Vec<Named<'py>>> {
     model
         .iter()
         .map(|(k, v)| {
-            let name: String = k
-                .extract()
-                .map_err(|_| PyTypeError::new_err("model names must be str"))?;
+            let name = str_arg(&k, "a model name")?;
             f32_array(&v, name, "model tensor")
         })
         .collect()
@@ -166,18 +162,14 @@ fn model_arrays<'py>(model: &Bound<'py, PyDict>) -> PyResult<Vec<Named<'py>>> {
 fn optimizer_arrays<'py>(state: &Bound<'py, PyDict>) -> PyResult<Vec<Named<'py>>> {
     let mut out = Vec::new();
     for (param, entry) in state.iter() {
-        let param: String = param
-            .extract()
-            .map_err(|_| PyTypeError::new_err("optimizer state keys must be parameter names"))?;
+        let param = str_arg(&param, "an optimizer state's parameter name")?;
         let entry = entry.cast::<PyDict>().map_err(|_| {
             PyValueError::new_err(format!(
                 "optimizer state of {param:?} must be a dict of arrays"
             ))
         })?;
         for (key, value) in entry.iter() {
-            let key: String = key
-                .extract()
-                .map_err(|_| PyTypeError::new_err("optimizer state keys must be str"))?;
+            let key = str_arg(&key, "an optimizer state key")?;
             out.push(f32_array(
                 &value,
                 format!("{param}.{key}"),

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 mod args;
 mod checkpoint;
 mod errors;
+mod mixture;
 mod pcg;
 mod safetensors;
 mod sharded;

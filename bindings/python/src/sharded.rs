@@ -41,7 +41,7 @@ fn sharded_err(py: Python<'_>, err: ShardedError) -> PyErr {
 fn group_arg(name: &str) -> PyResult<Group> {
     Group::from_name(name).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "unknown group {name:?} (the groups are \"model\" and \"optimizer\")"
+            "unknown group {name:?} (the groups are \"model\", \"optimizer\" and \"dcp\")"
         ))
     })
 }
@@ -83,6 +83,34 @@ fn begin(
             .unwrap_or_default();
         Ok(ShardedSave {
             inner: Mutex::new(save),
+            tmp_dir,
+            step,
+        })
+    })
+}
+
+/// Start a sharded save of `step` into the directory `step_dir` of any name (a
+/// canonical `step-NNNNNN` name is its parent's step, LATEST included).
+#[pyfunction]
+#[pyo3(signature = (step_dir, step, overwrite=false))]
+fn begin_named(
+    py: Python<'_>,
+    step_dir: PathBuf,
+    step: &Bound<'_, PyAny>,
+    overwrite: bool,
+) -> PyResult<ShardedSave> {
+    guard(|| {
+        path_arg(&step_dir, "step_dir")?;
+        let step = count_arg(step, "step")?;
+        let save = py
+            .detach(|| core_sharded::begin_named(&step_dir, step, overwrite))
+            .map_err(|e| sharded_err(py, e))?;
+        let tmp_dir = save
+            .tmp_dir()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        Ok(ShardedSave {
+            inner: Mutex::new(location::ShardedSaveAt::Local(save)),
             tmp_dir,
             step,
         })
@@ -330,37 +358,92 @@ pub struct ShardedStep {
     meta: BTreeMap<String, BTreeMap<String, String>>,
 }
 
-/// Open the step `load` would pick (or `step`, or the newest older one that passes).
+/// Open the step `load` would pick (or exactly `step`); with `below`, the one `load`
+/// would pick among the steps older than `below` (a collective load's next candidate).
 #[pyfunction]
-#[pyo3(signature = (dir, step=None))]
+#[pyo3(signature = (dir, step=None, *, below=None))]
 fn open_step(
     py: Python<'_>,
     dir: PathBuf,
     step: Option<&Bound<'_, PyAny>>,
+    below: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<ShardedStep> {
     guard(|| {
         path_arg(&dir, "dir")?;
         let step = opt_count(step, "step")?;
+        let below = opt_count(below, "below")?;
+        if step.is_some() && below.is_some() {
+            return Err(PyValueError::new_err(
+                "open_step takes step or below, not both",
+            ));
+        }
         let opened = py
-            .detach(|| location::sharded_open_step(&dir, step))
+            .detach(|| match below {
+                Some(b) if !location::is_remote(&dir) => {
+                    core_sharded::open::open_step_below(&dir, b)
+                }
+                // The remote choice of a named step still takes the newest older one
+                // that passes: asking for the step below gives the same candidate.
+                Some(b) => location::sharded_open_step(&dir, Some(b.saturating_sub(1))),
+                None => location::sharded_open_step(&dir, step),
+            })
             .map_err(|e| sharded_err(py, e))?;
-        let state_json = String::from_utf8(opened.state.to_json().map_err(core_err)?)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(ShardedStep {
-            path: opened.path.display().to_string(),
-            step: opened.step,
-            sharded: opened.sharded,
-            state_json,
-            rng: opened.state.rng_state.map(|r| (r.state, r.inc)),
-            config: opened.config.clone(),
-            skipped: opened.skipped.clone(),
-            meta: opened
-                .meta
-                .iter()
-                .map(|(g, m)| (g.name().to_string(), m.clone()))
-                .collect(),
-            inner: RwLock::new(Some(opened)),
-        })
+        step_object(opened)
+    })
+}
+
+/// Open exactly the step directory `step_dir` (any name; local only).
+#[pyfunction]
+fn open_step_dir(py: Python<'_>, step_dir: PathBuf) -> PyResult<ShardedStep> {
+    guard(|| {
+        path_arg(&step_dir, "step_dir")?;
+        let opened = py
+            .detach(|| core_sharded::open_step_dir(&step_dir))
+            .map_err(|e| sharded_err(py, e))?;
+        step_object(opened)
+    })
+}
+
+/// What `pick` returns: the chosen step's path, its number, and each step skipped
+/// before it as (name, why).
+type Picked = (String, u64, Vec<(String, String)>);
+
+/// The step `tlio ckpt latest` picks in `dir` (every candidate verified whole).
+#[pyfunction]
+#[pyo3(signature = (dir, step=None))]
+fn pick(py: Python<'_>, dir: PathBuf, step: Option<&Bound<'_, PyAny>>) -> PyResult<Picked> {
+    guard(|| {
+        path_arg(&dir, "dir")?;
+        let step = opt_count(step, "step")?;
+        let picked = py
+            .detach(|| location::pick(&dir, step))
+            .map_err(|e| ckpt_err(py, e))?;
+        Ok((
+            picked.path.display().to_string(),
+            picked.step,
+            picked.skipped,
+        ))
+    })
+}
+
+/// The Python object of an opened step.
+fn step_object(opened: core_sharded::ShardedStep) -> PyResult<ShardedStep> {
+    let state_json = String::from_utf8(opened.state.to_json().map_err(core_err)?)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(ShardedStep {
+        path: opened.path.display().to_string(),
+        step: opened.step,
+        sharded: opened.sharded,
+        state_json,
+        rng: opened.state.rng_state.map(|r| (r.state, r.inc)),
+        config: opened.config.clone(),
+        skipped: opened.skipped.clone(),
+        meta: opened
+            .meta
+            .iter()
+            .map(|(g, m)| (g.name().to_string(), m.clone()))
+            .collect(),
+        inner: RwLock::new(Some(opened)),
     })
 }
 
@@ -432,6 +515,20 @@ impl ShardedStep {
                     (d.name().to_string(), s.to_vec()),
                 )
             })
+            .collect())
+    }
+
+    /// The chunks of one global tensor as (offsets, sizes), sorted by offsets.
+    fn chunks(&self, group: &str, name: &str) -> PyResult<Vec<(Vec<u64>, Vec<u64>)>> {
+        let group = group_arg(group)?;
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        let step = inner.as_ref().ok_or_else(closed)?;
+        let boxes = step.chunk_boxes(group, name).ok_or_else(|| {
+            PyValueError::new_err(format!("the step holds no tensor {group}/{name}"))
+        })?;
+        Ok(boxes
+            .into_iter()
+            .map(|(o, s)| (o.to_vec(), s.to_vec()))
             .collect())
     }
 
@@ -516,12 +613,19 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(begin, m)?)?;
     m.add_function(wrap_pyfunction!(write_rank_file, m)?)?;
     m.add_function(wrap_pyfunction!(open_step, m)?)?;
+    m.add_function(wrap_pyfunction!(begin_named, m)?)?;
+    m.add_function(wrap_pyfunction!(open_step_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(pick, m)?)?;
     m.add("FORMAT", core_sharded::SHARDS_FORMAT)?;
     m.add("VERSION", core_sharded::SHARDS_VERSION)?;
     m.add("SHARDS_NAME", core_sharded::SHARDS_NAME)?;
     m.add("PIECE_BYTES", core_sharded::PIECE_BYTES)?;
     m.add("DIGEST", core_sharded::piece::DIGEST_NAME)?;
-    m.add("GROUPS", ("model", "optimizer"))?;
+    m.add("GROUPS", ("model", "optimizer", "dcp"))?;
+    m.add("DCP_TABLE_VERSION", core_sharded::table::DCP_VERSION)?;
+    m.add("DCP_FORMAT", core_sharded::dcp::DCP_FORMAT)?;
+    m.add("DCP_DOC_VERSION", core_sharded::dcp::DCP_DOC_VERSION)?;
+    m.add("DCP_META_KEY", core_sharded::dcp::DCP_META_KEY)?;
     m.add("DTYPES", whole_byte_dtypes())?;
     Ok(())
 }

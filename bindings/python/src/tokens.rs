@@ -51,13 +51,13 @@ pub fn remote_err(err: RemoteError) -> PyErr {
 pub(crate) use crate::args::u64_arg as count_arg;
 
 /// `count_arg` as a `usize`.
-fn size_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+pub(crate) fn size_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     let v = count_arg(value, name)?;
     usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} {v} is too large")))
 }
 
 /// An optional vocabulary size; core checks its range (1 .. 2**31 - 1).
-fn vocab_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
+pub(crate) fn vocab_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
     let Some(v) = value.filter(|v| !v.is_none()) else {
         return Ok(None);
     };
@@ -139,7 +139,7 @@ pub fn rng_arg(rng: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
 }
 
 /// The PCG32 of `(state, inc)`; an even increment is a `ValueError`.
-fn pcg(state: u64, inc: u64) -> PyResult<Pcg32> {
+pub(crate) fn pcg(state: u64, inc: u64) -> PyResult<Pcg32> {
     Pcg32::from_parts(state, inc).ok_or_else(|| {
         PyValueError::new_err(format!(
             "rng inc {inc:016x} is even; a PCG32 increment is always odd"
@@ -388,5 +388,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_tokens_header, m)?)?;
     m.add_function(wrap_pyfunction!(validate_shard, m)?)?;
     m.add_class::<Stream>()?;
+    m.add_class::<crate::mixture::Mixture>()?;
     Ok(())
 }

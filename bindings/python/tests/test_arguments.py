@@ -62,3 +62,23 @@ def test_every_integer_argument_takes_a_numpy_integer(tmp_path):
     special = {"inc": 1, "rank": 1, "world_size": 1, "vocab_size": 256}
     for name, call in calls(tmp_path).items():
         call(np.int64(special.get(name, 4)))
+
+
+def test_a_name_utf8_cannot_hold_is_a_value_error_and_a_non_str_a_type_error(tmp_path):
+    """A tensor name with a lone surrogate is a str whose value no safetensors file can
+    hold: a ValueError naming it (never "names must be str"); an int name a TypeError."""
+    bad = "w\udc80"
+    cases = [
+        (lambda n: ckpt.save_checkpoint(tmp_path / "m", {n: np.zeros(2, np.float32)}, None, 1, None, {}),
+         "model name"),
+        (lambda n: ckpt.save_checkpoint(tmp_path / "o", MODEL, {"type": "sgd", "lr": 0.1, "momentum": 0.9,
+                                                                "state": {"w": {n: np.zeros(3, np.float32)}}},
+                                        1, None, {}), "optimizer state key"),
+    ]
+    for call, what in cases:
+        with pytest.raises(ValueError, match=f"{what} 'w\\\\udc80' is not valid UTF-8") as info:
+            call(bad)
+        assert not isinstance(info.value, TypeError)
+        with pytest.raises(TypeError, match=f"{what} must be str, got int"):
+            call(7)
+    assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()

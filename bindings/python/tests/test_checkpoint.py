@@ -366,8 +366,9 @@ def test_load_skips_incomplete_and_corrupt(tmp_path):
     assert [s[0] for s in ck.skipped] == ["step-000003", "step-000002"]
     assert "MANIFEST.json" in ck.skipped[1][1]
     assert cli().stdout.strip() == ck.path
-    # With a step: that one, or the newest older one that verifies.
-    assert load_checkpoint(tmp_path, step=3).step == 1
+    # With a step: that one, or an error naming why (never another step).
+    with pytest.raises(FileNotFoundError, match=r"step-000003: model\.safetensors"):
+        load_checkpoint(tmp_path, step=3)
     assert load_checkpoint(tmp_path, step=1).skipped == []
     # A stale LATEST naming a step that does not exist: the newest complete one.
     (tmp_path / "LATEST").write_text("step-000009\n")

@@ -8,6 +8,7 @@ error naming the URL."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import socket
@@ -21,7 +22,7 @@ import pytest
 from tlio.pcg import PCG32
 from tlio.safetensors import read_header, save_safetensors
 from tlio.tokens import TokenStream, read_tokens_header
-from _tokens_helpers import write_shard
+from _tokens_helpers import tlio, write_shard
 
 VOCAB = 50257
 
@@ -172,3 +173,48 @@ def test_missing_objects_buckets_and_servers_fail_at_once_naming_the_url(s3, cac
         text = one_line_error(OSError, fn, url)
         assert "cannot reach the server" in text
     assert not os.path.exists(cache / "s3") or not any((cache / "s3").iterdir())
+
+
+def test_a_packs_manifest_trains_on_its_train_shards_only(s3, cache, tmp_path):
+    """A pack with a validation split lists its val shard first in its manifest; named as
+    a source (in storage or copied to disk), the manifest stands for its training shards,
+    and ``#val`` / ``#all`` choose the others explicitly."""
+    text = tmp_path / "docs.txt"
+    text.write_text("Once upon a time there was a shard. " * 60)
+    flags = ["--tokenizer", "gpt2", "--val-tokens", "60", "--shard-tokens", "150"]
+    tlio("-q", "tokens", "pack", *flags, "-o", str(tmp_path / "fw"), str(text))
+    tlio("-q", "tokens", "pack", *flags, "-o", s3.url("m/fw"), str(text))
+    val = tmp_path / "fw_val_000000.bin"
+    train = sorted(tmp_path.glob("fw_train_*.bin"))
+    assert val.is_file() and len(train) >= 2
+    kw = dict(seq_len=8, batch=2, rng=PCG32(3))
+    manifest = s3.url("m/fw.manifest.json")
+    stream = TokenStream([manifest], **kw)
+    assert stream.shards == [s3.url(f"m/{p.name}") for p in train]
+    assert_same(batches(stream, 40), batches(TokenStream(train, **kw), 40))
+    assert TokenStream([manifest + "#train"], **kw).shards == stream.shards
+    assert TokenStream([manifest + "#val"], **kw).shards == [s3.url(f"m/{val.name}")]
+    assert TokenStream([manifest + "#all"], **kw).shards == [s3.url(f"m/{p.name}") for p in [val, *train]]
+    with pytest.raises(ValueError, match='unknown split "test"'):
+        TokenStream([manifest + "#test"], **kw)
+    # A copy of the pack on disk (synced from storage): the same rule.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for key in s3.keys("m/"):
+        s3.client.download_file(s3.name, key, str(copy / key.rsplit("/", 1)[1]))
+    local = TokenStream([copy / "fw.manifest.json"], **kw)
+    assert [Path(p).name for p in local.shards] == [p.name for p in train]
+    assert_same(batches(local, 40), batches(TokenStream(train, **kw), 40))
+    assert [Path(p).name for p in TokenStream([f"{copy}/fw.manifest.json#val"], **kw).shards] == [val.name]
+    # A manifest whose training shards were removed from it cannot be trained on.
+    m = json.loads((copy / "fw.manifest.json").read_text())
+    (copy / "val_val_000000.bin").write_bytes(val.read_bytes())
+    only_val = {**m, "shards": [{**m["shards"][0], "name": "val_val_000000.bin"}]}
+    (copy / "val.manifest.json").write_text(json.dumps(only_val))
+    with pytest.raises(ValueError, match="lists no train shard: 0 training and 1 validation"):
+        TokenStream([copy / "val.manifest.json"], **kw)
+    # A copied shard that is not the one the manifest records (a valid shard, but
+    # another) is refused, naming both.
+    (copy / train[0].name).write_bytes(val.read_bytes())
+    with pytest.raises(ValueError, match="the manifest records"):
+        TokenStream([copy / "fw.manifest.json"], **kw)

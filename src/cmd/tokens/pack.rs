@@ -24,12 +24,12 @@ pub(super) struct PackReport {
     /// The manifest created last, for an s3:// output.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) manifest: Option<String>,
+    /// The s3:// output was complete already, with this pack's very manifest.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(super) already_complete: bool,
 }
 
 pub(super) fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome> {
-    if let Some(part) = args.part.clone() {
-        return super::parts::pack_part(&args, &part, printer);
-    }
     if let Some(spec) = args.tokenizer.clone() {
         return pack_text(args, &spec, printer);
     }
@@ -61,6 +61,7 @@ pub(super) fn pack(args: PackArgs, printer: &Printer) -> anyhow::Result<Outcome>
         documents: None,
         skipped: None,
         manifest: published.manifest,
+        already_complete: published.already_complete,
     };
     report_pack(&report, printer)
 }
@@ -157,6 +158,15 @@ pub(super) fn report_pack(report: &PackReport, printer: &Printer) -> anyhow::Res
     if printer.json {
         printer.json_line(report)?;
     } else {
+        if let (true, Some(manifest)) = (report.already_complete, &report.manifest) {
+            printer.info(format!(
+                "{} is already complete: its manifest names the {} shards this pack gives \
+                 (nothing uploaded)",
+                escape(manifest),
+                report.shards.len()
+            ));
+            return Ok(Outcome::Success);
+        }
         for s in &report.shards {
             printer.info(format!(
                 "wrote {}: {} ids, version {}, V {}",
@@ -211,6 +221,7 @@ fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Ou
         documents: Some(counts.1),
         skipped: Some(counts.2),
         manifest: published.manifest,
+        already_complete: published.already_complete,
     };
     report_pack(&report, printer)
 }

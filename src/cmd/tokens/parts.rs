@@ -132,6 +132,7 @@ pub(super) fn merge(args: MergeArgs, printer: &Printer) -> anyhow::Result<Outcom
         documents: Some(documents),
         skipped: Some(skipped),
         manifest: published.manifest,
+        already_complete: published.already_complete,
     };
     if !printer.json {
         printer.info(format!("merged {parts} parts"));

@@ -194,8 +194,9 @@ struct Plan {
     after: Vec<(String, String)>,
 }
 
-/// `load`'s candidates: with `step`, that step and the older ones (`LATEST` plays no
-/// part: the caller named the step); else those not newer than `LATEST`.
+/// `load`'s candidates: with `step`, that step alone (`LATEST` plays no part and no
+/// other step is tried: the caller named the step, a damaged or missing one is an error
+/// naming why); else those not newer than `LATEST`, newest first.
 fn plan(listing: &Listing, step: Option<u64>) -> Plan {
     let mut out = Plan {
         tried: Vec::new(),
@@ -203,17 +204,12 @@ fn plan(listing: &Listing, step: Option<u64>) -> Plan {
         after: Vec::new(),
     };
     if let Some(n) = step {
-        if !listing.steps.contains(&n) {
+        if listing.steps.contains(&n) {
+            out.tried.push(n);
+        } else {
             out.before
                 .push((step_name(n), "does not exist".to_string()));
         }
-        out.tried = listing
-            .steps
-            .iter()
-            .rev()
-            .copied()
-            .filter(|&k| k <= n)
-            .collect();
         return out;
     }
     match listing.latest() {
@@ -290,9 +286,10 @@ pub fn choose<T>(
     }
 }
 
-/// Load the checkpoint `load` rules pick from `dir`; with `step`, that step when it
-/// verifies, else the newest older one that does (a caller resuming "at step N or
-/// before" never gets a later step). `skipped` lists what was refused on the way.
+/// Load the checkpoint `load` rules pick from `dir`; with `step`, exactly that step,
+/// and [`CheckpointError::NotFound`] naming why when it is missing or does not verify
+/// (never another step: the fallback is for `step` None). `skipped` lists what was
+/// refused on the way.
 /// Every listed file is read once, into owned memory, while it is hashed
 /// ([`read_step`]); [`Loaded::files`] holds the bytes.
 pub fn load(dir: &Path, step: Option<u64>) -> Result<Loaded, CheckpointError> {

@@ -1119,7 +1119,7 @@ fn gc_dry_run_takes_no_lock_and_save_waits_for_one() {
 }
 
 #[test]
-fn load_at_a_step_falls_back_to_the_newest_older_one_that_verifies() {
+fn load_at_a_named_step_gives_that_step_or_an_error_naming_why_never_another() {
     let dir = tempfile::tempdir().unwrap();
     for n in [3, 5, 7, 9] {
         save(dir.path(), request(n)).unwrap();
@@ -1127,28 +1127,36 @@ fn load_at_a_step_falls_back_to_the_newest_older_one_that_verifies() {
     // Exactly the step asked for, even below LATEST.
     let l = load(dir.path(), Some(5)).unwrap();
     assert_eq!((l.step, l.skipped.len()), (5, 0));
-    // A corrupt step falls back to the newest older one, saying why.
+    let refused = |step: u64| match load(dir.path(), Some(step)) {
+        Err(CheckpointError::NotFound { reasons, .. }) => reasons,
+        other => panic!("step {step}: {other:?}"),
+    };
+    // A damaged step is an error naming it and why, not the older step 5.
     flip(&dir.path().join("step-000007/model.safetensors"), 100);
-    let l = load(dir.path(), Some(7)).unwrap();
-    assert_eq!(l.step, 5);
-    assert_eq!(l.skipped.len(), 1);
-    assert_eq!(l.skipped[0].0, "step-000007");
+    let reasons = refused(7);
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert_eq!(reasons[0].0, "step-000007");
+    assert!(reasons[0].1.contains("sha256 mismatch"), "{reasons:?}");
+    let text = load(dir.path(), Some(7)).unwrap_err().to_string();
     assert!(
-        l.skipped[0].1.contains("sha256 mismatch"),
-        "{:?}",
-        l.skipped
+        text.contains("step-000007: model.safetensors sha256 mismatch"),
+        "{text}"
     );
-    // A step that does not exist: the newest older, never a newer one.
-    let l = load(dir.path(), Some(8)).unwrap();
-    assert_eq!(l.step, 5);
+    // A step that does not exist: named as such, no other step tried.
     assert_eq!(
-        l.skipped[0],
-        ("step-000008".to_string(), "does not exist".to_string())
+        refused(8),
+        vec![("step-000008".to_string(), "does not exist".to_string())]
     );
-    assert!(matches!(
-        load(dir.path(), Some(2)),
-        Err(CheckpointError::NotFound { .. })
-    ));
+    assert_eq!(refused(2).len(), 1);
+    // The same rule when the streamed check picks (`ckpt latest`'s path).
+    assert!(load::pick(dir.path(), Some(7)).is_err());
+    assert_eq!(load::pick(dir.path(), Some(9)).unwrap().step, 9);
+    // No named step: the fallback past the damaged step still works.
+    flip(&dir.path().join("step-000009/model.safetensors"), 100);
+    let l = load(dir.path(), None).unwrap();
+    assert_eq!(l.step, 5);
+    let names: Vec<&str> = l.skipped.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["step-000009", "step-000007"]);
 }
 
 /// python.md's torch optimizer form: `type` `torch.<ClassName>`, tensors in their own

@@ -5,7 +5,8 @@
 //! Invariants: the final name never shows a partial model (it is absent, an empty
 //! directory, or complete); an existing non-empty target is refused before anything is
 //! written and a concurrent one makes the rename fail rather than merge; on any error
-//! or drop before `commit` the temporary directory is removed.
+//! or drop before `commit` the temporary directory is removed; the committed directory
+//! has the mode `mkdir` gives (0777 less the umask), not the temporary one's 0700.
 
 use std::ffi::OsStr;
 use std::fs::{self, File};
@@ -20,6 +21,24 @@ pub struct OutDir {
     target: PathBuf,
     parent: PathBuf,
     tmp: TempDir,
+    /// The mode the committed directory gets (0777 less the umask).
+    mode: u32,
+}
+
+/// The name of the directory made (and removed at once) inside the temporary one to
+/// learn the mode `mkdir` gives: the umask cannot be read without changing it, which
+/// would race with other threads creating files.
+const MODE_PROBE: &str = ".tlio-mode-probe";
+
+/// The mode a directory made now with `mkdir(path, 0777)` gets, learned by making one
+/// inside `tmp`.
+fn mkdir_mode(tmp: &Path) -> io::Result<u32> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let probe = tmp.join(MODE_PROBE);
+    fs::DirBuilder::new().mode(0o777).create(&probe)?;
+    let mode = fs::symlink_metadata(&probe).map(|m| m.permissions().mode() & 0o777);
+    fs::remove_dir(&probe)?;
+    mode
 }
 
 impl OutDir {
@@ -63,10 +82,15 @@ impl OutDir {
             },
             other => other.into(),
         })?;
+        let mode = mkdir_mode(tmp.path()).map_err(|source| ModelError::Write {
+            path: target.to_path_buf(),
+            source,
+        })?;
         Ok(OutDir {
             target: target.to_path_buf(),
             parent,
             tmp,
+            mode,
         })
     }
 
@@ -127,12 +151,15 @@ impl OutDir {
         made.map_err(self.err(name))
     }
 
-    /// Fsync the directory, rename it to the target in one step, fsync the parent.
+    /// Give the directory its final mode, fsync it, rename it to the target in one
+    /// step, fsync the parent.
     pub fn commit(self) -> Result<(), ModelError> {
+        use std::os::unix::fs::PermissionsExt;
         let err = |source| ModelError::Write {
             path: self.target.clone(),
             source,
         };
+        fs::set_permissions(self.tmp.path(), fs::Permissions::from_mode(self.mode)).map_err(err)?;
         sync_dir(self.tmp.path()).map_err(err)?;
         // The target was absent or an empty directory when we started; rename(2)
         // replaces an empty directory and fails on a non-empty one, never merging.

@@ -14,6 +14,10 @@ use std::path::{Path, PathBuf};
 
 #[cfg(feature = "s3")]
 pub mod checkpoint;
+#[cfg(feature = "s3")]
+pub mod create;
+#[cfg(feature = "s3")]
+pub(crate) mod header;
 pub mod location;
 pub mod pack;
 pub mod parts;
@@ -26,7 +30,7 @@ use crate::failure::{Failure, FailureKind};
 use crate::model::{Model, ModelError};
 use crate::s3::{S3Error, S3Url};
 #[cfg(feature = "s3")]
-use crate::safetensors::header::{header_len, parse_header_bytes, N_LEN};
+use crate::safetensors::header::N_LEN;
 use crate::safetensors::{Header, SafetensorsError};
 #[cfg(feature = "s3")]
 use crate::tokens::HEADER_BYTES;
@@ -113,33 +117,17 @@ pub fn safetensors_header(url: &S3Url) -> Result<(Header, u64), RemoteError> {
 #[cfg(feature = "s3")]
 fn header_of(store: &crate::s3::Store, url: &S3Url) -> Result<(Header, u64, Vec<u8>), RemoteError> {
     let size = object_size(store, url)?;
-    let invalid = |source| RemoteError::Safetensors {
-        url: url.to_string(),
-        source: Box::new(source),
-    };
-    // Too short for a prefix: the reader rule says so without a request.
-    let mut prefix = [0u8; N_LEN as usize];
-    if size >= N_LEN {
-        let got = store.get_range(url.key(), 0..N_LEN)?;
-        prefix = got
-            .as_slice()
-            .try_into()
-            .map_err(|_| short_read(url, N_LEN, got.len()))?;
-    }
-    let n = header_len(prefix, size).map_err(invalid)?;
-    let end = N_LEN.saturating_add(n);
-    let bytes = if n == 0 {
-        Vec::new()
-    } else {
-        store.get_range(url.key(), N_LEN..end)?
-    };
-    if bytes.len() as u64 != n {
-        return Err(short_read(url, n, bytes.len()).into());
-    }
-    let header = parse_header_bytes(&bytes, size).map_err(invalid)?;
-    let mut raw = prefix.to_vec();
-    raw.extend_from_slice(&bytes);
-    Ok((header, size, raw))
+    // The prefix, then the header: two requests, never more bytes than the header.
+    let read = header::read_header(store, url.key(), &url.to_string(), size, N_LEN).map_err(
+        |failure| match failure {
+            header::HeaderFailure::Remote(e) => RemoteError::S3(e),
+            header::HeaderFailure::Invalid(source) => RemoteError::Safetensors {
+                url: url.to_string(),
+                source: Box::new(source),
+            },
+        },
+    )?;
+    Ok((read.header, size, read.raw))
 }
 
 /// Without the `s3` feature an object cannot be reached.
@@ -158,11 +146,7 @@ fn not_built(url: &S3Url) -> RemoteError {
 /// A server that answered a range request with another number of bytes.
 #[cfg(feature = "s3")]
 fn short_read(url: &S3Url, expected: u64, got: usize) -> S3Error {
-    S3Error::request(
-        url.to_string(),
-        std::io::ErrorKind::UnexpectedEof,
-        format!("a range request for {expected} bytes returned {got}"),
-    )
+    header::short_read(&url.to_string(), expected, got)
 }
 
 /// The safetensors object at `url` as a one-file [`Model`] (what `st inspect` shows),

@@ -5,14 +5,19 @@
 //!
 //! Invariants: nothing is uploaded before the whole input was packed (a bad input
 //! leaves nothing in storage); a pack never replaces an object: it refuses when a
-//! shard name of its output, or its manifest, already exists (checked before packing
-//! and again before uploading; single-request uploads are conditional too); on a
-//! failed upload the shards this pack uploaded are deleted again (best effort); the
-//! manifest exists only when every shard it names was uploaded whole, so a reader
-//! going through it sees all of the pack or none of it.
+//! shard name of its output already exists without a manifest, or the manifest names
+//! other shards (checked before packing and again before uploading; single-request
+//! uploads are conditional too); a rerun whose manifest would be the stored one's
+//! bytes is complete and uploads nothing; on a failed upload the shards this pack
+//! uploaded are deleted again (best effort), but never once the manifest's put was
+//! sent (its reply may be lost after the server created it: it is read back, see
+//! [`super::create`]); the manifest exists only when every shard it names was
+//! uploaded whole, so a reader going through it sees all of the pack or none of it.
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "s3")]
+use super::create::{put_once, Outcome};
 use super::shards::MANIFEST_SUFFIX;
 #[cfg(feature = "s3")]
 use super::shards::{Manifest, ManifestShard, MANIFEST_FORMAT};
@@ -32,6 +37,9 @@ pub struct Published {
     pub shards: Vec<Written>,
     /// The manifest's URL (object storage only).
     pub manifest: Option<String>,
+    /// The output was there already, complete, with the very manifest this pack would
+    /// create: nothing was uploaded (object storage only).
+    pub already_complete: bool,
 }
 
 /// The base of the output's names: a trailing `.bin` dropped, as shard names drop it.
@@ -75,6 +83,7 @@ where
                 .map(|(p, h)| (p.display().to_string(), h))
                 .collect(),
             manifest: None,
+            already_complete: false,
         }),
     }
 }
@@ -131,7 +140,9 @@ pub(super) fn staging(url: &S3Url, prefix: &str) -> Result<tempfile::TempDir, Re
 
 /// [`publish`] of shards that `pack` (packing, or merging parts) writes into the
 /// staging directory (its output path there is the argument), with what else `pack`
-/// returns.
+/// returns. When the output's manifest is already there, a pack whose manifest would
+/// be the same bytes is complete (nothing is uploaded; every shard it names must be
+/// there at its size), and any other pack is refused.
 #[cfg(feature = "s3")]
 pub(super) fn publish_with<F, T>(url: &S3Url, pack: F) -> Result<(Published, T), RemoteError>
 where
@@ -139,25 +150,200 @@ where
 {
     let (name, parent_key) = output_parent(url)?;
     let store = crate::s3::connect(url)?;
-    refuse_existing(&store, url, &parent_key)?;
+    let manifest_url = url.with_key(&key_in(&parent_key, &manifest_name(url.name())))?;
+    let existing = read_manifest(&store, &manifest_url)?;
+    if existing.is_none() {
+        refuse_existing(&store, url, &parent_key)?;
+    }
     let stage = staging(url, "tlio-pack-")?;
     let (written, extra) = pack(&stage.path().join(name))?;
+    if let Some(theirs) = existing {
+        let (ours, shards) = staged_manifest(url, &parent_key, &written)?;
+        return complete(&store, &manifest_url, &parent_key, &theirs, &ours)
+            .map(|()| (published(shards, &manifest_url, true), extra));
+    }
     // Packing may have taken hours: another writer may have come meanwhile.
     refuse_existing(&store, url, &parent_key)?;
     let mut uploaded: Vec<String> = Vec::new();
-    match upload_all(&store, url, &parent_key, &written, &mut uploaded) {
-        Ok(published) => Ok((published, extra)),
+    let (text, shards) = match upload_all(&store, url, &parent_key, &written, &mut uploaded) {
+        Ok(done) => done,
         Err(e) => {
+            // No manifest was sent: nothing names these shards.
             for key in &uploaded {
                 store.delete(key).ok();
             }
-            Err(e)
+            return Err(e);
         }
+    };
+    // The commit, sent once and settled by reading the manifest back: whatever its
+    // outcome, the shards stay (a manifest may name them).
+    let mine = |bytes: &[u8]| bytes == text.as_slice();
+    let limit = super::shards::MAX_MANIFEST_BYTES;
+    let url_text = manifest_url.to_string();
+    match put_once(
+        &store,
+        &url_text,
+        manifest_url.key(),
+        &text,
+        None,
+        limit,
+        &mine,
+    )? {
+        Outcome::Ours => Ok((published(shards, &manifest_url, false), extra)),
+        Outcome::Theirs(..) | Outcome::Gone => Err(exists(&manifest_url).into()),
     }
 }
 
+/// The key of `name` in the prefix `parent_key`.
+#[cfg(feature = "s3")]
+fn key_in(parent_key: &str, name: &str) -> String {
+    if parent_key.is_empty() {
+        name.to_string()
+    } else {
+        format!("{parent_key}/{name}")
+    }
+}
+
+/// What a pack published: its shards' URLs and headers, and its manifest's URL.
+#[cfg(feature = "s3")]
+fn published(shards: Vec<Written>, manifest_url: &S3Url, already_complete: bool) -> Published {
+    Published {
+        shards,
+        manifest: Some(manifest_url.to_string()),
+        already_complete,
+    }
+}
+
+/// The output's manifest, when it is there.
+#[cfg(feature = "s3")]
+fn read_manifest(store: &crate::s3::Store, url: &S3Url) -> Result<Option<Vec<u8>>, RemoteError> {
+    let limit = super::shards::MAX_MANIFEST_BYTES;
+    match store.get_if_exists(url.key(), limit) {
+        Ok(found) => Ok(found.map(|(bytes, _)| bytes)),
+        Err(S3Error::TooLarge { .. }) => Ok(Some(Vec::new())),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A rerun of a pack whose manifest is there: complete when the stored manifest is
+/// the one this pack would create (`ours`) and every shard it names is there at its
+/// size; refused otherwise.
+#[cfg(feature = "s3")]
+fn complete(
+    store: &crate::s3::Store,
+    manifest_url: &S3Url,
+    parent_key: &str,
+    theirs: &[u8],
+    ours: &[u8],
+) -> Result<(), RemoteError> {
+    if theirs != ours {
+        return Err(S3Error::request(
+            manifest_url.to_string(),
+            std::io::ErrorKind::AlreadyExists,
+            "already exists, with other shards than this pack's: a pack never replaces objects \
+             in storage (remove the old output first, or pick another prefix)"
+                .to_string(),
+        )
+        .into());
+    }
+    let manifest: Manifest = serde_json::from_slice(ours).map_err(|e| {
+        S3Error::request(
+            manifest_url.to_string(),
+            std::io::ErrorKind::Other,
+            e.to_string(),
+        )
+    })?;
+    for shard in &manifest.shards {
+        let url = manifest_url.with_key(&key_in(parent_key, &shard.name))?;
+        let size = store.head(url.key())?.map(|i| i.size);
+        if size != Some(shard.bytes) {
+            return Err(S3Error::request(
+                url.to_string(),
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "{} names it with {} bytes, but it is {}: the output is damaged (remove it \
+                     and pack again)",
+                    manifest_url,
+                    shard.bytes,
+                    size.map_or("missing".to_string(), |n| format!("{n} bytes"))
+                ),
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// The manifest bytes a pack of the staged shards `written` creates (each staged file
+/// hashed), and the shards' URLs beside `url`.
+#[cfg(feature = "s3")]
+fn staged_manifest(
+    url: &S3Url,
+    parent_key: &str,
+    written: &[(PathBuf, ShardHeader)],
+) -> Result<(Vec<u8>, Vec<Written>), RemoteError> {
+    use sha2::{Digest, Sha256};
+    let mut listed = Vec::new();
+    let mut shards = Vec::new();
+    for (path, header) in written {
+        let file_name = staged_name(url, path)?;
+        let mut hasher = Sha256::new();
+        let mut file = std::fs::File::open(path).map_err(|e| local_err(url, path, &e))?;
+        let bytes = std::io::copy(&mut file, &mut hasher).map_err(|e| local_err(url, path, &e))?;
+        let shard_url = url.with_key(&key_in(parent_key, &file_name))?;
+        listed.push(ManifestShard {
+            name: file_name,
+            bytes,
+            sha256: crate::digest::hex(&hasher.finalize()),
+            n: header.count,
+        });
+        shards.push((shard_url.to_string(), *header));
+    }
+    Ok((manifest_text(url, listed)?, shards))
+}
+
+/// A local I/O error about a staged file of the output `url`.
+#[cfg(feature = "s3")]
+fn local_err(url: &S3Url, path: &Path, e: &std::io::Error) -> S3Error {
+    S3Error::request(
+        url.to_string(),
+        e.kind(),
+        format!("{}: {e}", path.display()),
+    )
+}
+
+/// The name of a staged shard (its file name, UTF-8).
+#[cfg(feature = "s3")]
+fn staged_name(url: &S3Url, path: &Path) -> Result<String, S3Error> {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_string)
+        .ok_or_else(|| {
+            S3Error::request(
+                url.to_string(),
+                std::io::ErrorKind::InvalidInput,
+                format!("staged shard {} has no UTF-8 name", path.display()),
+            )
+        })
+}
+
+/// The manifest's bytes for the shards `listed` (pretty JSON and a newline).
+#[cfg(feature = "s3")]
+fn manifest_text(url: &S3Url, listed: Vec<ManifestShard>) -> Result<Vec<u8>, S3Error> {
+    let tokens = listed.iter().fold(0u64, |t, s| t.saturating_add(s.n));
+    let manifest = Manifest {
+        format: MANIFEST_FORMAT.to_string(),
+        shards: listed,
+        tokens,
+    };
+    let mut text = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| S3Error::request(url.to_string(), std::io::ErrorKind::Other, e.to_string()))?;
+    text.push(b'\n');
+    Ok(text)
+}
+
 /// Upload the staged shards `written` beside `url` (in `parent_key`), recording each
-/// key uploaded in `uploaded`, then create the manifest.
+/// key uploaded in `uploaded`; the manifest's bytes to create last, and the shards.
 #[cfg(feature = "s3")]
 fn upload_all(
     store: &crate::s3::Store,
@@ -165,35 +351,14 @@ fn upload_all(
     parent_key: &str,
     written: &[(PathBuf, ShardHeader)],
     uploaded: &mut Vec<String>,
-) -> Result<Published, RemoteError> {
-    use std::io;
-
-    let key_of = |n: &str| {
-        if parent_key.is_empty() {
-            n.to_string()
-        } else {
-            format!("{parent_key}/{n}")
-        }
-    };
+) -> Result<(Vec<u8>, Vec<Written>), RemoteError> {
     let mut shards = Vec::new();
     let mut listed = Vec::new();
-    let mut tokens = 0u64;
     for (path, header) in written {
-        let file_name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| {
-                S3Error::request(
-                    url.to_string(),
-                    io::ErrorKind::InvalidInput,
-                    format!("staged shard {} has no UTF-8 name", path.display()),
-                )
-            })?
-            .to_string();
-        let shard_url = url.with_key(&key_of(&file_name))?;
+        let file_name = staged_name(url, path)?;
+        let shard_url = url.with_key(&key_in(parent_key, &file_name))?;
         let (bytes, sha256) = upload_new(store, &shard_url, path)?;
         uploaded.push(shard_url.key().to_string());
-        tokens = tokens.saturating_add(header.count);
         listed.push(ManifestShard {
             name: file_name,
             bytes,
@@ -202,28 +367,7 @@ fn upload_all(
         });
         shards.push((shard_url.to_string(), *header));
     }
-    let manifest = Manifest {
-        format: MANIFEST_FORMAT.to_string(),
-        shards: listed,
-        tokens,
-    };
-    let manifest_url = url.with_key(&key_of(&manifest_name(url.name())))?;
-    let mut text = serde_json::to_vec_pretty(&manifest).map_err(|e| {
-        S3Error::request(
-            manifest_url.to_string(),
-            io::ErrorKind::Other,
-            e.to_string(),
-        )
-    })?;
-    text.push(b'\n');
-    match store.put_if(manifest_url.key(), text, None, &[])? {
-        crate::s3::Conditional::Written(_) => {}
-        crate::s3::Conditional::Lost => return Err(exists(&manifest_url).into()),
-    }
-    Ok(Published {
-        shards,
-        manifest: Some(manifest_url.to_string()),
-    })
+    Ok((manifest_text(url, listed)?, shards))
 }
 
 /// The error for an output object that is already there.
@@ -282,9 +426,12 @@ fn upload_new(
             .map_err(local)?;
         hasher.update(&data);
         let n = data.len() as u64;
-        return match store.put_if(url.key(), data, None, &[])? {
-            crate::s3::Conditional::Written(_) => Ok((n, crate::digest::hex(&hasher.finalize()))),
-            crate::s3::Conditional::Lost => Err(exists(url).into()),
+        // Sent once, settled by reading back: a lost reply is not another writer.
+        let mine = |bytes: &[u8]| bytes == data.as_slice();
+        let url_text = url.to_string();
+        return match put_once(store, &url_text, url.key(), &data, None, size, &mine)? {
+            Outcome::Ours => Ok((n, crate::digest::hex(&hasher.finalize()))),
+            Outcome::Theirs(..) | Outcome::Gone => Err(exists(url).into()),
         };
     }
     let n = store.upload(url.key(), path, &mut |chunk| hasher.update(chunk))?;

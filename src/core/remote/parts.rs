@@ -72,6 +72,7 @@ pub fn merge_at(
                     .map(|(p, h)| (p.display().to_string(), *h))
                     .collect(),
                 manifest: None,
+                already_complete: false,
             };
             Ok((summary, published))
         }
@@ -105,7 +106,8 @@ mod storage {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::s3::{Conditional, S3Error, Store};
+    use crate::remote::create::{put_once, Outcome};
+    use crate::s3::{S3Error, Store};
     use crate::tokens::parts::{
         check_counts, check_ids_digest, check_ids_size, check_made_with, check_tiling,
         missing_parts, parse_dir_name, parse_marker, PartMarker, PartsError, AREA_SUFFIX, IDS_FILE,
@@ -189,23 +191,35 @@ mod storage {
             source,
         })?;
         // The ids are in storage under their final key; a crash test stops here (the
-        // part must then count as incomplete, and a rerun redo it).
-        fail::fail_point!("tokens/part-commit");
-        match store.put_if(marker_url.key(), text, None, &[])? {
-            Conditional::Written(_) => Ok((PartOutcome::Packed(marker), part.to_string())),
-            Conditional::Lost => {
+        // part must then count as incomplete, and a rerun redo it); `return` is a crash.
+        fail::fail_point!("tokens/part-commit", |_| std::process::abort());
+        // Sent once, settled by reading the marker back: a lost reply is not another
+        // runner, and a marker with this runner's bytes is this commit.
+        let mine = |bytes: &[u8]| bytes == text.as_slice();
+        let url_text = marker_url.to_string();
+        let outcome = put_once(
+            &store,
+            &url_text,
+            marker_url.key(),
+            &text,
+            None,
+            MAX_MARKER_BYTES,
+            &mine,
+        )?;
+        match outcome {
+            Outcome::Ours => Ok((PartOutcome::Packed(marker), part.to_string())),
+            Outcome::Theirs(bytes, _) => {
                 // Another runner of this part committed first: its part stands.
-                let theirs = marker_of(&store, &part)?.ok_or_else(|| {
-                    S3Error::request(
-                        marker_url.to_string(),
-                        io::ErrorKind::Other,
-                        "the conditional create failed, yet no marker is there (removed meanwhile?)"
-                            .to_string(),
-                    )
-                })?;
+                let theirs = parse_marker(&bytes, url_path(&marker_url))?;
                 check_made_with(&url_path(&part), &theirs, &identity)?;
                 Ok((PartOutcome::AlreadyComplete(theirs), part.to_string()))
             }
+            Outcome::Gone => Err(S3Error::request(
+                marker_url.to_string(),
+                io::ErrorKind::Other,
+                "a create of the marker was answered as a replace of a removed one".to_string(),
+            )
+            .into()),
         }
     }
 

@@ -1,6 +1,8 @@
 //! Token shards on object storage for the stream (scale.md section 3): `s3://` sources
 //! (one object, a `*` pattern in the last segment matched against a listing, or a pack
-//! manifest naming its shards), each fetched once into a verified local cache and then
+//! manifest naming its shards: those of the split its source chooses, training by
+//! default, by `tokens::manifest`'s rule, which also opens a manifest on disk), each
+//! fetched once into a verified local cache and then
 //! read exactly as a local shard, so the stream's batches are the local ones bit for bit.
 //!
 //! Invariants: a cache entry is named by the object's URL, entity tag and size, so a
@@ -16,8 +18,12 @@ use std::path::{Path, PathBuf};
 use super::RemoteError;
 use crate::pcg::Pcg32;
 use crate::s3::{is_s3_url, S3Error, S3Url};
+pub use crate::tokens::manifest::{
+    Manifest, ManifestShard, MANIFEST_FORMAT, MANIFEST_SUFFIX, MAX_MANIFEST_BYTES,
+};
 use crate::tokens::{
-    check_batch_shape, check_ranks, Shard, ShardHeader, StreamOptions, TokenStream, TokensError,
+    check_batch_shape, check_ranks, manifest_source, Shard, ShardHeader, Split, StreamOptions,
+    TokenStream, TokensError,
 };
 
 /// The variable naming the cache directory (else `$XDG_CACHE_HOME/tlio`, else
@@ -32,8 +38,6 @@ const OBJECTS_DIR: &str = "s3";
     allow(dead_code, reason = "the fetcher (feature s3) uses it")
 )]
 const WILDCARD: char = '*';
-/// A source naming a pack's manifest ends so.
-pub const MANIFEST_SUFFIX: &str = ".manifest.json";
 /// Hex digits of the cache key kept in an entry's file name (128 bits).
 #[cfg_attr(
     not(feature = "s3"),
@@ -84,16 +88,31 @@ pub fn open_shards<P: AsRef<Path>>(
     let mut stores = fetch::Stores::default();
     for source in sources {
         let path = source.as_ref();
+        // A manifest stands for its training shards unless a `#split` says otherwise.
+        let manifest = path.to_str().map(manifest_source).transpose()?.flatten();
         match path.to_str() {
             Some(text) if is_s3_url(text) => {
+                let (text, split) = manifest.unwrap_or((text, Split::Train));
                 let url = S3Url::parse(text)?;
                 #[cfg(feature = "s3")]
-                stores.open(&url, vocab, &mut shards)?;
+                stores.open(&url, split, vocab, &mut shards)?;
                 #[cfg(not(feature = "s3"))]
-                return Err(S3Error::NotBuilt {
-                    url: url.to_string(),
+                {
+                    let _ = split; // the fetcher (feature s3) reads it
+                    return Err(S3Error::NotBuilt {
+                        url: url.to_string(),
+                    }
+                    .into());
                 }
-                .into());
+            }
+            Some(shown) if manifest.is_some() => {
+                let (local, split) = manifest.unwrap_or((shown, Split::Train));
+                shards.extend(crate::tokens::manifest::open_manifest(
+                    Path::new(local),
+                    split,
+                    vocab,
+                    shown,
+                )?);
             }
             _ => {
                 let mut shard = Shard::open(path, vocab)?;
@@ -177,38 +196,6 @@ fn cache_name(url: &S3Url, etag: Option<&str>, size: u64) -> String {
     format!("{}.bin", hex.get(..CACHE_KEY_HEX).unwrap_or(&hex))
 }
 
-/// One shard of a pack manifest, as [`super::pack`] writes it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ManifestShard {
-    /// The object's name beside the manifest (one plain segment).
-    pub name: String,
-    /// Its size in bytes.
-    pub bytes: u64,
-    /// sha256 of its bytes, lowercase hex.
-    pub sha256: String,
-    /// Its id count.
-    pub n: u64,
-}
-
-/// A pack's manifest: the shards, in order, written last, so a reader that goes
-/// through it sees every shard of the pack or none.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Manifest {
-    /// Always [`MANIFEST_FORMAT`].
-    pub format: String,
-    /// The shards in stream order.
-    pub shards: Vec<ManifestShard>,
-    /// The ids of all shards.
-    pub tokens: u64,
-}
-
-/// The `format` value of a pack manifest.
-pub const MANIFEST_FORMAT: &str = "tlio token shards 1";
-/// The largest manifest read (about 300,000 shards).
-pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
-
 #[cfg(feature = "s3")]
 mod fetch {
     use std::collections::BTreeMap;
@@ -270,10 +257,11 @@ mod fetch {
         pub(super) fn open(
             &mut self,
             url: &S3Url,
+            split: Split,
             vocab: Option<u32>,
             out: &mut Vec<Shard>,
         ) -> Result<(), RemoteError> {
-            for wanted in self.expand(url)? {
+            for wanted in self.expand(url, split)? {
                 let mut shard = self.open_one(&wanted, vocab)?;
                 shard.release();
                 out.push(shard);
@@ -282,8 +270,8 @@ mod fetch {
         }
 
         /// The objects a source names: itself, the matches of its pattern (in key
-        /// order), or the shards its manifest lists.
-        fn expand(&mut self, url: &S3Url) -> Result<Vec<Wanted>, RemoteError> {
+        /// order), or the shards of `split` its manifest lists.
+        fn expand(&mut self, url: &S3Url, split: Split) -> Result<Vec<Wanted>, RemoteError> {
             let name = url.name();
             let parent_key = url
                 .key()
@@ -322,7 +310,7 @@ mod fetch {
                 return Ok(found);
             }
             if name.ends_with(MANIFEST_SUFFIX) {
-                return self.manifest_shards(url, parent_key);
+                return self.manifest_shards(url, split, parent_key);
             }
             Ok(vec![Wanted {
                 url: url.clone(),
@@ -334,33 +322,25 @@ mod fetch {
         fn manifest_shards(
             &mut self,
             url: &S3Url,
+            split: Split,
             parent_key: &str,
         ) -> Result<Vec<Wanted>, RemoteError> {
             let bytes = self.store(url)?.get(url.key(), MAX_MANIFEST_BYTES)?;
-            let bad = |reason: String| {
-                S3Error::request(url.to_string(), io::ErrorKind::InvalidData, reason)
+            let shown = url.to_string();
+            let manifest = Manifest::parse(&bytes, &shown)?;
+            let chosen = if split == Split::Train {
+                shown.clone()
+            } else {
+                format!(
+                    "{shown}{}{}",
+                    crate::tokens::manifest::SPLIT_MARK,
+                    split.name()
+                )
             };
-            let manifest: Manifest = serde_json::from_slice(&bytes)
-                .map_err(|e| bad(format!("not a pack manifest: {e}")))?;
-            if manifest.format != MANIFEST_FORMAT {
-                return Err(bad(format!(
-                    "not a pack manifest: format {} (expected {})",
-                    crate::text::quote(&manifest.format),
-                    crate::text::quote(MANIFEST_FORMAT)
-                ))
-                .into());
-            }
             manifest
-                .shards
+                .select(url.name(), split, &chosen)?
                 .into_iter()
                 .map(|s| {
-                    if s.name.is_empty() || s.name.contains(['/', WILDCARD]) {
-                        return Err(bad(format!(
-                            "shard name {} is not one plain segment",
-                            crate::text::quote(&s.name)
-                        ))
-                        .into());
-                    }
                     let key = if parent_key.is_empty() {
                         s.name.clone()
                     } else {
@@ -369,7 +349,7 @@ mod fetch {
                     Ok(Wanted {
                         url: url.with_key(&key)?,
                         listed: None,
-                        recorded: Some((s.bytes, s.sha256)),
+                        recorded: Some((s.bytes, s.sha256.clone())),
                     })
                 })
                 .collect()

@@ -62,6 +62,8 @@ pub struct Store {
     bucket_url: S3Url,
     endpoint: String,
     store: Arc<AmazonS3>,
+    /// The same store with no retries, for conditional puts (see [`Store::put_if`]).
+    once: Arc<AmazonS3>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -121,6 +123,18 @@ impl Store {
             None => format!("https://s3.{}.amazonaws.com", config.region),
         };
         let store = builder
+            .clone()
+            .build()
+            .map_err(|e| config_err(crate::failure::full_text(&e)))?;
+        // A conditional put is not safe to repeat: object_store retries a request
+        // whose reply was lost (a dropped connection, a 500) and the repeat then fails
+        // its own condition, hiding that the first one was applied. Sent once; the
+        // caller reads the object back to learn what happened.
+        let once = builder
+            .with_retry(RetryConfig {
+                max_retries: 0,
+                ..RetryConfig::default()
+            })
             .build()
             .map_err(|e| config_err(crate::failure::full_text(&e)))?;
         // A few worker threads: the parts of an upload go out while the caller
@@ -136,6 +150,7 @@ impl Store {
             bucket_url: S3Url::parse(&format!("{}{}", super::URL_SCHEME, url.bucket()))?,
             endpoint,
             store: Arc::new(store),
+            once: Arc::new(once),
             runtime,
         })
     }
@@ -287,6 +302,10 @@ impl Store {
     /// Write `data` to `key` only if the condition holds: `etag` `None` means the key
     /// must not exist (`If-None-Match: *`), `Some(tag)` that it still has that tag
     /// (`If-Match`). `metadata` is stored as user metadata (`x-amz-meta-*`).
+    ///
+    /// Sent exactly once, never retried: after an error the request may or may not
+    /// have been applied, and only reading the object back tells (a retry would meet
+    /// its own first attempt and report [`Conditional::Lost`]).
     pub fn put_if(
         &self,
         key: &str,
@@ -316,7 +335,7 @@ impl Store {
         };
         self.runtime.block_on(async {
             match self
-                .store
+                .once
                 .put_opts(&path, PutPayload::from(data), options)
                 .await
             {
@@ -615,7 +634,9 @@ fn network_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind
             if r.is_timeout() {
                 return Some(io::ErrorKind::TimedOut);
             }
-            if r.is_connect() {
+            // A connection that closed before the reply completed (`is_request`, `is_body`
+            // without a status) is a network failure too, never a server's answer.
+            if r.is_connect() || ((r.is_request() || r.is_body()) && r.status().is_none()) {
                 return Some(io::ErrorKind::ConnectionRefused);
             }
         }

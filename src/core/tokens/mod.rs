@@ -22,6 +22,8 @@ use std::path::PathBuf;
 
 use crate::failure::{Failure, FailureKind};
 
+mod batch;
+mod checks;
 #[cfg(feature = "compression")]
 mod compressed;
 mod corpus;
@@ -29,8 +31,11 @@ mod corpus;
 mod gpt2fast;
 #[cfg(feature = "tokenizers")]
 mod hf;
+pub mod manifest;
+mod mixture;
 #[cfg(feature = "tokenizers")]
 mod o200k;
+mod order;
 mod pack;
 pub mod parts;
 #[cfg(feature = "tokenizers")]
@@ -46,6 +51,12 @@ pub use crate::pcg::RngState;
 pub use corpus::{
     pack_text, CorpusFormat, TextPackOptions, TextPackProgress, TextPackSummary,
     DEFAULT_SHARD_TOKENS,
+};
+pub use manifest::{manifest_source, Manifest, ManifestShard, Split};
+pub use mixture::{
+    check_stages, check_weights, choose_source, expand_source, source_digest, sources_of, stage_at,
+    Mixture, MixtureBatch, MixtureCursor, MixtureOptions, MixtureSource, Rule, SourceCursor, Stage,
+    StageRecord, WindowOrigin, MAX_SOURCES, WEIGHT_SUM_TOLERANCE,
 };
 pub use pack::{
     output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
@@ -345,6 +356,13 @@ pub enum TokensError {
     /// `pack` options that cannot work (a zero shard size, too many ids for one shard).
     #[error("{0}")]
     BadOptions(String),
+    /// A mixture that cannot be built: bad weights or stages, a source without shards
+    /// (scale.md section 8).
+    #[error("{reason}")]
+    BadMixture {
+        /// What is wrong, naming the source or stage.
+        reason: String,
+    },
     /// Reading a `pack` input failed.
     #[error("cannot read {input}: {error}")]
     Read {
@@ -376,6 +394,15 @@ pub enum TokensError {
         /// The crate feature that reads it.
         feature: &'static str,
     },
+    /// A pack's manifest that cannot be read as one, or a split of it that lists no
+    /// shard.
+    #[error("{path}: {reason}")]
+    BadManifest {
+        /// The manifest's path or URL (with the split chosen, when that is the problem).
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The tokenizer could not be loaded or failed.
     #[error(transparent)]
     Tokenizer(#[from] tokenizer::TokenizerError),
@@ -402,6 +429,7 @@ impl Failure for TokensError {
             | TokensError::BatchTooLarge { .. }
             | TokensError::BadVocab { .. }
             | TokensError::BadOptions(_)
+            | TokensError::BadMixture { .. }
             | TokensError::NotBuilt { .. }
             | TokensError::ReplacesInput { .. } => FailureKind::Operational,
             TokensError::Short { .. }
@@ -422,6 +450,7 @@ impl Failure for TokensError {
             | TokensError::BadInput { .. }
             | TokensError::Empty
             | TokensError::BadDocument { .. }
+            | TokensError::BadManifest { .. }
             | TokensError::MixedVocab { .. } => FailureKind::Invalid,
         }
     }

@@ -18,40 +18,19 @@
 use std::num::NonZeroU64;
 use std::path::Path;
 
+pub use super::batch::Batch;
+use super::checks::Ticker;
+pub use super::checks::{
+    check_batch_shape, check_ranks, MAX_BATCH_TOKENS, MAX_CURSOR_BYTES, MAX_GLOBAL_BATCH,
+    MAX_SHARDS, MAX_WORLD_SIZE,
+};
+use super::checks::{check_each_shard, check_one_vocab};
+use super::order::{draw_phase, Epoch};
+pub use super::order::{shuffle_order, ShardOrder};
 use super::shard::{check_shard_vocab, Shard};
 use super::TokensError;
 use crate::cursor::Cursor;
 use crate::pcg::{Pcg32, RngState};
-
-/// One batch: B windows as fresh row-major [B, T] arrays.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Batch {
-    /// inputs[b * T + t] = ids[o_b + t].
-    pub inputs: Vec<i64>,
-    /// targets[b * T + t] = ids[o_b + t + 1]: the next token of each input.
-    pub targets: Vec<i64>,
-    /// B, the number of rows.
-    pub batch: usize,
-    /// T, the number of columns.
-    pub seq_len: usize,
-}
-
-impl Batch {
-    /// Row `b` of the inputs.
-    pub fn input_row(&self, b: usize) -> Option<&[i64]> {
-        row(&self.inputs, b, self.seq_len)
-    }
-
-    /// Row `b` of the targets.
-    pub fn target_row(&self, b: usize) -> Option<&[i64]> {
-        row(&self.targets, b, self.seq_len)
-    }
-}
-
-fn row(values: &[i64], b: usize, t: usize) -> Option<&[i64]> {
-    let start = b.checked_mul(t)?;
-    values.get(start..start.checked_add(t)?)
-}
 
 fn bad(field: &str, reason: impl Into<String>) -> TokensError {
     TokensError::BadCursor {
@@ -59,6 +38,9 @@ fn bad(field: &str, reason: impl Into<String>) -> TokensError {
         reason: reason.into(),
     }
 }
+
+/// A stream's walk position: shard, offset, generator, epoch.
+pub(super) type Mark = (usize, usize, Pcg32, Epoch);
 
 /// Which part of each global batch a stream reads: rank `rank` of `world_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,17 +65,6 @@ impl Default for Ranks {
     }
 }
 
-/// The order in which each epoch (one pass over every shard) visits the shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ShardOrder {
-    /// 0, 1, ..., S - 1 every epoch: tokens.md's stream.
-    #[default]
-    InOrder,
-    /// A permutation per epoch, drawn from the stream's generator at the epoch's start
-    /// (before the first pass's phase) by [`shuffle_order`].
-    Shuffled,
-}
-
 /// How a stream reads beyond its shape: which ranks, in which shard order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamOptions {
@@ -101,51 +72,6 @@ pub struct StreamOptions {
     pub ranks: Ranks,
     /// In order or shuffled per epoch.
     pub order: ShardOrder,
-}
-
-/// The shard order of one epoch of a shuffled stream over `count` shards: Fisher-Yates
-/// from the identity, `for i in (1..count).rev() { swap(i, rng.below(i + 1)) }`, so one
-/// shard draws nothing and the order is a permutation whatever the generator gives.
-pub fn shuffle_order(rng: &mut Pcg32, count: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..count).collect();
-    for i in (1..count).rev() {
-        // count <= MAX_SHARDS, so i + 1 fits u32.
-        let bound = u32::try_from(i.saturating_add(1)).unwrap_or(u32::MAX);
-        order.swap(i, (rng.below(bound) as usize).min(i));
-    }
-    order
-}
-
-/// The epoch the stream is in: its shard order and where in it the stream is.
-#[derive(Debug, Clone)]
-struct Epoch {
-    /// The generator before this epoch's order was drawn; `None` for an epoch in file
-    /// order (every epoch of an in-order stream, and the rest of the epoch an in-order
-    /// cursor was restored into in a shuffled stream).
-    start: Option<RngState>,
-    /// The shards in visiting order; empty for file order.
-    order: Vec<usize>,
-    /// The index in the visiting order of the current shard.
-    pos: usize,
-}
-
-impl Epoch {
-    fn in_order(shard: usize) -> Epoch {
-        Epoch {
-            start: None,
-            order: Vec::new(),
-            pos: shard,
-        }
-    }
-
-    /// The shard at position `pos` of the order.
-    fn shard_at(&self, pos: usize) -> usize {
-        if self.order.is_empty() {
-            pos
-        } else {
-            self.order.get(pos).copied().unwrap_or(0)
-        }
-    }
 }
 
 /// Windows over a list of shards, resumable from a `Cursor`.
@@ -165,172 +91,6 @@ pub struct TokenStream {
     held: Option<usize>,
     /// Reused bytes of one window's read.
     scratch: Vec<u8>,
-}
-
-/// The phase of a pass over a shard of `n` ids: `rng.below(min(T, n - T))`; the bound
-/// keeps one window in range on a short shard.
-fn draw_phase(rng: &mut Pcg32, n: usize, seq_len: usize) -> usize {
-    let bound = seq_len.min(n.saturating_sub(seq_len)).max(1);
-    // Shards hold at most 2^31 - 1 ids, so the bound fits; saturating keeps the draw
-    // in range even if it did not.
-    rng.below(u32::try_from(bound).unwrap_or(u32::MAX)) as usize
-}
-
-/// Largest cursor file read (a cursor is about 100 bytes of JSON).
-pub const MAX_CURSOR_BYTES: u64 = 1 << 16;
-
-/// Most ids one batch may span, B × (T + 1): each batch allocates two [B, T] arrays of
-/// i64 (256 MiB together at the limit), so a size from a flag can never ask for more.
-pub const MAX_BATCH_TOKENS: u64 = 1 << 24;
-
-/// Most ranks one stream may be split into: far beyond any data-parallel run, and small
-/// enough that a typo (`2**40`) is refused instead of walked.
-pub const MAX_WORLD_SIZE: usize = 1 << 20;
-
-/// Most windows of one global batch, B × world_size: every rank walks the whole global
-/// batch, a pass at a time, so this bounds a batch's walk even when every pass holds a
-/// single window.
-pub const MAX_GLOBAL_BATCH: usize = 1 << 24;
-
-/// Most shards of one stream (an epoch's order is drawn with 32-bit bounds).
-pub const MAX_SHARDS: usize = 1 << 24;
-
-/// Units of work (ids read, passes started) between two calls of a batch's `cancel`.
-const CANCEL_EVERY: usize = 1 << 20;
-
-/// Check T >= 1, B >= 1 and B × (T + 1) <= [`MAX_BATCH_TOKENS`], with checked
-/// arithmetic, before anything is allocated or created.
-pub fn check_batch_shape(seq_len: usize, batch: usize) -> Result<(), TokensError> {
-    if seq_len < 1 {
-        return Err(TokensError::BadArg {
-            name: "seq_len",
-            value: seq_len,
-        });
-    }
-    if batch < 1 {
-        return Err(TokensError::BadArg {
-            name: "batch",
-            value: batch,
-        });
-    }
-    let ids = (seq_len as u64)
-        .checked_add(1)
-        .and_then(|w| w.checked_mul(batch as u64));
-    match ids {
-        Some(n) if n <= MAX_BATCH_TOKENS => Ok(()),
-        _ => Err(TokensError::BatchTooLarge {
-            batch,
-            seq_len,
-            limit: MAX_BATCH_TOKENS,
-        }),
-    }
-}
-
-/// Check 1 <= world_size <= [`MAX_WORLD_SIZE`], rank < world_size, and B × world_size
-/// <= [`MAX_GLOBAL_BATCH`] windows (the global batch is walked, never allocated).
-pub fn check_ranks(batch: usize, ranks: Ranks) -> Result<(), TokensError> {
-    if ranks.world_size < 1 {
-        return Err(TokensError::BadArg {
-            name: "world_size",
-            value: ranks.world_size,
-        });
-    }
-    if ranks.world_size > MAX_WORLD_SIZE {
-        return Err(TokensError::TooLarge {
-            name: "world_size",
-            value: ranks.world_size as u64,
-            limit: MAX_WORLD_SIZE as u64,
-        });
-    }
-    if ranks.rank >= ranks.world_size {
-        return Err(TokensError::BadRank {
-            rank: ranks.rank,
-            world_size: ranks.world_size,
-        });
-    }
-    match batch.checked_mul(ranks.world_size) {
-        Some(g) if g <= MAX_GLOBAL_BATCH => Ok(()),
-        _ => Err(TokensError::GlobalBatchOverflow {
-            batch,
-            world_size: ranks.world_size,
-            limit: MAX_GLOBAL_BATCH,
-        }),
-    }
-}
-
-/// One stream, one vocabulary: shards recording different ones (a GPT-2 shard next to
-/// a Llama-3 one) are never mixed.
-fn check_one_vocab(shards: &[Shard]) -> Result<(), TokensError> {
-    let mut first_recorded: Option<(&Shard, u32)> = None;
-    for shard in shards {
-        let Some(recorded) = shard.header().vocab else {
-            continue;
-        };
-        match first_recorded {
-            None => first_recorded = Some((shard, recorded)),
-            Some((first, v)) if v != recorded => {
-                return Err(TokensError::MixedVocab {
-                    path: shard.path().to_path_buf(),
-                    recorded,
-                    first: first.path().to_path_buf(),
-                    first_recorded: v,
-                })
-            }
-            Some(_) => {}
-        }
-    }
-    Ok(())
-}
-
-/// Every shard holds a window, and matches the given vocabulary.
-fn check_each_shard(
-    shards: &[Shard],
-    seq_len: usize,
-    vocab: Option<u32>,
-) -> Result<(), TokensError> {
-    for (index, shard) in shards.iter().enumerate() {
-        if shard.len() <= seq_len {
-            return Err(TokensError::ShardTooShort {
-                shard: index,
-                path: shard.path().to_path_buf(),
-                count: shard.len() as u64,
-                seq_len,
-            });
-        }
-        if let Some(expected) = vocab {
-            match shard.vocab() {
-                Some(recorded) if recorded != expected => {
-                    return Err(TokensError::VocabMismatch {
-                        path: shard.path().to_path_buf(),
-                        recorded,
-                        expected,
-                    })
-                }
-                Some(_) => {}
-                None => shard.check_ids(expected)?,
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Counts a batch's work and asks `cancel` every [`CANCEL_EVERY`] units.
-struct Ticker<'a> {
-    cancel: &'a mut dyn FnMut() -> bool,
-    work: usize,
-}
-
-impl Ticker<'_> {
-    fn add(&mut self, units: usize) -> Result<(), TokensError> {
-        self.work = self.work.saturating_add(units);
-        if self.work >= CANCEL_EVERY {
-            self.work = 0;
-            if (self.cancel)() {
-                return Err(TokensError::Interrupted);
-            }
-        }
-        Ok(())
-    }
 }
 
 impl TokenStream {
@@ -533,7 +293,7 @@ impl TokenStream {
     }
 
     /// The windows that still fit in the current pass from the offset.
-    fn windows_left(&self) -> usize {
+    pub(super) fn windows_left(&self) -> usize {
         let n = self.shard_len(self.shard);
         let span = self.seq_len.saturating_add(1);
         match n.checked_sub(self.offset).and_then(|r| r.checked_sub(span)) {
@@ -544,7 +304,10 @@ impl TokenStream {
 
     /// Move past the next window, starting a new pass first when no window fits at the
     /// offset; returns the window's shard and offset.
-    fn advance(&mut self, ticks: &mut Ticker<'_>) -> Result<(usize, usize), TokensError> {
+    pub(super) fn advance(
+        &mut self,
+        ticks: &mut Ticker<'_>,
+    ) -> Result<(usize, usize), TokensError> {
         if self.windows_left() == 0 {
             let work = self.start_pass();
             ticks.add(work)?;
@@ -556,7 +319,7 @@ impl TokenStream {
 
     /// Skip `n` windows without reading them (the other ranks' part of a batch), a
     /// pass at a time.
-    fn skip(&mut self, mut n: usize, ticks: &mut Ticker<'_>) -> Result<(), TokensError> {
+    pub(super) fn skip(&mut self, mut n: usize, ticks: &mut Ticker<'_>) -> Result<(), TokensError> {
         while n > 0 {
             let left = self.windows_left();
             if left == 0 {
@@ -574,7 +337,7 @@ impl TokenStream {
     /// Read the window at (`shard`, `offset`) into one row of inputs and one of
     /// targets, holding that shard's descriptor (and closing the last one's, after
     /// checking that it did not change while it was read).
-    fn read_window(
+    pub(super) fn read_window(
         &mut self,
         (shard, offset): (usize, usize),
         inputs: &mut [i64],
@@ -661,13 +424,33 @@ impl TokenStream {
         targets: &mut [i64],
         cancel: &mut dyn FnMut() -> bool,
     ) -> Result<(), TokensError> {
-        let before = (self.shard, self.offset, self.rng, self.epoch.clone());
-        let mut ticks = Ticker { cancel, work: 0 };
+        let before = self.mark();
+        let mut ticks = Ticker::new(cancel);
         let result = self.walk_batch(inputs, targets, &mut ticks);
         if result.is_err() {
-            (self.shard, self.offset, self.rng, self.epoch) = before;
+            self.reset(before);
         }
         result
+    }
+
+    /// The walk's position, for a caller that walks several streams (a mixture) and
+    /// puts them all back when one fails.
+    pub(super) fn mark(&self) -> Mark {
+        (self.shard, self.offset, self.rng, self.epoch.clone())
+    }
+
+    /// Back to a [`TokenStream::mark`] of this stream.
+    pub(super) fn reset(&mut self, mark: Mark) {
+        (self.shard, self.offset, self.rng, self.epoch) = mark;
+    }
+
+    /// Check that the shard read last did not change since it was opened (a shard
+    /// rewritten in place with the same size is caught before a batch is handed out).
+    pub(super) fn check_held(&self) -> Result<(), TokensError> {
+        match self.held.and_then(|i| self.shards.get(i)) {
+            Some(held) => held.check_unchanged(),
+            None => Ok(()),
+        }
     }
 
     fn walk_batch(
@@ -689,12 +472,7 @@ impl TokenStream {
             .saturating_sub(self.ranks.rank)
             .saturating_sub(1);
         self.skip(after.saturating_mul(self.batch), ticks)?;
-        // A shard rewritten in place with the same size is caught here, before the
-        // batch is handed out.
-        if let Some(held) = self.held.and_then(|i| self.shards.get(i)) {
-            held.check_unchanged()?;
-        }
-        Ok(())
+        self.check_held()
     }
 
     /// The whole position: shard, offset of the next window, generator state, the
@@ -1505,10 +1283,7 @@ mod tests {
         // Walking the same global batch in one process ends at the same cursor.
         let mut x = vec![0i64; 3];
         let mut y = vec![0i64; 3];
-        let mut ticks = Ticker {
-            cancel: &mut cancel_never,
-            work: 0,
-        };
+        let mut ticks = Ticker::new(&mut cancel_never);
         single.skip(MAX_GLOBAL_BATCH - 1, &mut ticks).unwrap();
         single.next_batch_into(&mut x, &mut y).unwrap();
         assert_eq!(&got.inputs[got.inputs.len() - 3..], &x[..]);

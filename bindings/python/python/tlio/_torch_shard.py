@@ -18,8 +18,9 @@ Load: rank 0 opens the step a load picks and broadcasts its number; every rank o
 that step, computes the regions its local shards need (the whole tensor for a plain
 one), reads them into fresh tensors (the core reads only overlapping pieces and
 verifies each), and all ranks agree before anything is applied: a digest mismatch on any
-rank makes every rank fall back to the next older step, any other failure is raised on
-every rank. The optimizer follows parameter names (tlio.torch's own rules).
+rank makes every rank fall back to the next older step (with ``step=None``; a named step
+is raised as a ``FileNotFoundError`` naming it), any other failure is raised on every
+rank. The optimizer follows parameter names (tlio.torch's own rules).
 
 Invariants: the rules (chunk table, coverage, digests, read plans, commit) are the
 core's (``tlio._tlio.sharded``); this module converts tensors to byte views and back and
@@ -305,15 +306,14 @@ def file_name(group: str, rank: int) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def _prepare(model, optimizer, stream, extra, config, keep, step) -> dict:
+def _prepare(model, optimizer, stream, extra, config, keep, step, state=None) -> dict:
     """Everything this rank saves, checked: its chunks, the tie map, the optimizer JSON,
-    the trainer state, rng and config (tlio.torch.save's rules)."""
+    the trainer state, rng, config and the ``state=`` states (tlio.torch.save's rules)."""
+    from tlio import _torch_args, _torch_state
     from tlio.checkpoint import EXTRA_KEYS, _integer, _json, _rng
     from tlio.torch import TIED_KEY, _stream_state
 
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    extra = dict(extra or {})
+    extra = _torch_args.save(model, optimizer, stream, extra, config, False, state)
     unknown = [k for k in extra if k not in EXTRA_KEYS]
     if unknown:
         raise ValueError(f"extra has unknown key {unknown[0]!r} (allowed: {', '.join(EXTRA_KEYS)})")
@@ -330,6 +330,9 @@ def _prepare(model, optimizer, stream, extra, config, keep, step) -> dict:
         config_bytes = (_json("config", config, indent=2) + "\n").encode()
     chunks, tied = _model_chunks(model)
     meta: Dict[str, Dict[str, str]] = {MODEL: {TIED_KEY: json.dumps(tied, separators=(",", ":"))} if tied else {}}
+    states = _torch_state.encode(state or {})
+    if states is not None:
+        meta[MODEL][_torch_state.STATE_KEY] = states
     if optimizer is not None:
         opt_chunks, opt_json = _optimizer_chunks(model, optimizer)
         chunks += opt_chunks
@@ -377,14 +380,14 @@ def _table(entries: Sequence[Sequence[list]], writer: Dict[tuple, int]) -> List[
 
 def save(dir: Any, step: Any, model: Any, optimizer: Any = None, stream: Any = None, *,
          extra: Any = None, keep: Any = None, config: Any = None, overwrite: bool = False,
-         blocking: bool = True) -> Any:
+         blocking: bool = True, state: Any = None) -> Any:
     """tlio.torch.save for a state holding DTensors: the collective sharded save. With
     ``blocking=False`` this rank's chunks are staged now (``tlio._torch_async``) and the
     collective write and commit are returned as a ``Deferred`` for the background, on
     the async saves' own process group."""
     if blocking:
         return _commit(Group(), dir, step, overwrite,
-                       lambda: _prepare(model, optimizer, stream, extra, config, keep, step))
+                       lambda: _prepare(model, optimizer, stream, extra, config, keep, step, state))
     from tlio import _torch_async
 
     g = Group(pg=_torch_async.group())
@@ -392,7 +395,7 @@ def save(dir: Any, step: Any, model: Any, optimizer: Any = None, stream: Any = N
     error: Optional[BaseException] = None
     try:
         stage = _torch_async.stager()
-        prepared = _prepare(model, optimizer, stream, extra, config, keep, step)
+        prepared = _prepare(model, optimizer, stream, extra, config, keep, step, state)
         for c in prepared["chunks"]:
             c.tensor = stage.copy((c.group, c.name), c.tensor)
         stage.finish()
@@ -477,7 +480,8 @@ def _commit(g: Group, dir: Any, step: Any, overwrite: bool, prepare: Callable[[]
 
 
 class Corrupt(Exception):
-    """A read whose bytes did not verify: the ranks fall back to an older step."""
+    """A read whose bytes did not verify: with no named step the ranks fall back to an
+    older one; a named step is refused."""
 
 
 class Want:
@@ -584,17 +588,22 @@ def is_sharded_step(path: str) -> bool:
     return os.path.exists(os.path.join(path, name))
 
 
-def _open(dir: str, step: Optional[int]) -> Any:
+def _open(dir: str, step: Optional[int], below: Optional[int] = None) -> Any:
+    """The step ``load``'s rules pick (exactly ``step`` when it is given), or with
+    ``below`` the one they pick among the steps older than ``below``."""
+    if below is not None:
+        return _sharded().open_step(dir, below=below)
     return _sharded().open_step(dir, step)
 
 
-def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, step: Any = None) -> Any:
+def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, step: Any = None,
+         state: Any = None) -> Any:
     """tlio.torch.load for a model or optimizer holding DTensors: every rank reads its
     regions of the step rank 0 picks and checks them against its state; only when every
     rank's check passed does any rank apply (a refusal on one rank changes nothing on
     any rank)."""
     g = Group()
-    ck, apply = prepare_load(dir, model, optimizer, stream, step=step, group=g)
+    ck, apply = prepare_load(dir, model, optimizer, stream, step=step, group=g, state=state)
     mine: Failure = None
     error: Optional[BaseException] = None
     try:
@@ -606,29 +615,29 @@ def load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, ste
 
 
 def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None, *, step: Any = None,
-                 group: Optional[Group] = None) -> Tuple[Any, Callable[[], None]]:
+                 group: Optional[Group] = None, state: Any = None) -> Tuple[Any, Callable[[], None]]:
     """Everything of a load but applying it: the step chosen (by rank 0), read and
     checked on every rank of ``group`` (``None``: this process alone, as for a plain
     model loading a sharded step, each rank for itself under tlio.torch's collective
     load), the outcome agreed on. Returns the Checkpoint and the function that applies
     it; raises on every rank when any rank failed."""
-    from tlio.checkpoint import _integer
+    from tlio import _torch_args
+    from tlio.checkpoint import _integer, step_name
 
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _torch_args.load(model, optimizer, stream, state)
     if step is not None:
         step = _integer("step", step)
     g = group if group is not None else Group(solo=True)
     dir = os.fspath(dir)
     skipped: List[Tuple[str, str]] = []
-    want_step = step
+    below: Optional[int] = None  # after a step failed on some rank: only older ones
     while True:
         handle, error, mine = None, None, None
         # Rank 0 picks the step; every rank opens exactly that one.
         chosen: Any = None
         if g.rank == 0:
             try:
-                handle = _open(dir, want_step)
+                handle = _open(dir, step, below)
                 chosen = ("ok", handle.step, [list(s) for s in handle.skipped])
             except BaseException as e:
                 error, chosen = e, _failure(e)
@@ -640,10 +649,10 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
         kind = None
         try:
             if handle is None:
-                handle = _open(dir, n)
-                if handle.step != n:
-                    raise Corrupt(f"step {n}, which rank 0 loaded, does not verify here "
-                                  f"(this rank would have loaded step {handle.step})")
+                try:
+                    handle = _open(dir, n)
+                except FileNotFoundError as e:  # step n fails this rank's check
+                    raise Corrupt(f"step {n}, which rank 0 loaded, does not verify here ({e})") from e
             wants, tied = _plan(handle, model, optimizer)
             _read(handle, wants)
         except Corrupt as e:
@@ -657,18 +666,21 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
         if not bad:
             break
         r, m = bad[0]
-        skipped.append((os.path.basename(handle.path) if handle is not None else f"step {n}",
-                        f"on rank {r}: {m[1]}"))
+        # Which rank found it only matters when there are several.
+        why = f"on rank {r}: {m[1]}" if g.size > 1 else m[1]
         if handle is not None:
             handle.close()
+        if step is not None:  # a named step is that step or an error, never another
+            raise FileNotFoundError(f"no loadable checkpoint in {dir} ({step_name(n)}: {why})")
+        skipped.append((step_name(n), why))
         if n == 0:
             raise FileNotFoundError(f"{dir}: no step verifies on every rank")
-        want_step = n - 1
+        below = n
     # Checked on every rank or raised on every rank: no rank applies alone.
     ck = apply = None
     error, mine = None, None
     try:
-        ck, apply = _checked(handle, model, optimizer, stream, wants, tied, skipped)
+        ck, apply = _checked(handle, model, optimizer, stream, wants, tied, skipped, state)
     except BaseException as e:
         error, mine = e, _failure(e)
     finally:
@@ -677,13 +689,15 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
     return ck, apply
 
 
-def _checked(handle, model, optimizer, stream, wants, tied, skipped):
+def _checked(handle, model, optimizer, stream, wants, tied, skipped, state=None):
     """The verified tensors checked whole against the state (the optimizer by
-    tlio._torch_optim): the Checkpoint and the function that applies it as tlio.torch
-    applies an unsharded load."""
-    from tlio import _torch_optim
+    tlio._torch_optim, the ``state=`` objects by tlio._torch_state): the Checkpoint and
+    the function that applies it as tlio.torch applies an unsharded load."""
+    from tlio import _torch_optim, _torch_state
     from tlio.checkpoint import EXTRA_KEYS, Checkpoint
     from tlio.torch import TYPE_PREFIX, _apply as apply_checked, _param_names
+
+    objects = dict(state or {})  # ``state`` names the trainer state below
 
     path = handle.path
     state = json.loads(handle.state_json)
@@ -703,15 +717,17 @@ def _checked(handle, model, optimizer, stream, wants, tied, skipped):
                                            path, want)
     if stream is not None:
         cursor = {**state["data_cursor"], "rng": {"state": f"{rng[0]:016x}", "inc": f"{rng[1]:016x}"}}
+    saved_states = _torch_state.decode(handle.meta.get(MODEL, {}), path)
+    states = _torch_state.plan(objects, saved_states, path)
     config = handle.config
     ck = Checkpoint(
         path=path, step=handle.step, model=sd, opt=opt,
         rng_state=None if rng is None else {"state": rng[0], "inc": rng[1]},
         extra={k: state.get(k) for k in EXTRA_KEYS},
         config=None if config is None else json.loads(config),
-        skipped=skipped,
+        skipped=skipped, state=saved_states,
     )
-    return ck, lambda: apply_checked(model, sd, tied, optimizer, opt_state, stream, cursor)
+    return ck, lambda: apply_checked(model, sd, tied, optimizer, opt_state, stream, cursor, states)
 
 
 def dispatch_save(whole: F) -> F:

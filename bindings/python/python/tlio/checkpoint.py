@@ -46,7 +46,8 @@ class Checkpoint:
     ``rng_state`` is ``{"state": int, "inc": int}`` or ``None``; ``extra`` holds all of
     ``EXTRA_KEYS`` with checkpoint.md's defaults; ``config`` is the config dict or
     ``None``; ``skipped`` lists ``(directory name, reason)`` for each step examined and
-    rejected on the way to this one.
+    rejected on the way to this one; ``state`` the ``state=`` states of a
+    ``tlio.torch`` step by name (empty for any other step).
     """
 
     path: str
@@ -57,6 +58,7 @@ class Checkpoint:
     extra: Dict[str, Any]
     config: Optional[Dict[str, Any]] = None
     skipped: List[Tuple[str, str]] = field(default_factory=list)
+    state: Dict[str, Any] = field(default_factory=dict)
 
 
 def step_name(step: int) -> str:
@@ -210,9 +212,10 @@ def load_checkpoint(dir: PathLike, step: Optional[int] = None) -> Checkpoint:
     """Load the checkpoint ``tlio ckpt latest`` picks from ``dir``, verified.
 
     ``LATEST`` first; when the step it names fails, the newest older step that verifies;
-    steps newer than ``LATEST`` are ignored (never declared done). With ``step``, that
-    step, or the newest older one that verifies. Nothing valid: ``FileNotFoundError``
-    listing each directory and why.
+    steps newer than ``LATEST`` are ignored (never declared done). With ``step``, exactly
+    that step: missing or failing, it is a ``FileNotFoundError`` naming why, never
+    another step (the fallback is for ``step=None``). Nothing valid:
+    ``FileNotFoundError`` listing each directory and why.
     """
     if step is not None:
         step = _integer("step", step)

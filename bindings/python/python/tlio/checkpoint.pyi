@@ -27,6 +27,7 @@ class Checkpoint:
     extra: Dict[str, Any]
     config: Optional[Dict[str, Any]] = ...
     skipped: List[Tuple[str, str]] = ...
+    state: Dict[str, Any] = ...
 
 def step_name(step: int) -> str:
     """``step-`` and the step in at least six digits."""
@@ -49,4 +50,4 @@ def verify_step_dir(path: PathLike) -> List[str]:
     """The problems of one step directory (empty when it verifies)."""
 
 def load_checkpoint(dir: PathLike, step: Optional[int] = None) -> Checkpoint:
-    """The checkpoint ``tlio ckpt latest`` picks (or ``step``, or the newest older one)."""
+    """The checkpoint ``tlio ckpt latest`` picks, or exactly ``step`` (never another)."""

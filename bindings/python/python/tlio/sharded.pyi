@@ -93,5 +93,6 @@ class ShardedStep:
     def close(self) -> None:
         """Close the data files."""
 
-def open_step(dir: PathLike, step: Optional[int] = None) -> ShardedStep:
-    """Open the step ``tlio ckpt latest`` picks (or ``step``, or the newest older one)."""
+def open_step(dir: PathLike, step: Optional[int] = None, *, below: Optional[int] = None) -> ShardedStep:
+    """Open the step ``tlio ckpt latest`` picks, or exactly ``step`` (never another); with
+    ``below``, the one it picks among the steps older than ``below``."""

@@ -87,6 +87,75 @@ def _cursor_json(cursor: Any) -> str:
         raise ValueError(f"cursor: {e}") from None
 
 
+def _source_entries(shards: Any, j: int) -> Tuple[str, List[str]]:
+    """One source's shards: a path, a ``*`` pattern, a manifest or an ``s3://`` URL, or
+    a list of them; returns its name for messages and the entries."""
+    if isinstance(shards, (str, os.PathLike)):
+        entry = os.fspath(shards)
+        return str(entry), [str(entry)]
+    if isinstance(shards, bytes):
+        raise TypeError(f"source {j}: shards must be str paths, not bytes")
+    try:
+        entries = [os.fspath(p) for p in shards]
+    except TypeError:
+        raise TypeError(
+            f"source {j}: shards must be a path, a pattern or a list of paths, "
+            f"got {type(shards).__name__}"
+        ) from None
+    if not entries:
+        raise ValueError(f"source {j} has no shards: a source needs at least one")
+    name = entries[0] if len(entries) == 1 else f"{entries[0]} and {len(entries) - 1} more"
+    return str(name), [str(e) for e in entries]
+
+
+def _weight(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where} must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _mixture_args(
+    sources: Sequence[Any], stages: Optional[Sequence[Any]]
+) -> Tuple[List[Tuple[str, List[str]]], List[Tuple[int, List[float]]]]:
+    """``sources=[(shards, weight), ...]`` (or bare shards when ``stages`` gives every
+    weight) and ``stages=[(batch, weights), ...]`` as the core's arguments. Weights
+    given in both places must agree with the first stage; every rule on the values
+    themselves (finite, > 0, summing to 1, stages increasing from 0) is core's."""
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence):
+        raise TypeError("sources must be a list of (shards, weight) pairs")
+    named: List[Tuple[str, List[str]]] = []
+    weights: List[Optional[float]] = []
+    for j, source in enumerate(sources):
+        if isinstance(source, tuple) and len(source) == 2:
+            shards, weight = source
+            weights.append(_weight(weight, f"the weight of source {j}"))
+        elif stages is not None:
+            shards = source
+            weights.append(None)
+        else:
+            raise TypeError(f"source {j} must be a (shards, weight) pair, got {source!r}")
+        named.append(_source_entries(shards, j))
+    if stages is None:
+        return named, [(0, [w for w in weights if w is not None])]
+    if isinstance(stages, (str, bytes)) or not isinstance(stages, Sequence):
+        raise TypeError("stages must be a list of (global batch, weights) pairs")
+    plan: List[Tuple[int, List[float]]] = []
+    for k, stage in enumerate(stages):
+        if not isinstance(stage, (tuple, list)) or len(stage) != 2:
+            raise TypeError(f"stage {k} must be a (global batch, weights) pair, got {stage!r}")
+        at, ws = stage
+        if isinstance(at, bool) or not isinstance(at, (int, np.integer)):
+            raise TypeError(f"stage {k}'s global batch must be an int, got {type(at).__name__}")
+        plan.append((int(at), [_weight(w, f"stage {k}'s weight") for w in ws]))
+    given = [w for w in weights if w is not None]
+    if given and (len(given) != len(weights) or not plan or given != plan[0][1]):
+        raise ValueError(
+            f"the sources' weights {weights} differ from the first stage's "
+            f"{plan[0][1] if plan else []}: give the weights in one place"
+        )
+    return named, plan
+
+
 class TokenStream:
     """Windows of ``seq_len + 1`` ids over ``shards``, ``batch`` windows per batch (tokens.md).
 
@@ -128,6 +197,25 @@ class TokenStream:
     finishes in file order and the next one is shuffled. An in-order stream refuses a
     shuffled cursor. Without ``shuffle`` every batch and cursor is as before.
 
+    Mixtures (``sources=[("web/*.bin", 0.6), ("code/*.bin", 0.3), ("math.bin", 0.1)]``,
+    scale.md section 8): each source (a path, a ``*`` pattern in the last segment, a
+    manifest, an ``s3://`` URL, or a list of them) is a stream of its own, with its own
+    passes, phases, shuffle order and epochs, from its own generator derived from
+    ``rng`` and the source's index (``docs/tokens.md`` gives the rule; appending a
+    source never changes the others' draws). Window ``g`` of the run (numbered across
+    global batches) comes from the source ``j`` maximising ``w_j * (k + 1) - n_j``
+    (``k`` the window's index in its stage, ``n_j`` the stage's earlier windows from
+    ``j``; ties to the lowest ``j``): no generator, so every global batch holds each
+    source's share within two windows. Weights are finite and above 0, and must sum to 1
+    within 1e-6 (never renormalised silently). ``stages=[(0, w0), (b1, w1), ...]``
+    changes the weights at global batches (the counts restart at each stage's first
+    window); with ``stages`` the sources may be bare shards. The cursor holds every
+    source's cursor, the next global window, the stage and its counts, and the stages'
+    weights with a digest of each source's shards: a cursor of another mixture is a
+    ``ValueError`` naming the difference, unless ``allow_new_mixture=True`` (each source
+    resumes where it was, a new stage of this mixture's weights starts at the next
+    global batch). ``next_batch_sources()`` also returns each row's source.
+
     Thread safety: one stream may be shared by threads; ``cursor()`` or
     ``state_dict()`` called while another thread is in ``next_batch()`` waits for that
     batch and returns the position after it. A long batch stays interruptible: Ctrl-C
@@ -138,36 +226,75 @@ class TokenStream:
 
     def __init__(
         self,
-        shards: Sequence[PathLike],
-        seq_len: int,
-        batch: int,
-        rng: Any,
+        shards: Optional[Sequence[PathLike]] = None,
+        seq_len: Optional[int] = None,
+        batch: Optional[int] = None,
+        rng: Any = None,
         vocab_size: Optional[int] = None,
         *,
+        sources: Optional[Sequence[Any]] = None,
+        stages: Optional[Sequence[Tuple[int, Sequence[float]]]] = None,
+        allow_new_mixture: bool = False,
         rank: Optional[int] = 0,
         world_size: Optional[int] = 1,
         shuffle: bool = False,
     ) -> None:
         if not isinstance(shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__}")
+        if not isinstance(allow_new_mixture, bool):
+            raise TypeError(
+                f"allow_new_mixture must be a bool, got {type(allow_new_mixture).__name__}"
+            )
+        for name, value in (("seq_len", seq_len), ("batch", batch), ("rng", rng)):
+            if value is None:
+                raise TypeError(f"TokenStream needs {name}")
+        if rank is None or world_size is None:
+            group_rank, group_size = _process_group()
+            rank = group_rank if rank is None else rank
+            world_size = group_size if world_size is None else world_size
+        self._allow_new_mixture = allow_new_mixture
+        if sources is not None or stages is not None:
+            if shards is not None:
+                raise ValueError("give shards or sources=[(shards, weight), ...], not both")
+            if sources is None:
+                raise ValueError("stages= needs sources=[(shards, weight), ...]")
+            named, plan = _mixture_args(sources, stages)
+            self._stream = _core.Mixture(
+                named, plan, seq_len, batch, rng, vocab_size, rank, world_size, shuffle
+            )
+            return
+        if shards is None:
+            raise TypeError("TokenStream needs shards (or sources=[(shards, weight), ...])")
         if isinstance(shards, (str, bytes)):
             raise ValueError(
                 f"shards must be a list of paths, not one string ({shards!r}); "
                 "pass [path] for a single shard"
             )
-        if rank is None or world_size is None:
-            group_rank, group_size = _process_group()
-            rank = group_rank if rank is None else rank
-            world_size = group_size if world_size is None else world_size
         self._stream = _core.Stream(
             [os.fspath(p) for p in shards], seq_len, batch, rng, vocab_size, rank, world_size, shuffle
         )
+
+    @property
+    def is_mixture(self) -> bool:
+        """Whether the stream mixes several sources (``sources=``)."""
+        return isinstance(self._stream, _core.Mixture)
+
+    def next_batch_sources(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``next_batch()`` plus the int32 source index of each row (a single-source
+        stream's rows are all source 0)."""
+        if self.is_mixture:
+            return self._stream.next_batch()
+        inputs, targets = self._stream.next_batch()
+        return inputs, targets, np.zeros(inputs.shape[0], dtype=np.int32)
 
     def next_batch(self) -> Tuple[np.ndarray, np.ndarray]:
         """The next ``batch`` windows: fresh int64 (inputs, targets) of shape [batch, seq_len].
 
         ``targets[:, t] == inputs[:, t + 1]``; a batch may span passes and shards.
         """
+        if self.is_mixture:
+            inputs, targets, _ = self._stream.next_batch()
+            return inputs, targets
         return self._stream.next_batch()
 
     def cursor(self) -> Dict[str, Any]:
@@ -188,7 +315,10 @@ class TokenStream:
         shards; 0 <= offset <= the shard's length (an offset where no window fits starts
         a new pass at the next read); an odd increment. On error the stream is unchanged.
         """
-        self._stream.restore_json(_cursor_json(cursor))
+        if self.is_mixture:
+            self._stream.restore_json(_cursor_json(cursor), self._allow_new_mixture)
+        else:
+            self._stream.restore_json(_cursor_json(cursor))
 
     def state_dict(self) -> Dict[str, Any]:
         """``cursor()``, for torch's ``Stateful`` protocol."""
@@ -202,7 +332,15 @@ class TokenStream:
         """The construction's arguments (``init_args``), the cursor (``state_dict()``)
         and any other instance attributes (a subclass's), as plain values."""
         state: Dict[str, Any] = {"args": self._stream.init_args(), "cursor": self.state_dict()}
-        attrs = {k: v for k, v in self.__dict__.items() if k != "_stream"}
+        if self.is_mixture:
+            args = state["args"]
+            # Each source as its entries (absolute), its weights in the stages.
+            args["sources"] = [list(paths) for _, paths in args["sources"]]
+            args["stages"] = [(b, list(w)) for b, w in args["stages"]]
+            args["allow_new_mixture"] = self._allow_new_mixture
+        attrs = {
+            k: v for k, v in self.__dict__.items() if k not in ("_stream", "_allow_new_mixture")
+        }
         if attrs:
             state["attrs"] = attrs
         return state
@@ -219,7 +357,7 @@ class TokenStream:
         return self
 
     def __next__(self) -> Tuple[np.ndarray, np.ndarray]:
-        return self._stream.next_batch()
+        return self.next_batch()
 
     @property
     def seq_len(self) -> int:
@@ -253,10 +391,33 @@ class TokenStream:
 
     @property
     def shards(self) -> List[str]:
-        """The shards' paths, in stream order."""
+        """The shards' paths, in stream order (a mixture's: every source's, in order)."""
+        if self.is_mixture:
+            return [str(p) for source in self._stream.source_shards for p in source]
         return [str(p) for p in self._stream.shards]
 
+    @property
+    def source_shards(self) -> List[List[str]]:
+        """Each source's shards (a single-source stream is one source)."""
+        if self.is_mixture:
+            return [[str(p) for p in source] for source in self._stream.source_shards]
+        return [self.shards]
+
+    @property
+    def stages(self) -> List[Tuple[int, List[float]]]:
+        """The normalised stages ``[(global batch, [weights])]`` (``[(0, [1.0])]`` for a
+        single-source stream)."""
+        if self.is_mixture:
+            return [(b, list(w)) for b, w in self._stream.stages]
+        return [(0, [1.0])]
+
     def __repr__(self) -> str:
+        if self.is_mixture:
+            return (
+                f"TokenStream(sources={self.source_shards!r}, stages={self.stages!r}, "
+                f"seq_len={self.seq_len}, batch={self.batch}, rank={self.rank}, "
+                f"world_size={self.world_size}, shuffle={self.shuffle})"
+            )
         return (
             f"TokenStream({self.shards!r}, seq_len={self.seq_len}, batch={self.batch}, "
             f"rank={self.rank}, world_size={self.world_size}, shuffle={self.shuffle})"

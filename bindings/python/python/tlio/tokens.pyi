@@ -33,18 +33,31 @@ class TokenStream:
 
     def __init__(
         self,
-        shards: Sequence[PathLike],
-        seq_len: int,
-        batch: int,
-        rng: Union[_Generator, Dict[str, int]],
+        shards: Optional[Sequence[PathLike]] = None,
+        seq_len: Optional[int] = None,
+        batch: Optional[int] = None,
+        rng: Union[_Generator, Dict[str, int], None] = None,
         vocab_size: Optional[int] = None,
         *,
+        sources: Optional[Sequence[Union[Tuple[Union[PathLike, Sequence[PathLike]], float], PathLike, Sequence[PathLike]]]] = None,
+        stages: Optional[Sequence[Tuple[int, Sequence[float]]]] = None,
+        allow_new_mixture: bool = False,
         rank: Optional[int] = 0,
         world_size: Optional[int] = 1,
         shuffle: bool = False,
     ) -> None: ...
     def next_batch(self) -> Batch:
         """Fresh int64 (inputs, targets) of shape [batch, seq_len]."""
+    def next_batch_sources(
+        self,
+    ) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+        """``next_batch()`` plus each row's int32 source index."""
+    @property
+    def is_mixture(self) -> bool: ...
+    @property
+    def source_shards(self) -> List[List[str]]: ...
+    @property
+    def stages(self) -> List[Tuple[int, List[float]]]: ...
     def cursor(self) -> Cursor:
         """The whole position, in the CLI's JSON form."""
     def restore(self, cursor: Cursor) -> None:

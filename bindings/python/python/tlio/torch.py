@@ -42,7 +42,7 @@ except ModuleNotFoundError as _e:
     ) from None
 
 from tlio._tlio import checkpoint as _core
-from tlio import _torch_async, _torch_optim
+from tlio import _torch_args, _torch_async, _torch_optim, _torch_state
 from tlio._torch_dist import collective_load, collective_save
 from tlio import _torch_shard
 from tlio.checkpoint import EXTRA_KEYS, Checkpoint, _integer, _json, _rng
@@ -256,6 +256,7 @@ def save(
     config: Optional[Mapping[str, Any]] = None,
     overwrite: bool = False,
     blocking: bool = True,
+    state: Optional[Mapping[str, Any]] = None,
 ) -> "str | _torch_async.PendingSave":
     """Save ``step`` of a torch loop in ``dir`` atomically; returns the step directory.
 
@@ -266,7 +267,12 @@ def save(
     ``stream``'s cursor to ``data_cursor`` and ``rng_state``. ``extra`` holds any of
     ``tokens_seen``, ``lr``, ``config_sha256``, ``git_sha`` (and ``data_cursor`` when
     there is no stream); ``config`` becomes config.json; ``keep`` keeps the newest
-    ``keep`` valid steps. Errors as ``tlio.checkpoint.save_checkpoint``.
+    ``keep`` valid steps. ``state`` names other objects of the loop (an LR scheduler, a
+    ``GradScaler``, anything with ``state_dict()`` and ``load_state_dict()``): each
+    ``state_dict()`` is stored as JSON (``tlio._torch_state``: no pickle; a value JSON
+    cannot hold, a tensor included, is a ``ValueError`` naming its key). Errors as
+    ``tlio.checkpoint.save_checkpoint``; an argument of the wrong type is a
+    ``TypeError`` naming it.
 
     Under torch.distributed (an initialized group of several ranks) every rank calls
     ``save`` with the same ``step``; rank 0 writes its own (replicated) state, the others
@@ -284,9 +290,8 @@ def save(
     Every save and load first waits for the one in flight. The files are the same, byte
     for byte, as a blocking save's.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    extra = dict(extra or {})
+    extra = _torch_args.save(model, optimizer, stream, extra, config, overwrite, state)
+    dir = _torch_args.path(dir)
     unknown = [k for k in extra if k not in EXTRA_KEYS]
     if unknown:
         raise ValueError(f"extra has unknown key {unknown[0]!r} (allowed: {', '.join(EXTRA_KEYS)})")
@@ -305,6 +310,9 @@ def save(
         keep = _integer("keep", keep)
     stage = None if blocking else _torch_async.stager()
     model_items, model_meta, alive = _model_items(model, stage)
+    states = _torch_state.encode(state or {})
+    if states is not None:
+        model_meta[_torch_state.STATE_KEY] = states
     opt_items = opt_json = None
     if optimizer is not None:
         opt_items, opt_json, opt_alive = _optimizer_items(model, optimizer, stage)
@@ -312,7 +320,7 @@ def save(
 
     def write() -> str:
         return _core.save_tensors(
-            os.fspath(dir), model_items, model_meta, opt_items, opt_json,
+            dir, model_items, model_meta, opt_items, opt_json,
             state_json, _rng(rng), config_bytes, keep, bool(overwrite),
         )
 
@@ -392,19 +400,24 @@ def _load_optimizer(model, optimizer, tensors, meta, path) -> Dict[str, Any]:
     return doc
 
 
-def _apply(model, sd, tied, optimizer, opt_state, stream, cursor) -> None:
+def _apply(model, sd, tied, optimizer, opt_state, stream, cursor, states=()) -> None:
     """Apply a checked load: the stream first (its ``restore`` checks the cursor against
-    the stream and changes nothing when it refuses), then the optimizer, then the model.
-    Should torch still fail (a module's own load hook), what was applied is put back."""
+    the stream and changes nothing when it refuses), then the optimizer, the ``state=``
+    objects (``states``: ``tlio._torch_state.plan``'s pairs), then the model. Should torch
+    still fail (a module's own load hook), what was applied is put back."""
     old_cursor = stream.cursor() if stream is not None else None
     old_opt = optimizer.state_dict() if optimizer is not None else None
+    undo_states = None
     if stream is not None:
         stream.restore(cursor)
     try:
         if optimizer is not None:
             optimizer.load_state_dict(opt_state)
+        undo_states = _torch_state.apply(list(states))
         model.load_state_dict(sd)
     except BaseException:
+        if undo_states is not None:
+            undo_states()
         if optimizer is not None:
             optimizer.load_state_dict(old_opt)
         if stream is not None:
@@ -420,13 +433,15 @@ def _prepare_load(
     stream=None,
     *,
     step: Optional[int] = None,
+    state: Optional[Mapping[str, Any]] = None,
 ) -> Tuple[Checkpoint, Callable[[], None]]:
     """All of ``load`` but applying it: the step chosen, read, verified and checked whole
     against the model, the optimizer and the stream. Returns the Checkpoint and the
     function that applies it (under torch.distributed, called only once every rank's
     check passed)."""
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _torch_args.load(model, optimizer, stream, state)
+    dir = _torch_args.path(dir)
+    objects = dict(state or {})  # ``state`` names the trainer state below
     if step is not None:
         step = _integer("step", step)
     # Every file read once into owned memory while it is hashed: what is decoded is
@@ -434,9 +449,9 @@ def _prepare_load(
     # cannot reach the model or the optimizer's state). A step saved by a sharded run is
     # recognised by its manifest before any of it is read, and read (whole tensors) by
     # the sharded reader alone, never twice.
-    got = _core.load_files(os.fspath(dir), step, True)
+    got = _core.load_files(dir, step, True)
     if got is None:
-        return _torch_shard.prepare_load(dir, model, optimizer, stream, step=step)
+        return _torch_shard.prepare_load(dir, model, optimizer, stream, step=step, state=state)
     path, n, state_json, rng, config, skipped, files = got
     state = json.loads(state_json)
     model_path = os.path.join(path, MODEL_FILE)
@@ -444,6 +459,8 @@ def _prepare_load(
     tied = _model_state(model_path, sd, meta)
     # Everything is checked before anything is applied: a failed load changes nothing.
     _check_model(model, sd, model_path)
+    saved_states = _torch_state.decode(meta, model_path)
+    states = _torch_state.plan(objects, saved_states, path)
     opt = opt_state = None
     if optimizer is not None:
         opt_path = os.path.join(path, OPTIMIZER_FILE)
@@ -467,8 +484,9 @@ def _prepare_load(
         extra={k: state[k] for k in EXTRA_KEYS},
         config=None if config is None else json.loads(config),
         skipped=[tuple(s) for s in skipped],
+        state=saved_states,
     )
-    return ck, lambda: _apply(model, sd, tied, optimizer, opt_state, stream, cursor)
+    return ck, lambda: _apply(model, sd, tied, optimizer, opt_state, stream, cursor, states)
 
 
 @_torch_async.settled
@@ -481,9 +499,10 @@ def load(
     stream=None,
     *,
     step: Optional[int] = None,
+    state: Optional[Mapping[str, Any]] = None,
 ) -> Checkpoint:
-    """Restore the checkpoint ``tlio ckpt latest`` picks (or ``step``, falling back to
-    older steps that verify) into ``model``, ``optimizer`` and ``stream``.
+    """Restore the checkpoint ``tlio ckpt latest`` picks (or exactly step ``step``) into
+    ``model``, ``optimizer`` and ``stream``.
 
     The model gets ``load_state_dict`` (strict) with every tensor in its saved dtype and
     its ties restored as the same Parameter; the optimizer gets its state and param
@@ -492,8 +511,13 @@ def load(
     optimizer's class, JSON, hyper-parameters and state tensors; the cursor): a refused
     load raises ``ValueError`` and changes nothing. Returns a
     ``tlio.checkpoint.Checkpoint`` whose ``model`` is the loaded state dict (torch
-    tensors) and ``opt`` the optimizer JSON (or ``None``). Nothing valid:
-    ``FileNotFoundError``.
+    tensors), ``opt`` the optimizer JSON (or ``None``) and ``state`` every ``state=``
+    state the step holds. Each object of ``state`` gets its saved state through
+    ``load_state_dict`` (a name the step does not hold is refused before anything is
+    applied). With ``step=None`` a step that fails verification is skipped for the
+    newest older one that verifies (``Checkpoint.skipped`` says why); a named ``step``
+    is that step or a ``FileNotFoundError`` naming it and why it failed, never another
+    step. Nothing valid: ``FileNotFoundError``.
 
     Under torch.distributed every rank calls ``load``: rank 0 chooses the step (its
     ``step`` argument counts) and every rank reads and checks exactly that one; only
@@ -505,6 +529,6 @@ def load(
     an unsharded step, whatever layout saved it. A plain model loads a sharded step
     whole.
     """
-    ck, apply = _prepare_load(dir, model, optimizer, stream, step=step)
+    ck, apply = _prepare_load(dir, model, optimizer, stream, step=step, state=state)
     apply()
     return ck

@@ -1,5 +1,5 @@
 import os
-from typing import Any, Iterator, Literal, Mapping, Optional, Tuple, Union, overload
+from typing import Any, Dict, Iterator, Literal, Mapping, Optional, Protocol, Tuple, Union, overload
 
 import torch
 from torch.utils.data import IterableDataset
@@ -9,6 +9,12 @@ from tlio.checkpoint import Checkpoint
 from tlio.tokens import Cursor, TokenStream
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+class Stateful(Protocol):
+    """What ``state=`` takes: an object whose ``state_dict()`` is JSON values."""
+
+    def state_dict(self) -> Dict[str, Any]: ...
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None: ...
 
 MODEL_FILE: str
 OPTIMIZER_FILE: str
@@ -28,6 +34,7 @@ def save(
     config: Optional[Mapping[str, Any]] = ...,
     overwrite: bool = ...,
     blocking: Literal[True] = ...,
+    state: Optional[Mapping[str, Stateful]] = ...,
 ) -> str: ...
 @overload
 def save(
@@ -42,6 +49,7 @@ def save(
     config: Optional[Mapping[str, Any]] = ...,
     overwrite: bool = ...,
     blocking: Literal[False],
+    state: Optional[Mapping[str, Stateful]] = ...,
 ) -> PendingSave: ...
 def load(
     dir: PathLike,
@@ -50,6 +58,7 @@ def load(
     stream: Optional[TokenStream] = ...,
     *,
     step: Optional[int] = ...,
+    state: Optional[Mapping[str, Stateful]] = ...,
 ) -> Checkpoint: ...
 
 class TokenDataset(IterableDataset):

@@ -84,6 +84,9 @@ pub struct ShardedSave {
     step: u64,
     target: Option<Target>,
     lock: Option<DirLock>,
+    /// A directory of the caller's name (`named::begin_named`): published without
+    /// LATEST or retention.
+    named: bool,
 }
 
 /// Start a sharded save of `step` in `dir` with the real file system, waiting up to
@@ -110,7 +113,21 @@ pub fn begin_with(
         step,
         target: Some(target),
         lock: Some(lock),
+        named: false,
     })
+}
+
+impl ShardedSave {
+    /// A save into `target` under `dir`'s lock, published by rename only (no LATEST).
+    pub(crate) fn named(dir: &Path, step: u64, target: Target, lock: DirLock) -> Self {
+        ShardedSave {
+            dir: dir.to_path_buf(),
+            step,
+            target: Some(target),
+            lock: Some(lock),
+            named: true,
+        }
+    }
 }
 
 impl ShardedSave {
@@ -155,7 +172,7 @@ impl ShardedSave {
                 "this sharded save was already committed or aborted".into(),
             ));
         };
-        let result = commit_target(fs, &self.dir, self.step, &target, req);
+        let result = commit_target(fs, &self.dir, self.step, &target, req, self.named);
         if result.is_err() {
             let _ = clear(fs, &target.tmp);
         }
@@ -176,6 +193,7 @@ fn commit_target(
     step: u64,
     target: &Target,
     req: CommitRequest,
+    named: bool,
 ) -> Result<SaveReport, ShardedError> {
     let CommitRequest {
         files,
@@ -225,7 +243,11 @@ fn commit_target(
         .map_err(ck_io_at(&path))?;
     fs.fsync_file(&path).map_err(ck_io_at(&path))?;
     fs.fsync_dir(tmp).map_err(ck_io_at(tmp))?;
-    let (removed, cleanup_problems) = publish(fs, dir, step, target, keep)?;
+    let (removed, cleanup_problems) = if named {
+        super::named::publish_named(fs, dir, target)?
+    } else {
+        publish(fs, dir, step, target, keep)?
+    };
     Ok(SaveReport {
         path: target.final_path.clone(),
         step,

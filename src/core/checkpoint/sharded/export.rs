@@ -6,8 +6,10 @@
 //! again: the one stored tensor stands for them, as transformers saves tied weights.
 //!
 //! Invariants: memory is one slab plus one piece buffer per thread, never a tensor or
-//! the model; the output directory appears whole or not at all (`OutDir`); every byte
-//! written was verified (piece digests, or the file's sha256 for an unsharded step);
+//! the model; the output directory appears whole or not at all (`OutDir`); a step that
+//! does not verify (any file, the optimizer's too) is refused before anything is
+//! written; every byte written was verified (piece digests, or the file's sha256 for an
+//! unsharded step);
 //! the bytes depend only on the step (canonical files, sorted index).
 
 use std::collections::BTreeMap;
@@ -55,14 +57,18 @@ pub fn export(
 ) -> Result<ExportReport, ShardedError> {
     // A FIFO, file or socket where the step directory should be is named as what it is
     // (a step-NNNNNN name alone would send the user looking for the wrong mistake).
-    if let Ok(meta) = std::fs::metadata(step_dir) {
-        if !meta.is_dir() {
+    // A missing step is a failed operation naming the step directory, not a problem
+    // of a directory that is not there.
+    match std::fs::metadata(step_dir) {
+        Ok(meta) if !meta.is_dir() => {
             return Err(ShardedError::Request(format!(
                 "{} is a {}, not a step directory",
                 step_dir.display(),
                 crate::files::kind_name(&meta.file_type())
             )));
         }
+        Ok(_) => {}
+        Err(source) => return Err(super::io_at(step_dir)(source)),
     }
     let step = dir_step(step_dir).ok_or_else(|| {
         ShardedError::Request(format!(
@@ -70,6 +76,15 @@ pub fn export(
             step_dir.display()
         ))
     })?;
+    // Every file of the step is checked as `ckpt verify` checks it, the optimizer's
+    // too, though the export reads only the model: a model taken from a step that
+    // does not verify would carry a damage nobody was told about.
+    if let Some(problem) = crate::checkpoint::verify::verify(step_dir).first() {
+        return Err(ShardedError::Request(format!(
+            "{} does not verify, so it is not exported: {problem} (`tlio ckpt verify` lists every problem)",
+            step_dir.display()
+        )));
+    }
     let opened = open_dir(step_dir, step, true).map_err(|why| CheckpointError::NotFound {
         dir: step_dir.to_path_buf(),
         reasons: vec![(crate::checkpoint::step_name(step), why)],

@@ -15,7 +15,10 @@
 //! step, against the file's sha256) in the same pass that copied it.
 
 pub mod commit;
+pub mod coverage;
+pub mod dcp;
 pub mod export;
+pub mod named;
 pub mod open;
 pub mod piece;
 pub mod plan;
@@ -35,6 +38,7 @@ use crate::failure::{Failure, FailureKind};
 
 pub use commit::{begin, begin_with, ChunkRequest, CommitRequest, ShardedSave, TensorRequest};
 pub use export::{export, ExportReport};
+pub use named::{begin_named, open_step_dir};
 pub use open::{open_step, ShardedStep};
 pub use read::ReadRequest;
 pub use table::{ChunkEntry, Group, ShardsTable, TableTensor};
@@ -66,12 +70,14 @@ pub enum ShardedError {
         reason: String,
     },
     /// A piece whose bytes do not match its digest.
-    #[error("{file}: piece {index} (bytes {begin}..{end}) of {tensor} does not match its {digest} digest in shards.json")]
+    #[error("{file}: piece {index} (bytes {begin}..{end}) of {tensor} does not match its {digest} digest in shards.json (the chunk at offsets {chunk:?})")]
     Digest {
         /// The data file.
         file: String,
         /// The tensor (group/name) whose chunk holds the piece.
         tensor: String,
+        /// The offsets of that chunk in the global tensor.
+        chunk: Vec<u64>,
         /// The piece's index in its chunk.
         index: u64,
         /// First byte of the piece in the file.

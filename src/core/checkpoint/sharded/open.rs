@@ -1,5 +1,5 @@
 //! Opening a step for region reads: the step `load` would pick (LATEST, else the
-//! newest older step that passes; with a step, that one or the newest older one), with
+//! newest older step that passes; with a step, that one and no other), with
 //! a check that reads little for a sharded step and everything once for an unsharded
 //! one.
 //!
@@ -143,25 +143,34 @@ impl ShardedStep {
     }
 }
 
-/// Open the step `load` would pick from `dir` (or, with `step`, that step or the newest
-/// older one that passes).
+/// Open the step `load` would pick from `dir` (or, with `step`, exactly that step: a
+/// missing or damaged one is [`CheckpointError::NotFound`] naming why, never another).
 pub fn open_step(dir: &Path, step: Option<u64>) -> Result<ShardedStep, ShardedError> {
+    open_chosen(dir, step, None)
+}
+
+/// Open the step `load`'s rules for no named step pick among those older than `below`
+/// (`LATEST` still bounds them): the next candidate once step `below` was found
+/// damaged elsewhere (another rank of a collective load), with no reason listed for a
+/// step that does not exist.
+pub fn open_step_below(dir: &Path, below: u64) -> Result<ShardedStep, ShardedError> {
+    open_chosen(dir, None, Some(below))
+}
+
+fn open_chosen(
+    dir: &Path,
+    step: Option<u64>,
+    below: Option<u64>,
+) -> Result<ShardedStep, ShardedError> {
     super::refuse_remote(dir)?;
     let listing = list(dir)?;
     let mut reasons: Vec<(String, String)> = Vec::new();
     let mut newer = Vec::new();
     let tried: Vec<u64> = match step {
+        Some(n) if listing.steps.contains(&n) => vec![n],
         Some(n) => {
-            if !listing.steps.contains(&n) {
-                reasons.push((step_name(n), "does not exist".to_string()));
-            }
-            listing
-                .steps
-                .iter()
-                .rev()
-                .copied()
-                .filter(|&k| k <= n)
-                .collect()
+            reasons.push((step_name(n), "does not exist".to_string()));
+            Vec::new()
         }
         None => {
             match listing.latest() {
@@ -177,6 +186,7 @@ pub fn open_step(dir: &Path, step: Option<u64>) -> Result<ShardedStep, ShardedEr
                 .steps
                 .iter()
                 .rev()
+                .filter(|&&k| below.is_none_or(|b| k < b))
                 .partition(|&&k| bound.is_none_or(|b| k <= b));
             newer = later;
             ok

@@ -270,6 +270,7 @@ impl ShardedStep {
             return Err(ShardedError::Digest {
                 file: file.name.clone(),
                 tensor: job.tensor.label(),
+                chunk: job.chunk.offsets.clone(),
                 index: job.piece,
                 begin: at,
                 end: at.saturating_add(bytes.len() as u64),

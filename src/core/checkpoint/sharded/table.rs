@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::{table_err, ShardedError, SHARDS_FORMAT, SHARDS_NAME, SHARDS_VERSION};
 use crate::checkpoint::manifest::is_plain_name;
 use crate::digest::is_lower_hex;
-use crate::safetensors::dtype::{byte_len, numel, Dtype};
+use crate::safetensors::dtype::{byte_len, Dtype};
 
 /// Largest `shards.json` read: about 4 million piece digests, a step of 4 TB.
 pub const MAX_TABLE_BYTES: u64 = 256 << 20;
@@ -39,17 +39,27 @@ pub enum Group {
     Model,
     /// The optimizer's state arrays (`<parameter>.<state key>`).
     Optimizer,
+    /// A state dict saved through PyTorch DCP (`tlio.dcp`): every item under its
+    /// flattened key, tensors as they are, DCP's bytes items as `U8` vectors of one
+    /// chunk (which items are bytes is the group's `dcp` metadata). Only a table of
+    /// version [`DCP_VERSION`] holds this group.
+    Dcp,
 }
+
+/// The table version that holds a [`Group::Dcp`]; a table without one is written as
+/// version [`SHARDS_VERSION`], byte for byte as before.
+pub const DCP_VERSION: u64 = 2;
 
 impl Group {
     /// Every group, in table order.
-    pub const ALL: [Group; 2] = [Group::Model, Group::Optimizer];
+    pub const ALL: [Group; 3] = [Group::Model, Group::Optimizer, Group::Dcp];
 
     /// The group's name in `shards.json`.
     pub fn name(self) -> &'static str {
         match self {
             Group::Model => "model",
             Group::Optimizer => "optimizer",
+            Group::Dcp => "dcp",
         }
     }
 
@@ -191,9 +201,10 @@ impl ShardsTable {
                 wire.format
             )));
         }
-        if wire.version != SHARDS_VERSION {
+        if wire.version != SHARDS_VERSION && wire.version != DCP_VERSION {
             return Err(bad(&format!(
-                "version {} is not supported (this tlio reads version {SHARDS_VERSION})",
+                "version {} is not supported (this tlio reads versions {SHARDS_VERSION} and \
+                 {DCP_VERSION})",
                 wire.version
             )));
         }
@@ -240,14 +251,37 @@ impl ShardsTable {
             tensors,
         };
         table.validate()?;
+        if table.version() != wire.version {
+            return Err(bad(&format!(
+                "version {} with{} a dcp group (a dcp group is version {DCP_VERSION}, and \
+                 only it)",
+                wire.version,
+                if table.has_dcp() { "" } else { "out" }
+            )));
+        }
         Ok(table)
+    }
+
+    /// Whether the table holds DCP's state (a tensor of [`Group::Dcp`], or its metadata).
+    pub fn has_dcp(&self) -> bool {
+        self.meta.contains_key(&Group::Dcp) || self.tensors.iter().any(|t| t.group == Group::Dcp)
+    }
+
+    /// The version this table is written as: [`DCP_VERSION`] when it holds DCP's
+    /// state, else [`SHARDS_VERSION`].
+    pub fn version(&self) -> u64 {
+        if self.has_dcp() {
+            DCP_VERSION
+        } else {
+            SHARDS_VERSION
+        }
     }
 
     /// The canonical bytes: compact JSON, keys in a fixed order, a final newline.
     pub fn to_json(&self) -> Vec<u8> {
         let wire = WireTable {
             format: SHARDS_FORMAT.to_string(),
-            version: SHARDS_VERSION,
+            version: self.version(),
             digest: DIGEST_NAME.to_string(),
             piece_bytes: self.piece_bytes,
             meta: self
@@ -327,6 +361,7 @@ impl ShardsTable {
                 }
             }
         }
+        super::dcp::document(self)?;
         Ok(())
     }
 }
@@ -384,7 +419,7 @@ fn validate_tensor(t: &TableTensor, piece_bytes: u64) -> Result<(), ShardedError
         .iter()
         .map(|c| (c.offsets.as_slice(), c.sizes.as_slice()))
         .collect();
-    check_coverage(&t.shape, &boxes).map_err(|reason| tensor_err(t, reason))
+    super::coverage::check_coverage(&t.shape, &boxes).map_err(|reason| tensor_err(t, reason))
 }
 
 fn validate_chunk(t: &TableTensor, c: &ChunkEntry, piece_bytes: u64) -> Result<(), ShardedError> {
@@ -423,98 +458,6 @@ fn validate_chunk(t: &TableTensor, c: &ChunkEntry, piece_bytes: u64) -> Result<(
         return Err(at(format!(
             "piece digest {bad:?} is not {PIECE_HEX_LEN} lowercase hex digits"
         )));
-    }
-    Ok(())
-}
-
-/// Check that `chunks` (offsets, sizes) tile a tensor of `shape` exactly: every chunk has
-/// the tensor's rank and lies inside it, no chunk is empty (except the one chunk of a
-/// tensor with no element, which is the whole tensor), no two overlap, and together they
-/// cover every element. The error says which rule and which chunk.
-pub fn check_coverage(shape: &[u64], chunks: &[(&[u64], &[u64])]) -> Result<(), String> {
-    let total = numel(shape).ok_or("its element count overflows")?;
-    if total == 0 {
-        return match chunks {
-            [(o, s)] if o.iter().all(|&x| x == 0) && *s == shape && o.len() == shape.len() => {
-                Ok(())
-            }
-            _ => Err(format!(
-                "a tensor of no element has exactly one chunk, offsets 0 and sizes {shape:?}"
-            )),
-        };
-    }
-    let mut covered: u128 = 0;
-    for (o, s) in chunks {
-        check_box(shape, o, s)?;
-        covered = covered.saturating_add(s.iter().map(|&d| u128::from(d)).product::<u128>());
-    }
-    let mut order: Vec<usize> = (0..chunks.len()).collect();
-    order.sort_by(|&a, &b| {
-        let first = |i: usize| chunks.get(i).map(|(o, _)| *o);
-        first(a).cmp(&first(b))
-    });
-    check_disjoint(chunks, &order)?;
-    if covered != u128::from(total) {
-        return Err(format!(
-            "the chunks cover {covered} of its {total} elements (a gap)"
-        ));
-    }
-    Ok(())
-}
-
-/// One chunk: the tensor's rank, not empty, inside the shape.
-fn check_box(shape: &[u64], o: &[u64], s: &[u64]) -> Result<(), String> {
-    if o.len() != shape.len() || s.len() != shape.len() {
-        return Err(format!(
-            "chunk offsets {o:?} sizes {s:?} do not have the tensor's {} dimensions",
-            shape.len()
-        ));
-    }
-    for ((&off, &size), &dim) in o.iter().zip(s).zip(shape) {
-        if size == 0 {
-            return Err(format!("chunk at {o:?} sizes {s:?} is empty"));
-        }
-        if off.checked_add(size).is_none_or(|end| end > dim) {
-            return Err(format!(
-                "chunk at {o:?} sizes {s:?} reaches outside the shape {shape:?}"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// No two chunks overlap. `order` sorts them by offsets, so along the first dimension a
-/// chunk can only meet the ones that start before it ends: the sweep stops there (one
-/// comparison per neighbour for dimension-0 sharding, a full square only within a group
-/// that shares its rows).
-fn check_disjoint(chunks: &[(&[u64], &[u64])], order: &[usize]) -> Result<(), String> {
-    let overlap = |(ao, asz): (&[u64], &[u64]), (bo, bsz): (&[u64], &[u64])| {
-        ao.iter()
-            .zip(asz)
-            .zip(bo.iter().zip(bsz))
-            .all(|((&a0, &al), (&b0, &bl))| {
-                a0 < b0.saturating_add(bl) && b0 < a0.saturating_add(al)
-            })
-    };
-    for (i, &ia) in order.iter().enumerate() {
-        let Some(&a) = chunks.get(ia) else { continue };
-        // Rank 0: the one element; a second chunk overlaps the first.
-        let a_end = match (a.0.first(), a.1.first()) {
-            (Some(&o), Some(&s)) => o.saturating_add(s),
-            _ => u64::MAX,
-        };
-        for &ib in order.iter().skip(i + 1) {
-            let Some(&b) = chunks.get(ib) else { continue };
-            if b.0.first().is_some_and(|&start| start >= a_end) {
-                break;
-            }
-            if overlap(a, b) {
-                return Err(format!(
-                    "chunk at {:?} sizes {:?} overlaps chunk at {:?} sizes {:?}",
-                    a.0, a.1, b.0, b.1
-                ));
-            }
-        }
     }
     Ok(())
 }

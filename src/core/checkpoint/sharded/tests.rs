@@ -9,8 +9,8 @@
 
 use proptest::prelude::*;
 
+use super::coverage::{check_counted, check_coverage, check_coverage_pairwise};
 use super::plan::{intersect, Region};
-use super::table::check_coverage;
 
 /// Split the box (offsets, sizes) recursively at random cut points: an exact tiling.
 fn tile(
@@ -274,4 +274,170 @@ proptest! {
             prop_assert!(problem.contains("does not match its blake3 digest"), "{}", problem);
         }
     }
+}
+
+/// How many chunks hold each element of `shape` (row-major), by brute force.
+fn counts(shape: &[u64], boxes: &[(&[u64], &[u64])]) -> Vec<u32> {
+    let n: u64 = shape.iter().product();
+    let mut out = vec![0u32; n as usize];
+    for (o, s) in boxes {
+        for k in 0..s.iter().product::<u64>() {
+            let mut rest = k;
+            let mut idx = vec![0; s.len()];
+            for d in (0..s.len()).rev() {
+                idx[d] = o[d] + rest % s[d];
+                rest /= s[d];
+            }
+            out[row_major(shape, &idx) as usize] += 1;
+        }
+    }
+    out
+}
+
+/// Random boxes inside `shape` (each dimension's start and length from the seeds).
+fn random_boxes(shape: &[u64], seeds: &[u64], n: usize) -> Vec<(Vec<u64>, Vec<u64>)> {
+    let mut it = seeds.iter().copied().cycle();
+    (0..n)
+        .map(|_| {
+            let mut o = Vec::new();
+            let mut s = Vec::new();
+            for &d in shape {
+                let start = it.next().unwrap_or(0) % d;
+                o.push(start);
+                s.push(1 + it.next().unwrap_or(0) % (d - start));
+            }
+            (o, s)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The sweep gives the pairwise checker's verdict on exact tilings, on tilings with
+    /// a chunk removed, repeated, grown or moved, and on random boxes; a refusal names
+    /// an element no chunk holds or two chunks that overlap, as counting shows.
+    #[test]
+    fn the_sweep_agrees_with_the_pairwise_check_and_with_counting(
+        shape in proptest::collection::vec(1u64..6, 0..5),
+        cuts in proptest::collection::vec(0u64..1000, 64),
+        edit in 0u8..6,
+        pick in 0usize..64,
+        seeds in proptest::collection::vec(0u64..1000, 40),
+    ) {
+        let mut chunks = Vec::new();
+        tile(vec![0; shape.len()], shape.clone(), &mut cuts.into_iter(), &mut chunks);
+        let k = pick % chunks.len();
+        match edit {
+            1 if chunks.len() > 1 => { chunks.remove(k); }
+            2 => { let c = chunks[k].clone(); chunks.push(c); }
+            3 if !shape.is_empty() => {
+                let d = pick % shape.len();
+                if chunks[k].0[d] + chunks[k].1[d] < shape[d] { chunks[k].1[d] += 1; }
+            }
+            4 if !shape.is_empty() => {
+                let d = pick % shape.len();
+                if chunks[k].0[d] + chunks[k].1[d] < shape[d] { chunks[k].0[d] += 1; }
+            }
+            5 if !shape.is_empty() => chunks = random_boxes(&shape, &seeds, 1 + pick % 8),
+            _ => {}
+        }
+        let boxes: Vec<(&[u64], &[u64])> =
+            chunks.iter().map(|(o, s)| (o.as_slice(), s.as_slice())).collect();
+        let new = check_coverage(&shape, &boxes);
+        let old = check_coverage_pairwise(&shape, &boxes);
+        prop_assert_eq!(new.is_ok(), old.is_ok(), "{:?} vs {:?}", new, old);
+        let per_element = counts(&shape, &boxes);
+        prop_assert_eq!(new.is_ok(), per_element.iter().all(|&c| c == 1));
+        if let Err(why) = new {
+            if let Some(at) = why.strip_prefix("no chunk holds the element at ") {
+                let end = at.find(']').unwrap() + 1;
+                let idx: Vec<u64> = serde_json::from_str(&at[..end]).unwrap();
+                prop_assert_eq!(per_element[row_major(&shape, &idx) as usize], 0, "{}", why);
+            } else {
+                prop_assert!(why.contains(" overlaps chunk at "), "{}", why);
+            }
+        }
+    }
+}
+
+/// The chunks of a `rows` x `cols` grid over a tensor of that shape; with `brick`, every
+/// other row's cut moved by one column (the rows above and below a cut differ).
+fn grid(rows: u64, cols: u64, brick: bool) -> Vec<(Vec<u64>, Vec<u64>)> {
+    let mut out = Vec::new();
+    for r in 0..rows {
+        let shift = u64::from(brick && r % 2 == 1);
+        let mut c = 0;
+        while c < cols {
+            let w = if c == 0 { 2 - shift.min(1) } else { 2 }.min(cols - c);
+            out.push((vec![r, c], vec![1, w]));
+            c += w;
+        }
+    }
+    out
+}
+
+/// The check's steps (comparisons and box visits) for `count` chunks stay within a small
+/// multiple of count x log2(count): the pairwise check took count^2 / 2 on one row.
+fn within_n_log_n(steps: u64, count: u64) -> bool {
+    let log = u64::from(u64::BITS - count.leading_zeros());
+    steps <= 16 * count * log
+}
+
+#[test]
+fn the_coverage_check_takes_n_log_n_steps_on_the_layouts_shardings_make() {
+    // The format's limit of chunks, all in one row of single elements: the layout whose
+    // pairwise check compared every pair.
+    let n: u64 = super::table::MAX_CHUNKS as u64;
+    let one_row: Vec<(Vec<u64>, Vec<u64>)> = (0..n).map(|i| (vec![0, i], vec![1, 1])).collect();
+    let rows: Vec<(Vec<u64>, Vec<u64>)> = (0..1 << 14).map(|i| (vec![i, 0], vec![1, 8])).collect();
+    let cases = [
+        ("one row in single elements", vec![1, n], one_row),
+        ("rows", vec![1 << 14, 8], rows),
+        ("a grid", vec![128, 256], grid(128, 256, false)),
+        ("bricks", vec![128, 256], grid(128, 256, true)),
+    ];
+    for (what, shape, chunks) in cases {
+        let mut boxes: Vec<(&[u64], &[u64])> = chunks
+            .iter()
+            .map(|(o, s)| (o.as_slice(), s.as_slice()))
+            .collect();
+        let count = boxes.len() as u64;
+        let (ok, steps) = check_counted(&shape, &boxes, u64::MAX);
+        assert_eq!(ok, Ok(()), "{what}");
+        assert!(
+            within_n_log_n(steps, count),
+            "{what}: {steps} steps for {count} chunks"
+        );
+        // One chunk repeated in the middle: an overlap, found in as few steps.
+        boxes.push(boxes[boxes.len() / 2]);
+        let (refused, steps) = check_counted(&shape, &boxes, u64::MAX);
+        assert!(refused.unwrap_err().contains("overlaps"), "{what}");
+        assert!(
+            within_n_log_n(steps, count),
+            "{what}: {steps} steps refusing"
+        );
+        // And one removed: a gap.
+        boxes.pop();
+        boxes.remove(boxes.len() / 3);
+        let (refused, steps) = check_counted(&shape, &boxes, u64::MAX);
+        assert!(refused.unwrap_err().contains("a gap"), "{what}");
+        assert!(
+            within_n_log_n(steps, count),
+            "{what}: {steps} steps refusing"
+        );
+    }
+}
+
+#[test]
+fn a_table_that_would_take_more_steps_than_its_budget_is_refused_naming_the_rule() {
+    let chunks = grid(64, 64, true);
+    let boxes: Vec<(&[u64], &[u64])> = chunks
+        .iter()
+        .map(|(o, s)| (o.as_slice(), s.as_slice()))
+        .collect();
+    let (refused, steps) = check_counted(&[64, 64], &boxes, 1000);
+    let why = refused.unwrap_err();
+    assert!(why.contains("more than 1000 steps"), "{why}");
+    assert!(steps <= 1000 + 2 * boxes.len() as u64 * 64, "{steps}");
 }

@@ -28,13 +28,15 @@ use crate::s3::{ObjectInfo, S3Error, S3Url, Store};
 use crate::safetensors::header::{header_len, parse_header_bytes, N_LEN};
 use crate::safetensors::{Header, SafetensorsError, MAX_HEADER_SIZE};
 
+pub mod choose;
 pub mod gc;
 pub mod read;
 pub mod save;
 pub mod sharded;
 
+pub use choose::{load, load_unless_sharded, pick};
 pub use gc::gc;
-pub use read::{download_step, inspect_step, load, load_unless_sharded, pick, survey};
+pub use read::{download_step, inspect_step, survey};
 pub use save::save;
 
 /// The start of an attempt's name: `attempt-` and [`ATTEMPT_ID_HEX`] lowercase hex.

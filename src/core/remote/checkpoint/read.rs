@@ -16,12 +16,13 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
+use super::choose::first_problem;
 use super::{
     list, list_under, manifest_rel, object_rel, read_latest, HeaderCapture, Remote, RemoteListing,
     RemoteManifest, StepObjects,
 };
 use crate::checkpoint::content::{check_hashed, check_state};
-use crate::checkpoint::load::{Loaded, Picked, Survey, SurveyRow, Unsharded, MAX_RESTARTS};
+use crate::checkpoint::load::{Survey, SurveyRow};
 use crate::checkpoint::manifest::{ManifestEntry, MANIFEST_NAME};
 use crate::checkpoint::sharded::open::is_sharded;
 use crate::checkpoint::sharded::verify::FilePieces;
@@ -37,6 +38,15 @@ use crate::s3::{S3Error, S3Url};
 /// table order.
 type PieceProblem = ((usize, usize, u64), String);
 
+/// One listed file checked: its findings, its sha256 when it is the config, its piece
+/// problems, and a read that failed for a reason [`is_unreachable`].
+type Checked = (
+    Inspection,
+    Option<String>,
+    Vec<PieceProblem>,
+    Option<S3Error>,
+);
+
 /// Which listed files' bytes an inspection keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
@@ -48,6 +58,37 @@ pub enum Keep {
 
 /// The manifest of `step`, or the problem that stops its verification.
 fn fetch_manifest(remote: &Remote, step: u64, out: &mut Inspection) -> Option<RemoteManifest> {
+    let mut failed = None;
+    let got = fetch_manifest_or(remote, step, out, &mut failed);
+    if let Some(e) = failed {
+        out.problems.push(Problem::Unreadable {
+            name: MANIFEST_NAME.to_string(),
+            reason: crate::failure::full_text(&e),
+        });
+    }
+    got
+}
+
+/// Whether a failed read of a step's object says nothing about the step: the server
+/// could not be reached, refused or failed. Only a missing object (or one of another
+/// size) is a finding about the step; for anything else a load stops rather than
+/// fall back to an older step.
+pub(crate) fn is_unreachable(err: &S3Error) -> bool {
+    match err {
+        S3Error::Request { source, .. } => source.kind() != io::ErrorKind::NotFound,
+        S3Error::NotBuilt { .. } | S3Error::Config { .. } => true,
+        S3Error::BadUrl { .. } | S3Error::TooLarge { .. } => false,
+    }
+}
+
+/// [`fetch_manifest`], except that a read that failed for a reason [`is_unreachable`]
+/// is left in `failed` (no problem is recorded for it).
+fn fetch_manifest_or(
+    remote: &Remote,
+    step: u64,
+    out: &mut Inspection,
+    failed: &mut Option<S3Error>,
+) -> Option<RemoteManifest> {
     let got = remote
         .store
         .get_if_exists(&remote.key(&manifest_rel(step)), MAX_MANIFEST_BYTES);
@@ -60,6 +101,10 @@ fn fetch_manifest(remote: &Remote, step: u64, out: &mut Inspection) -> Option<Re
         Err(S3Error::TooLarge { limit, .. }) => {
             out.problems
                 .push(Problem::BadManifest(format!("larger than {limit} bytes")));
+            return None;
+        }
+        Err(e) if is_unreachable(&e) => {
+            *failed = Some(e);
             return None;
         }
         Err(e) => {
@@ -81,17 +126,40 @@ fn fetch_manifest(remote: &Remote, step: u64, out: &mut Inspection) -> Option<Re
 }
 
 /// Verify committed step `step` of the listing: what a local verification checks, on
-/// the objects of the attempt its manifest names (every byte downloaded once).
+/// the objects of the attempt its manifest names (every byte downloaded once). A read
+/// that failed for a reason [`is_unreachable`] is a problem of the step here.
 pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) -> Inspection {
+    match inspect_or(remote, step, listing, keep) {
+        Ok(ins) => ins,
+        Err(e) => {
+            let mut out = Inspection::default();
+            out.problems.push(Problem::Unreadable {
+                name: step_name(step),
+                reason: crate::failure::full_text(&e),
+            });
+            out
+        }
+    }
+}
+
+/// [`inspect`], except that a read that failed for a reason [`is_unreachable`] is the
+/// error: it says nothing about the step.
+pub fn inspect_or(
+    remote: &Remote,
+    step: u64,
+    listing: &RemoteListing,
+    keep: Keep,
+) -> Result<Inspection, S3Error> {
     let empty = StepObjects::default();
     let objects = listing.steps.get(&step).unwrap_or(&empty);
     let mut out = Inspection::default();
     if objects.manifest.is_none() {
         out.problems.push(Problem::MissingManifest);
-        return out;
+        return Ok(out);
     }
-    let Some(rm) = fetch_manifest(remote, step, &mut out) else {
-        return out;
+    let mut failed = None;
+    let Some(rm) = fetch_manifest_or(remote, step, &mut out, &mut failed) else {
+        return failed.map_or(Ok(out), Err);
     };
     let manifest = rm.manifest;
     check_manifest_step(Path::new(&step_name(step)), &manifest, &mut out);
@@ -114,7 +182,10 @@ pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) 
         opened.as_ref(),
     );
     let mut piece_problems = Vec::new();
-    for (local, sha, pieces) in checked {
+    for (local, sha, pieces, failed) in checked {
+        if let Some(e) = failed {
+            return Err(e);
+        }
         out.problems.extend(local.problems);
         out.size = out.size.saturating_add(local.size);
         out.state = out.state.or(local.state);
@@ -145,7 +216,7 @@ pub fn inspect(remote: &Remote, step: u64, listing: &RemoteListing, keep: Keep) 
         out.config = None;
         out.data.clear();
     }
-    out
+    Ok(out)
 }
 
 /// [`check_object`] of every listed file, each on a thread of its own; with `opened`
@@ -159,7 +230,7 @@ fn check_objects(
     stored: &BTreeMap<String, crate::s3::ObjectInfo>,
     keep: Keep,
     opened: Option<&ShardedStep>,
-) -> Vec<(Inspection, Option<String>, Vec<PieceProblem>)> {
+) -> Vec<Checked> {
     std::thread::scope(|s| {
         let workers: Vec<_> = files
             .iter()
@@ -173,11 +244,13 @@ fn check_objects(
                             p.feed(chunk);
                         }
                     };
-                    let (local, sha) = check_object(remote, &rel, entry, size, keep, &mut also);
+                    let (local, sha, failed) =
+                        check_object(remote, &rel, entry, size, keep, &mut also);
                     (
                         local,
                         sha,
                         pieces.map(FilePieces::finish).unwrap_or_default(),
+                        failed,
                     )
                 })
             })
@@ -192,7 +265,7 @@ fn check_objects(
                         name: entry.name.clone(),
                         reason: "its check did not finish".to_string(),
                     });
-                    (local, None, Vec::new())
+                    (local, None, Vec::new(), None)
                 })
             })
             .collect()
@@ -239,12 +312,12 @@ fn check_object(
     size: Option<u64>,
     keep: Keep,
     also: &mut dyn FnMut(&[u8]),
-) -> (Inspection, Option<String>) {
+) -> (Inspection, Option<String>, Option<S3Error>) {
     let mut out = Inspection::default();
     let name = &entry.name;
     if let Some(p) = listed_problem(entry, size) {
         out.problems.push(p);
-        return (out, None);
+        return (out, None, None);
     }
     let keeps = keep == Keep::All || (name.ends_with(".json") && entry.size <= MAX_JSON_BYTES);
     let mut hasher = Sha256::new();
@@ -269,9 +342,10 @@ fn check_object(
     };
     let kept = match read {
         Ok(k) => k,
+        Err(e) if is_unreachable(&e) => return (out, None, Some(e)),
         Err(e) => {
             out.problems.push(read_problem(entry, e));
-            return (out, None);
+            return (out, None, None);
         }
     };
     out.size = count;
@@ -281,7 +355,7 @@ fn check_object(
             expected: entry.size,
             actual: count,
         });
-        return (out, None);
+        return (out, None, None);
     }
     let actual = hex(&hasher.finalize());
     let mut config_sha = None;
@@ -302,7 +376,7 @@ fn check_object(
         &mut out,
         &mut config_sha,
     );
-    (out, config_sha)
+    (out, config_sha, None)
 }
 
 /// Whether committed step `step` looks whole without reading its data: its manifest
@@ -325,150 +399,6 @@ pub fn sound(remote: &Remote, step: u64, listing: &RemoteListing) -> bool {
                 .and_then(|objects| objects.get(&e.name))
                 .is_some_and(|i| i.size == e.size)
         })
-}
-
-/// The candidates of a choice, newest first, and the reasons known before any is tried.
-fn plan(
-    listing: &RemoteListing,
-    latest: Option<&Latest>,
-    step: Option<u64>,
-) -> (Vec<u64>, Vec<(String, String)>) {
-    let committed = listing.committed();
-    let mut before = Vec::new();
-    if let Some(n) = step {
-        if !committed.contains(&n) {
-            before.push((step_name(n), "does not exist".to_string()));
-        }
-        let tried = committed
-            .iter()
-            .rev()
-            .copied()
-            .filter(|&k| k <= n)
-            .collect();
-        return (tried, before);
-    }
-    match latest {
-        Some(Latest::Names(n)) if !committed.contains(n) => before.push((
-            "LATEST".to_string(),
-            format!("names {}, which does not exist", step_name(*n)),
-        )),
-        Some(Latest::Malformed(why)) => before.push(("LATEST".to_string(), why.clone())),
-        _ => {}
-    }
-    (committed.into_iter().rev().collect(), before)
-}
-
-/// `load`'s choice with `attempt` as the check of one step: the first candidate it
-/// accepts, with what was refused before it; starts over (at most [`MAX_RESTARTS`]
-/// times) when a candidate fails and the commits changed meanwhile.
-pub fn choose<T>(
-    remote: &Remote,
-    step: Option<u64>,
-    attempt: &mut dyn FnMut(u64, &RemoteListing) -> Result<T, String>,
-) -> Result<(T, Picked), CheckpointError> {
-    let mut listing = list(remote)?;
-    let mut latest = read_latest(remote)?.map(|(l, _)| l);
-    let mut restarts = 0usize;
-    'again: loop {
-        let (tried, mut reasons) = plan(&listing, latest.as_ref(), step);
-        for n in tried {
-            match attempt(n, &listing) {
-                Ok(value) => {
-                    let picked = Picked {
-                        path: remote.path(&step_name(n)),
-                        step: n,
-                        skipped: reasons,
-                    };
-                    return Ok((value, picked));
-                }
-                Err(why) => {
-                    if restarts < MAX_RESTARTS {
-                        let now = list(remote)?;
-                        if now.commits() != listing.commits() {
-                            restarts = restarts.saturating_add(1);
-                            listing = now;
-                            latest = read_latest(remote)?.map(|(l, _)| l);
-                            continue 'again;
-                        }
-                    }
-                    reasons.push((step_name(n), why));
-                }
-            }
-        }
-        return Err(CheckpointError::NotFound {
-            dir: remote.path(""),
-            reasons,
-        });
-    }
-}
-
-/// The first problem of an inspection, as `load` reports a refused step.
-fn first_problem(ins: &Inspection) -> Option<String> {
-    ins.problems.first().map(Problem::to_string)
-}
-
-/// Load the step `load`'s rules pick from the prefix `root` (see the module
-/// documentation); every listed object downloaded once into owned memory while hashed.
-pub fn load(root: &S3Url, step: Option<u64>) -> Result<Loaded, CheckpointError> {
-    let remote = Remote::connect(root)?;
-    let (mut loaded, picked) = choose(&remote, step, &mut |n, listing| {
-        load_one(&remote, n, listing)
-    })?;
-    loaded.skipped = picked.skipped;
-    Ok(loaded)
-}
-
-/// Committed step `n` verified and read whole, or the reason it was refused.
-fn load_one(remote: &Remote, n: u64, listing: &RemoteListing) -> Result<Loaded, String> {
-    let ins = inspect(remote, n, listing, Keep::All);
-    if let Some(why) = first_problem(&ins) {
-        return Err(why);
-    }
-    match (ins.state, ins.manifest) {
-        (Some(state), Some(manifest)) => Ok(Loaded {
-            path: remote.path(&step_name(n)),
-            step: n,
-            state,
-            config: ins.config,
-            manifest,
-            skipped: Vec::new(),
-            files: ins.data,
-        }),
-        _ => Err("incomplete".to_string()),
-    }
-}
-
-/// [`load`], except that reaching a sharded step stops the choice before any of its
-/// objects but the manifest is read (the sharded loader reads it by ranges, once).
-pub fn load_unless_sharded(root: &S3Url, step: Option<u64>) -> Result<Unsharded, CheckpointError> {
-    let remote = Remote::connect(root)?;
-    let (found, picked) = choose(&remote, step, &mut |n, listing| {
-        if super::sharded::manifest_is_sharded(&remote, n) {
-            return Ok(None);
-        }
-        load_one(&remote, n, listing).map(Some)
-    })?;
-    Ok(match found {
-        Some(mut l) => {
-            l.skipped = picked.skipped;
-            Unsharded::Loaded(Box::new(l))
-        }
-        None => Unsharded::Sharded(picked),
-    })
-}
-
-/// The step `load` would pick, verified by streaming (nothing kept in memory).
-pub fn pick(root: &S3Url, step: Option<u64>) -> Result<Picked, CheckpointError> {
-    let remote = Remote::connect(root)?;
-    choose(
-        &remote,
-        step,
-        &mut |n, listing| match first_problem(&inspect(&remote, n, listing, Keep::Json)) {
-            None => Ok(()),
-            Some(why) => Err(why),
-        },
-    )
-    .map(|(_, picked)| picked)
 }
 
 /// Every committed step of the prefix, verified, with `load`'s choice; `tmps` lists the

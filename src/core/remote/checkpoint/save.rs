@@ -4,9 +4,12 @@
 //!    than a committed one that verifies), from one listing;
 //! 3. each file uploaded under `step-N/attempt-<fresh>/` (in parts when large), hashed
 //!    and its safetensors header checked as it goes;
-//! 4. the commit: `step-N/MANIFEST.json` created with `If-None-Match: *` (or, to
-//!    replace a step, `If-Match` on the manifest seen in 2); a writer that loses the
-//!    race removes its attempt and fails with [`CheckpointError::Lost`];
+//! 4. the commit: the attempt checked whole (listed, every object at its size), then
+//!    `step-N/MANIFEST.json` created with `If-None-Match: *` (or, to replace a step,
+//!    `If-Match` on the manifest seen in 2), sent once; an error or a refusal is
+//!    settled by reading the manifest back: one naming this attempt is this commit (its
+//!    reply was lost); only a writer whose manifest names another attempt has lost the
+//!    race, removes its attempt and fails with [`CheckpointError::Lost`];
 //! 5. `LATEST` moved forward with `If-Match` on the tag it read (re-read and retried
 //!    when another writer moved it meanwhile; never moved back);
 //! 6. cleanup: steps beyond `keep` and attempts no manifest names older than the
@@ -31,12 +34,14 @@ use super::{
 use crate::checkpoint::manifest::{Manifest, ManifestEntry};
 use crate::checkpoint::optimizer::check_any_header;
 use crate::checkpoint::save::{validate, Payload, SaveReport, SaveRequest};
+use crate::checkpoint::verify::MAX_MANIFEST_BYTES;
 use crate::checkpoint::{
-    step_name, CheckpointError, Latest, SaveAnyway, CONFIG_NAME, LATEST_NAME, MODEL_NAME,
-    OPTIMIZER_NAME, STATE_NAME,
+    parse_latest, step_name, CheckpointError, Latest, SaveAnyway, CONFIG_NAME, LATEST_NAME,
+    MODEL_NAME, OPTIMIZER_NAME, STATE_NAME,
 };
 use crate::digest::hex;
-use crate::s3::{Conditional, S3Error, S3Url};
+use crate::remote::create::{put_once, Outcome};
+use crate::s3::{S3Error, S3Url};
 use crate::safetensors::Header;
 
 /// Read buffer when a payload is a copy of a local file.
@@ -280,40 +285,87 @@ pub(crate) fn put(
 }
 
 /// Step 4, the commit: the manifest created only if absent (or replacing exactly the
-/// manifest the refusals saw). A lost race removes this attempt's objects.
+/// manifest the refusals saw), once the attempt is checked whole. The put is sent
+/// once; when its reply is an error or a refusal the manifest is read back, and the
+/// attempt it names decides (see [`crate::remote::create`]): this attempt means the
+/// commit happened; another writer's means the race was lost, and only then is this
+/// attempt removed. When the manifest cannot be read back the attempt stays (a
+/// manifest might name it; `gc` removes it once none does).
 pub(crate) fn commit(
     remote: &Remote,
     step: u64,
     manifest: &RemoteManifest,
     replace: Option<&str>,
 ) -> Result<(), CheckpointError> {
-    // A test stops or delays a writer here: every object uploaded, nothing committed.
-    fail::fail_point!("s3/commit");
+    // A test stops or delays a writer here: every object uploaded, nothing committed;
+    // `return` is a crash at that instant.
+    fail::fail_point!("s3/commit", |_| std::process::abort());
+    check_whole(remote, step, manifest)?;
     let rel = manifest_rel(step);
-    let put = remote
-        .store
-        .put_if(&remote.key(&rel), manifest.to_json(), replace, &[]);
-    match put {
-        Ok(Conditional::Written(_)) => Ok(()),
-        Ok(Conditional::Lost) => {
+    let ours = |bytes: &[u8]| {
+        RemoteManifest::from_json(bytes).is_ok_and(|m| m.attempt == manifest.attempt)
+    };
+    let outcome = put_once(
+        &remote.store,
+        &remote.url(&rel),
+        &remote.key(&rel),
+        &manifest.to_json(),
+        replace,
+        MAX_MANIFEST_BYTES,
+        &ours,
+    )?;
+    match outcome {
+        Outcome::Ours => Ok(()),
+        Outcome::Theirs(..) | Outcome::Gone => {
+            // Read back: another writer's manifest (or none, for a replace); nothing
+            // names this attempt.
             let _ = remove_attempt(remote, step, &manifest.attempt);
             Err(CheckpointError::Lost {
                 url: remote.url(&step_name(step)),
             })
         }
-        Err(e) => {
-            // The request may or may not have been applied; the attempt's objects stay
-            // (a manifest might name them) and gc removes them if none does.
-            Err(e.into())
-        }
     }
 }
 
+/// Refuse to commit an attempt that is no longer whole: every object the manifest
+/// lists must still be there at its size (a `gc` whose grace is shorter than this
+/// upload may have removed some while it was written).
+fn check_whole(
+    remote: &Remote,
+    step: u64,
+    manifest: &RemoteManifest,
+) -> Result<(), CheckpointError> {
+    let rel = format!("{}/{}", step_name(step), manifest.attempt);
+    let listed = remote.store.list(&remote.key(&rel))?;
+    for entry in &manifest.manifest.files {
+        let key = remote.key(&object_rel(step, &manifest.attempt, &entry.name));
+        let size = listed.iter().find(|i| i.key == key).map(|i| i.size);
+        if size != Some(entry.size) {
+            let what = match size {
+                None => "is gone".to_string(),
+                Some(n) => format!("is {n} bytes, not the {} uploaded", entry.size),
+            };
+            return Err(CheckpointError::Remote(S3Error::request(
+                remote.url(&object_rel(step, &manifest.attempt, &entry.name)),
+                io::ErrorKind::NotFound,
+                format!(
+                    "{what} before the commit (removed by a gc whose --grace is shorter than \
+                     this save took?); nothing was committed"
+                ),
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Step 5: `LATEST` names `step` unless it already names a step at least as new;
-/// replaced only with `If-Match` on the tag read, so it never moves back.
+/// replaced only with `If-Match` on the tag read, so it never moves back. A lost
+/// reply is settled by reading it back ([`put_once`]); another writer's move, by
+/// reading it again.
 fn advance_latest(remote: &Remote, step: u64) -> Result<(), S3Error> {
     let key = remote.key(LATEST_NAME);
     let line = format!("{}\n", step_name(step));
+    let ours = |bytes: &[u8]| matches!(parse_latest(bytes), Latest::Names(m) if m >= step);
     for _ in 0..LATEST_TRIES {
         let current = read_latest(remote)?;
         let condition =
@@ -328,13 +380,20 @@ fn advance_latest(remote: &Remote, step: u64) -> Result<(), S3Error> {
                         .to_string(),
                 )),
             };
-        match remote
-            .store
-            .put_if(&key, line.clone().into_bytes(), condition, &[])?
-        {
-            Conditional::Written(_) => return Ok(()),
-            // Another writer moved it meanwhile: read it again.
-            Conditional::Lost => continue,
+        let limit = crate::checkpoint::MAX_LATEST_BYTES;
+        let url = remote.url(LATEST_NAME);
+        match put_once(
+            &remote.store,
+            &url,
+            &key,
+            line.as_bytes(),
+            condition,
+            limit,
+            &ours,
+        )? {
+            Outcome::Ours => return Ok(()),
+            // Another writer moved it (or removed it) meanwhile: read it again.
+            Outcome::Theirs(..) | Outcome::Gone => continue,
         }
     }
     Err(S3Error::request(
@@ -353,8 +412,9 @@ pub(crate) fn remove_attempt(remote: &Remote, step: u64, attempt: &str) -> Resul
     Ok(())
 }
 
-/// Step 6: the steps beyond `keep` among those not newer than `committed` (it counts
-/// without being read; the others count when sound, see [`sound`]) and attempts no
+/// Step 6: the steps beyond `keep` among those not newer than `committed` (each,
+/// `committed` included, counts only when sound in a listing made after the commit,
+/// see [`sound`]) and attempts no
 /// manifest names, older than `grace`. Returns what was removed; what could not be is
 /// added to `problems`.
 fn cleanup(
@@ -382,7 +442,9 @@ fn cleanup(
             .rev()
             .filter(|&&n| n <= committed)
         {
-            if n == committed || sound(remote, n, &listing) {
+            // The new step counts only when it is still whole (a gc may have removed
+            // its objects meanwhile): keep never removes the last sound step.
+            if sound(remote, n, &listing) {
                 valid = valid.saturating_add(1);
                 if valid >= keep {
                     cutoff = Some(n);

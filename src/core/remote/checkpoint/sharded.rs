@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::read::choose;
+use super::choose::{choose, Refusal};
 use super::save::{after_commit, commit, put, refusals, remove_attempt};
 use super::{
     is_attempt_name, list, list_under, manifest_rel, new_attempt, object_rel, Remote,
@@ -49,9 +49,9 @@ use crate::checkpoint::sharded::{
 use crate::checkpoint::verify::MAX_MANIFEST_BYTES;
 use crate::checkpoint::{parse_step_name, step_name, CheckpointError, CONFIG_NAME, STATE_NAME};
 use crate::digest::hex;
+use crate::remote::header::HeaderFailure;
 use crate::s3::{S3Error, S3Url, Store};
-use crate::safetensors::header::{header_len, parse_header_bytes, N_LEN};
-use crate::safetensors::{Header, SafetensorsError};
+use crate::safetensors::Header;
 
 /// Bytes of a data object's start fetched to read its header: one range request holds
 /// the usual header whole; a larger one takes a second request for the rest.
@@ -205,7 +205,8 @@ fn check_objects(
             ));
         }
         let key = remote.key(&object_rel(step, attempt, &f.name));
-        let header = read_header(&remote.store, &key, size).map_err(|e| match e {
+        let url = remote.url(&object_rel(step, attempt, &f.name));
+        let header = read_header(&remote.store, &key, &url, size).map_err(|e| match e {
             HeaderFailure::Remote(e) => remote_err(e),
             HeaderFailure::Invalid(source) => ShardedError::Safetensors {
                 path: remote.path(&object_rel(step, attempt, &f.name)),
@@ -258,43 +259,11 @@ pub fn write_rank_file(
     })
 }
 
-/// Why a remote header could not be read.
-enum HeaderFailure {
-    Remote(S3Error),
-    Invalid(SafetensorsError),
-}
-
-/// The safetensors header of the object `key` of `size` bytes, by range requests: the
-/// first [`HEADER_GUESS_BYTES`], and the rest of the header when it is larger.
-fn read_header(store: &Store, key: &str, size: u64) -> Result<Header, HeaderFailure> {
-    if size < N_LEN {
-        // Too small to hold the length: the reader rule's error, without a request.
-        return header_len([0u8; N_LEN as usize], size)
-            .and_then(|_| parse_header_bytes(&[], size))
-            .map_err(HeaderFailure::Invalid);
-    }
-    let first = store
-        .get_range(key, 0..size.min(HEADER_GUESS_BYTES))
-        .map_err(HeaderFailure::Remote)?;
-    let mut prefix = [0u8; N_LEN as usize];
-    if let Some(p) = first.get(..N_LEN as usize) {
-        prefix.copy_from_slice(p);
-    }
-    let n = header_len(prefix, size).map_err(HeaderFailure::Invalid)?;
-    let end = N_LEN.saturating_add(n);
-    let held = usize::try_from(end)
-        .ok()
-        .and_then(|e| first.get(N_LEN as usize..e));
-    let header = match held {
-        Some(h) => parse_header_bytes(h, size),
-        None => {
-            let rest = store
-                .get_range(key, N_LEN..end)
-                .map_err(HeaderFailure::Remote)?;
-            parse_header_bytes(&rest, size)
-        }
-    };
-    header.map_err(HeaderFailure::Invalid)
+/// The safetensors header of the object `key` of `size` bytes: the first
+/// [`HEADER_GUESS_BYTES`] in one range request, the rest of the header when larger.
+/// `url` names the object in errors.
+fn read_header(store: &Store, key: &str, url: &str, size: u64) -> Result<Header, HeaderFailure> {
+    Ok(crate::remote::header::read_header(store, key, url, size, HEADER_GUESS_BYTES)?.header)
 }
 
 /// The data objects of one committed step's attempt.
@@ -313,7 +282,10 @@ impl RemoteFiles<'_> {
 impl StepFiles for RemoteFiles<'_> {
     fn data(&self, e: &ManifestEntry) -> Result<(Source, Header), String> {
         let key = self.key(&e.name);
-        let header = read_header(&self.remote.store, &key, e.size).map_err(|f| match f {
+        let url = self
+            .remote
+            .url(&object_rel(self.step, self.attempt, &e.name));
+        let header = read_header(&self.remote.store, &key, &url, e.size).map_err(|f| match f {
             HeaderFailure::Remote(err) => {
                 format!(
                     "cannot read {}: {}",
@@ -454,7 +426,7 @@ pub(crate) fn open_one(
 pub fn open_step(url: &S3Url, step: Option<u64>) -> Result<ShardedStep, ShardedError> {
     let remote = Remote::connect(url).map_err(remote_err)?;
     let (mut opened, picked) = choose(&remote, step, &mut |n, listing| {
-        open_one(&remote, n, listing)
+        open_one(&remote, n, listing).map_err(Refusal::Broken)
     })?;
     opened.skipped = picked.skipped;
     Ok(opened)
