@@ -26,6 +26,7 @@ pub mod index;
 pub mod int4;
 mod int4_avx2;
 mod int4_kernel;
+pub mod mx;
 pub mod outdir;
 pub mod transform;
 pub mod view;
