@@ -46,7 +46,7 @@ pub struct EncodeError {
 /// float with `mant_bits` stored mantissa bits and exponent bias `bias`, ties to even.
 /// Returns the magnitude code `(biased exponent << mant_bits) | mantissa`, which may run
 /// past the format's largest finite code: the caller decides between infinity and error.
-fn round_magnitude(abs_bits: u64, mant_bits: u32, bias: i32) -> u64 {
+pub(crate) fn round_magnitude(abs_bits: u64, mant_bits: u32, bias: i32) -> u64 {
     let exp_field = ((abs_bits >> 52) & 0x7ff) as i32;
     if exp_field == 0 {
         // f64 subnormals are below 2^-1022, far under half the smallest subnormal of any

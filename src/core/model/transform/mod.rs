@@ -11,9 +11,11 @@
 //!
 //! The steps live in one file each: this one runs them (shards in parallel, the
 //! report, the commit), `plan` decides each output tensor, `write` streams a shard
-//! out, `read` is the positioned reads, `quant` the int4 passes and `rewrite` the
-//! index, config and other files of a directory.
+//! out, `read` is the positioned reads, `out` the places tensors are written to,
+//! `quant` the int4 passes and `rewrite` the index, config and other files of a
+//! directory.
 
+mod out;
 mod plan;
 mod quant;
 mod read;

@@ -11,9 +11,9 @@
 use super::super::int4::{dequantize_row, quantize_row, row_scales, QuantFailure, SCALES_SUFFIX};
 use super::super::int4_kernel::quantize_raw;
 use super::super::{Model, ModelError};
+use super::out::{Out, QuantOuts};
 use super::plan::{OutTensor, Quant};
 use super::read::{entry, Files};
-use super::write::{Out, QuantOuts};
 use super::{shard_err, CHUNK_ELEMS};
 use crate::safetensors::float::{decode_f32, encode_f32, EncodeError, EncodeFailure};
 use crate::safetensors::{Dtype, SafetensorsError};
