@@ -184,7 +184,11 @@ fn readme_and_tour_run_as_written() {
 fn run_page(root: &Path, page: &str) {
     let readme = fs::read_to_string(root.join(page)).unwrap();
     let steps = steps(&readme);
-    assert!(steps.len() >= 5, "{page}: found only {} commands", steps.len());
+    assert!(
+        steps.len() >= 5,
+        "{page}: found only {} commands",
+        steps.len()
+    );
     let scratch = super::tmp();
     for name in ["assets", "fixtures"] {
         link_or_copy(&root.join(name), &scratch.path().join(name));
