@@ -77,16 +77,23 @@ fn begin(
         let save = py
             .detach(|| location::sharded_begin(&dir, step, overwrite))
             .map_err(|e| sharded_err(py, e))?;
+        Ok(ShardedSave::started(save, step))
+    })
+}
+
+impl ShardedSave {
+    /// The Python object of a save just begun (its tmp directory read once, here).
+    fn started(save: location::ShardedSaveAt, step: u64) -> Self {
         let tmp_dir = save
             .tmp_dir()
             .map(|p| p.display().to_string())
             .unwrap_or_default();
-        Ok(ShardedSave {
+        ShardedSave {
             inner: Mutex::new(save),
             tmp_dir,
             step,
-        })
-    })
+        }
+    }
 }
 
 /// Start a sharded save of `step` into the directory `step_dir` of any name (a
@@ -105,15 +112,10 @@ fn begin_named(
         let save = py
             .detach(|| core_sharded::begin_named(&step_dir, step, overwrite))
             .map_err(|e| sharded_err(py, e))?;
-        let tmp_dir = save
-            .tmp_dir()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
-        Ok(ShardedSave {
-            inner: Mutex::new(location::ShardedSaveAt::Local(save)),
-            tmp_dir,
+        Ok(ShardedSave::started(
+            location::ShardedSaveAt::Local(save),
             step,
-        })
+        ))
     })
 }
 

@@ -55,17 +55,23 @@ def _run_block(block: str, cwd: Path, env: dict, timeout: int) -> subprocess.Com
     return out
 
 
+def _exec_in(block: str, cwd: Path) -> dict:
+    """Run a README Python block in ``cwd``; the names it defined."""
+    namespace: dict = {}
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        exec(compile(block, "README.md", "exec"), namespace)
+    finally:
+        os.chdir(before)
+    return namespace
+
+
 def test_the_python_quick_start_runs_as_written(tmp_path):
     blocks = _blocks("Quick start: Python", "python")
     assert len(blocks) == 1, "the Python quick start has one example"
     tlio("tokens", "pack", str(ROOT / "assets" / "demo_corpus.txt"), "-o", str(tmp_path / "train.bin"))
-    namespace: dict = {}
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        exec(compile(blocks[0], "README.md", "exec"), namespace)
-    finally:
-        os.chdir(cwd)
+    namespace = _exec_in(blocks[0], tmp_path)
     # What the example claims: a verified step, loaded back, and a batch of [8, 64].
     assert namespace["ckpt"].step == 7
     assert namespace["inputs"].shape == (8, 64) and namespace["inputs"].dtype == np.int64
@@ -76,13 +82,7 @@ def test_the_python_quick_start_runs_as_written(tmp_path):
 def test_the_pytorch_quick_start_runs_as_written(tmp_path):
     blocks = _blocks("Quick start: PyTorch", "python")
     assert len(blocks) == 1, "the PyTorch quick start has one Python example"
-    namespace: dict = {}
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        exec(compile(blocks[0], "README.md", "exec"), namespace)
-    finally:
-        os.chdir(cwd)
+    namespace = _exec_in(blocks[0], tmp_path)
     assert namespace["ckpt"].step == 1
     # The step it wrote verifies through the CLI, as the README says.
     tlio("ckpt", "verify", str(tmp_path / "run" / "torch"))
