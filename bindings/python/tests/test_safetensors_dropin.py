@@ -386,3 +386,81 @@ def test_get_slice_of_every_dtype_is_the_bytes_of_plain_indexing(every_dtype_fil
         for name, whole in tensors.items():
             got = f.get_slice(name)[key]
             assert _same(got, whole[key]), (name, key)
+
+
+NUMPY_NAMES = {"float64", "float32", "float16", "complex64", "int64", "int32", "int16",
+               "int8", "uint8", "bool", "uint16", "uint32", "uint64"}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("framework", ["pt", "torch", "pytorch", "np", "numpy"])
+def test_both_backends_read_what_the_package_reads(impl, framework, every_dtype_file):
+    """``backend="mmap"`` and ``"pread"`` give the same tensors, slices and metadata, on
+    tlio and on the package, under every framework name the package accepts."""
+    open_, _, _, _ = IMPLS[impl]
+    path, tensors = every_dtype_file
+    if framework in ("np", "numpy"):  # the dtypes numpy has (the package refuses the rest)
+        tensors = {n: t for n, t in tensors.items() if n in NUMPY_NAMES}
+        path = path.with_name(f"numpy-{impl}.safetensors")
+        pkg_pt.save_file(tensors, str(path))
+    names = sorted(tensors)
+    got = {}
+    for backend in ("mmap", "pread"):
+        with open_(path, framework=framework, backend=backend) as f:
+            everything = f.get_tensors()
+            got[backend] = {n: (f.get_tensor(n), everything[n], f.get_slice(n)[1:3, ..., -1]) for n in names}
+    for n in names:
+        whole = tensors[n] if framework in ("pt", "torch", "pytorch") else tensors[n].numpy()
+        for backend in ("mmap", "pread"):
+            one, from_all, part = got[backend][n]
+            if isinstance(whole, np.ndarray):
+                assert one.dtype == whole.dtype and one.tobytes() == whole.tobytes(), (n, backend)
+                assert from_all.tobytes() == whole.tobytes() and part.tobytes() == whole[1:3, ..., -1].tobytes()
+            else:
+                assert _same(one, whole) and _same(from_all, whole), (n, backend)
+                assert _same(part, whole[1:3, ..., -1]), (n, backend)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_pread_tensors_own_their_memory(impl, tmp_path):
+    """A tensor read with the pread backend is not over the file: rewriting the file in
+    place afterwards leaves it as it was, where the map's tensor shows the new bytes."""
+    open_, _, pt_mod, _ = IMPLS[impl]
+    p = tmp_path / "w.safetensors"
+    pt_mod.save_file({"w": torch.zeros(4096, dtype=torch.int32)}, p)
+    with open_(p, framework="pt", backend="pread") as f:
+        owned = f.get_tensor("w")
+    with open_(p, framework="pt") as f:
+        mapped = f.get_tensor("w")
+        data = bytearray(p.read_bytes())
+        data[-4:] = (7).to_bytes(4, "little")
+        with open(p, "r+b") as out:  # in place, the same size
+            out.write(data)
+        assert int(mapped[-1]) == 7
+    assert int(owned[-1]) == 0
+    assert pt_mod.load_file(p, backend="pread")["w"][-1] == 7
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_backend_is_keyword_only_and_checked_as_the_package_does(impl, tmp_path):
+    open_, np_mod, pt_mod, err = IMPLS[impl]
+    p = tmp_path / "t.safetensors"
+    pt_mod.save_file({"x": torch.arange(3)}, p)
+    for bad in ("not_a_backend", "MMAP", ""):
+        with pytest.raises(err, match="backend"):
+            open_(p, framework="pt", backend=bad)
+        with pytest.raises(err, match="backend"):
+            pt_mod.load_file(p, backend=bad)
+        with pytest.raises(err, match="backend"):
+            np_mod.load_file(p, backend=bad)
+    with pytest.raises(TypeError):
+        open_(p, framework="pt", backend=1)
+    with pytest.raises(TypeError):
+        open_(p, "pt", "cpu", "pread")  # keyword-only in the package
+    model = torch.nn.Linear(3, 1)
+    pt_mod.save_model(model, tmp_path / "m.safetensors")
+    other = torch.nn.Linear(3, 1)
+    missing, unexpected = pt_mod.load_model(other, tmp_path / "m.safetensors", backend="pread")
+    assert not missing and not unexpected
+    assert torch.equal(other.weight, model.weight)
+    assert np_mod.load_file(p, backend="pread")["x"].tolist() == [0, 1, 2]

@@ -468,7 +468,11 @@ class SafetensorsFile:
 
 
 def safe_open(
-    path: "os.PathLike[str] | str", framework: Optional[str] = None, device: Any = "cpu"
+    path: "os.PathLike[str] | str",
+    framework: Optional[str] = None,
+    device: Any = "cpu",
+    *,
+    backend: str = "mmap",
 ) -> Any:
     """Open a safetensors file, a ``model.safetensors.index.json`` or a model directory.
 
@@ -476,14 +480,17 @@ def safe_open(
     missing or invalid is a ``ValueError`` naming it.
 
     Without ``framework``: the chapter's ``SafetensorsFile`` (read-only numpy views).
-    With ``framework="np"|"numpy"|"pt"|"torch"``: the ``safetensors`` package's
-    interface (sorted ``keys()``, ``metadata()`` that is ``None`` without metadata,
-    writable zero-copy ``get_tensor``, ``get_slice``), raising ``SafetensorError``.
+    With ``framework="np"|"numpy"|"pt"|"torch"|"pytorch"``: the ``safetensors``
+    package's interface (sorted ``keys()``, ``metadata()`` that is ``None`` without
+    metadata, writable zero-copy ``get_tensor``, ``get_slice``, ``get_tensors()``),
+    raising ``SafetensorError``. ``backend="pread"`` (keyword-only, as in the package)
+    reads each tensor with pread(2) into memory it owns instead of mapping the file.
     """
-    if framework is None:
-        if device != "cpu":
-            raise ValueError(f"{os.fspath(path)}: device={device!r} needs a framework (pt)")
-        return SafetensorsFile(path)
-    from tlio.safetensors._compat import CompatFile
+    from tlio.safetensors._compat import CompatFile, check_backend
 
-    return CompatFile(path, framework, device)
+    if framework is None:
+        if device != "cpu" or check_backend(backend) != "mmap":
+            what = f"device={device!r}" if device != "cpu" else f"backend={backend!r}"
+            raise ValueError(f"{os.fspath(path)}: {what} needs a framework (pt or np)")
+        return SafetensorsFile(path)
+    return CompatFile(path, framework, device, backend)

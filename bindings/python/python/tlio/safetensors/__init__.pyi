@@ -61,8 +61,11 @@ class SafetensorsFile:
 def safe_open(path: _Path) -> SafetensorsFile:
     """Open a safetensors file, a ``model.safetensors.index.json`` or a model directory."""
 @overload
-def safe_open(path: _Path, framework: str, device: Any = "cpu") -> "CompatFile":
-    """The ``safetensors`` package's handle (framework "np", "numpy", "pt" or "torch")."""
+def safe_open(
+    path: _Path, framework: str, device: Any = "cpu", *, backend: str = "mmap"
+) -> "CompatFile":
+    """The ``safetensors`` package's handle (framework "np", "numpy", "pt", "torch" or
+    "pytorch"; backend "mmap", a private map, or "pread", tensors in memory of their own)."""
 
 class SafeSlice:
     """Part of one tensor, read on indexing: only the bytes of the slice."""
@@ -83,8 +86,11 @@ class CompatFile:
     def metadata(self) -> Optional[Dict[str, str]]:
         """The metadata, or ``None`` when the file has no ``__metadata__``."""
     def get_tensor(self, name: str) -> Any:
-        """A writable zero-copy array or tensor over a private copy-on-write map."""
+        """A writable zero-copy array or tensor over a private copy-on-write map (with
+        ``backend="pread"``, in memory of its own)."""
     def get_slice(self, name: str) -> SafeSlice: ...
+    def get_tensors(self) -> Dict[str, Any]:
+        """Every tensor, in the order of their data."""
     def close(self) -> None: ...
 
 class SafetensorError(ValueError):

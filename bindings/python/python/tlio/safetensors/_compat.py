@@ -29,9 +29,23 @@ from tlio.safetensors import (
     _check_unshrunk,
     _decode,
     _numel,
+    _read_into,
 )
 
-_FRAMEWORKS = {"np": "numpy", "numpy": "numpy", "pt": "torch", "torch": "torch"}
+_FRAMEWORKS = {"np": "numpy", "numpy": "numpy", "pt": "torch", "torch": "torch", "pytorch": "torch"}
+#: Where tensor bytes come from: a private map of the file (zero-copy) or pread(2) into
+#: fresh memory each tensor owns (nothing done to the file afterwards shows through).
+BACKENDS = ("mmap", "pread")
+
+
+def check_backend(backend: Any) -> str:
+    """``backend`` as given, refused unless it is one of ``BACKENDS`` (the package's
+    message for a bad name; a ``TypeError`` for a value that is not a str)."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str (\"mmap\" or \"pread\"), got {type(backend).__name__}")
+    if backend not in BACKENDS:
+        raise SafetensorError(f'backend {backend!r} is invalid (expected one of: "mmap", "pread")')
+    return backend
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,11 +137,11 @@ class SafeSlice:
         key = key if isinstance(key, tuple) else (key,)
         indices = [_index(k) for k in key]
         owner = self._owner
-        mm = owner._map(self._shard)
-        if self._end == self._start or mm is None:
+        # The pread backend reads the whole tensor, as the package's does; the map is
+        # touched only where the plan's runs lie.
+        data = owner._bytes(self._shard, self._start, self._end)
+        if data is None:
             data = np.zeros(0, np.uint8)
-        else:
-            data = np.frombuffer(mm, np.uint8, self._end - self._start, self._start)
         try:
             shape, raw = _st.slice(self._dtype, self._name, self._shape, indices, data)
         except ValueError as e:
@@ -143,11 +157,14 @@ class SafeSlice:
 class CompatFile:
     """The handle ``safe_open(path, framework=..., device=...)`` returns."""
 
-    def __init__(self, path: Any, framework: str, device: Any = "cpu") -> None:
+    def __init__(self, path: Any, framework: str, device: Any = "cpu", backend: str = "mmap") -> None:
         fw = _FRAMEWORKS.get(framework) if isinstance(framework, str) else None
         if fw is None:
-            raise SafetensorError(f"framework {framework!r} is not handled (np, numpy, pt or torch)")
+            raise SafetensorError(
+                f"framework {framework!r} is not handled (np, numpy, pt, torch or pytorch)"
+            )
         self._framework = fw
+        self._pread = check_backend(backend) == "pread"
         self._path = os.fspath(path)
         if not os.path.exists(self._path):
             raise FileNotFoundError(f"No such file or directory: {self._path}")
@@ -205,6 +222,37 @@ class CompatFile:
             raise SafetensorError(f"File does not contain tensor {name}")
         return found
 
+    def _read(self, shard: int, start: int, end: int) -> np.ndarray:
+        """Bytes ``start..end`` of a shard, read with pread into a fresh uint8 array (the
+        pread backend). The file stays open, as the package keeps it: a file renamed over
+        the path later is not read. A file that shrank is a ``SafetensorError``."""
+        f = self._maps[shard]
+        path, size = self._file._shards[shard]
+        if f is None:
+            f = open(path, "rb")
+            self._maps[shard] = f
+        actual = os.fstat(f.fileno()).st_size
+        if actual != size:
+            raise SafetensorError(
+                f"{path}: the file changed size since it was opened ({size} then {actual} bytes)"
+            )
+        out = np.empty(end - start, np.uint8)
+        try:
+            _read_into(f.fileno(), out, start, path)
+        except ValueError as e:
+            raise _err(e) from None
+        return out
+
+    def _bytes(self, shard: int, start: int, end: int) -> Optional[np.ndarray]:
+        """A tensor's stored bytes as a uint8 array: a view of the private map, or with the
+        pread backend a fresh array; ``None`` for a file with no data."""
+        if self._pread:
+            return self._read(shard, start, end)
+        mm = self._map(shard)
+        if mm is None or end == start:
+            return None if mm is None else np.zeros(0, np.uint8)
+        return np.frombuffer(mm, np.uint8, end - start, start)
+
     def _map(self, shard: int) -> Any:
         m = self._maps[shard]
         path, size = self._file._shards[shard]
@@ -240,9 +288,12 @@ class CompatFile:
 
     def get_tensor(self, name: str) -> Any:
         """Tensor ``name``: a writable zero-copy array (np) or tensor (pt) over the private
-        map; BF16 and F8 decode to float32 copies for numpy, which has no such types."""
+        map, or with ``backend="pread"`` one in memory of its own; BF16 and F8 decode to
+        float32 copies for numpy, which has no such types."""
         (_, dtype, shape, start, end), shard = self._find(name)
         shape = tuple(int(n) for n in shape)
+        if self._pread:
+            return self._build(name, dtype, shape, self._read(shard, start, end))
         mm = self._map(shard)
         if end == start or mm is None:
             return self._build(name, dtype, shape, np.zeros(0, np.uint8))

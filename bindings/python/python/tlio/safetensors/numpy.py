@@ -120,8 +120,12 @@ def load(data: bytes) -> Dict[str, np.ndarray]:
     return _arrays_from(data, rows, "<bytes>")
 
 
-def load_file(filename: Union[str, os.PathLike]) -> Dict[str, np.ndarray]:
-    """The arrays of ``filename`` (writable, in memory they own)."""
+def load_file(filename: Union[str, os.PathLike], *, backend: str = "mmap") -> Dict[str, np.ndarray]:
+    """The arrays of ``filename`` (writable, in memory they own, whichever ``backend``:
+    "mmap" or "pread", accepted for the package's signature, read the same way)."""
+    from tlio.safetensors._compat import check_backend
+
+    check_backend(backend)
     try:
         return load_safetensors(filename)[0]
     except (FileNotFoundError, OSError):

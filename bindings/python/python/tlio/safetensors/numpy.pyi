@@ -15,5 +15,5 @@ def save_file(
     """Write a safetensors file (renamed into place; no fsync, like the package)."""
 def load(data: bytes) -> Dict[str, np.ndarray]:
     """The arrays of a file given as bytes (writable copies)."""
-def load_file(filename: Union[str, os.PathLike]) -> Dict[str, np.ndarray]:
+def load_file(filename: Union[str, os.PathLike], *, backend: str = "mmap") -> Dict[str, np.ndarray]:
     """The arrays of a file, in memory they own."""

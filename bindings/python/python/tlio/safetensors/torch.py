@@ -229,10 +229,13 @@ def save_file(
         raise SafetensorError(str(e)) from None
 
 
-def load_file(filename: Union[str, os.PathLike], device: Union[str, int] = "cpu") -> Dict[str, torch.Tensor]:
-    """The tensors of ``filename``: zero-copy and writable over a private map (moved to
-    ``device`` when it is not the cpu)."""
-    with safe_open(filename, framework="pt", device=device) as f:
+def load_file(
+    filename: Union[str, os.PathLike], device: Union[str, int] = "cpu", *, backend: str = "mmap"
+) -> Dict[str, torch.Tensor]:
+    """The tensors of ``filename``: zero-copy and writable over a private map, or with
+    ``backend="pread"`` read into memory of their own (moved to ``device`` when it is not
+    the cpu)."""
+    with safe_open(filename, framework="pt", device=device, backend=backend) as f:
         return f.get_tensors()
 
 
@@ -280,10 +283,13 @@ def load_model(
     filename: Union[str, os.PathLike],
     strict: bool = True,
     device: Union[str, int] = "cpu",
+    *,
+    backend: str = "mmap",
 ) -> Tuple[List[str], List[str]]:
     """Load ``filename`` into ``model``, restoring shared tensors: returns (missing,
-    unexpected) names; with ``strict`` either one is a ``RuntimeError``."""
-    state_dict = load_file(filename, device=device)
+    unexpected) names; with ``strict`` either one is a ``RuntimeError``. ``backend`` as
+    for ``load_file``."""
+    state_dict = load_file(filename, device=device, backend=backend)
     shared = _remove_duplicate_names(model.state_dict(), preferred_names=list(state_dict))
     missing_list, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = set(missing_list)

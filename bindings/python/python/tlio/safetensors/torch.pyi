@@ -17,8 +17,11 @@ def save_file(
     """Write a safetensors file; shared tensors are a RuntimeError (use save_model)."""
 def load(data: bytes) -> Dict[str, torch.Tensor]:
     """The tensors of a file given as bytes."""
-def load_file(filename: Union[str, os.PathLike], device: Union[str, int] = "cpu") -> Dict[str, torch.Tensor]:
-    """The tensors of a file: zero-copy and writable over a private map."""
+def load_file(
+    filename: Union[str, os.PathLike], device: Union[str, int] = "cpu", *, backend: str = "mmap"
+) -> Dict[str, torch.Tensor]:
+    """The tensors of a file: zero-copy and writable over a private map ("mmap"), or
+    read into memory of their own ("pread")."""
 def save_model(
     model: torch.nn.Module,
     filename: str,
@@ -31,5 +34,7 @@ def load_model(
     filename: Union[str, os.PathLike],
     strict: bool = True,
     device: Union[str, int] = "cpu",
+    *,
+    backend: str = "mmap",
 ) -> Tuple[Set[str], List[str]]:
     """Load into ``model``, restoring shared tensors: (missing, unexpected)."""
