@@ -21,6 +21,7 @@ use assert_cmd::Command;
 
 mod ckpt;
 mod compressed;
+mod dcp_import;
 mod demo;
 mod errors;
 mod generate;

@@ -6,7 +6,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
-__all__ = ["Writer", "Reader", "latest", "GROUP", "FORMAT"]
+__all__ = ["Writer", "Reader", "latest", "import_checkpoint", "GROUP", "FORMAT"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -50,3 +50,4 @@ class Reader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]": ...
 
 def latest(run_dir: PathLike) -> Optional[str]: ...
+def import_checkpoint(dcp_dir: PathLike, run_dir: PathLike, *, step: Optional[int] = ...) -> str: ...
