@@ -392,3 +392,50 @@ fn part_slurm_reads_the_array_task_variables() {
         .unwrap();
     assert_eq!(out_put.status.code(), Some(2));
 }
+
+#[test]
+fn a_merge_refuses_parts_whose_val_split_leaves_no_train_token() {
+    let dir = tmp();
+    let (jsonl, _) = corpora(dir.path());
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let out = out_dir.join("fw");
+    let mut tokens = 0;
+    for k in 0..2 {
+        let part = tlio()
+            .args([
+                "--json",
+                "tokens",
+                "pack",
+                "--tokenizer",
+                "gpt2",
+                "--from",
+                "jsonl",
+            ])
+            .args(["--val-tokens", "100000000", "--part", &format!("{k}/2")])
+            .args(&jsonl)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&part.stderr);
+        assert!(part.status.success(), "part {k}: {err}");
+        let report: serde_json::Value = serde_json::from_slice(&part.stdout).unwrap();
+        tokens += report["tokens"].as_u64().unwrap();
+    }
+    let merge = tlio().args(["tokens", "merge"]).arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&merge.stderr);
+    assert_eq!(merge.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the inputs yield {tokens} tokens and the validation shard takes the first 100000000: no token is left for a training shard"
+        )),
+        "{err}"
+    );
+    // Nothing but the part area.
+    let names: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["fw.parts"]);
+}

@@ -376,6 +376,15 @@ pub enum TokensError {
         "the input yields no token: nothing to write (an empty shard is refused by llm.c's loader)"
     )]
     Empty,
+    /// A pack split into a validation shard and training shards whose ids all fit the
+    /// validation shard: it would write no training shard at all.
+    #[error("the inputs yield {tokens} tokens and the validation shard takes the first {val_tokens}: no token is left for a training shard")]
+    NoTrainTokens {
+        /// Ids the inputs yield in all.
+        tokens: u64,
+        /// Ids of the validation shard.
+        val_tokens: u64,
+    },
     /// A document input (text, JSONL or Parquet) that cannot be read as one.
     #[error("{input}: {reason}")]
     BadDocument {
@@ -449,6 +458,7 @@ impl Failure for TokensError {
             | TokensError::GlobalBatchMismatch { .. }
             | TokensError::BadInput { .. }
             | TokensError::Empty
+            | TokensError::NoTrainTokens { .. }
             | TokensError::BadDocument { .. }
             | TokensError::BadManifest { .. }
             | TokensError::MixedVocab { .. } => FailureKind::Invalid,

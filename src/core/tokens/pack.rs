@@ -173,6 +173,21 @@ impl ShardPlan {
         }
     }
 
+    /// Refuse a pack of `tokens` ids in all that would leave this plan's training
+    /// shards empty: a validation split of at least the whole corpus writes only the
+    /// validation shard, which no training run can use.
+    pub fn check_total(&self, tokens: u64) -> Result<(), TokensError> {
+        match self {
+            ShardPlan::ValTrain { val_tokens, .. } if tokens <= *val_tokens => {
+                Err(TokensError::NoTrainTokens {
+                    tokens,
+                    val_tokens: *val_tokens,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Check the shard sizes (1 to `MAX_COUNT` ids).
     pub fn check(&self) -> Result<(), TokensError> {
         let sizes: &[(&str, u64)] = match self {
@@ -297,6 +312,10 @@ impl Sink {
         if self.tokens == 0 {
             self.abort();
             return Err(TokensError::Empty);
+        }
+        if let Err(e) = self.plan.check_total(self.tokens) {
+            self.abort();
+            return Err(e);
         }
         if let Err(e) = self.finish_current() {
             self.abort();

@@ -534,7 +534,7 @@ pub struct PartMarker {
 
 impl PartIdentity {
     /// The shard files of this identity for output `out`.
-    fn plan(&self, out: &Path) -> Result<ShardPlan, PartsError> {
+    pub(crate) fn plan(&self, out: &Path) -> Result<ShardPlan, PartsError> {
         let bad = |reason: String| PartsError::BadMarker {
             path: part_area(out),
             reason,
@@ -1310,6 +1310,23 @@ pub(crate) fn check_tiling(area: &Path, parts: &[(PathBuf, PartMarker)]) -> Resu
     Ok(())
 }
 
+/// The ids of all `parts` together, refused before any shard is written when there is
+/// none, or when `plan` would get no training shard from them (a validation shard of
+/// at least the whole corpus).
+pub(crate) fn check_parts_total(
+    plan: &ShardPlan,
+    parts: &[(PathBuf, PartMarker)],
+) -> Result<u64, PartsError> {
+    let tokens = parts
+        .iter()
+        .fold(0u64, |a, (_, m)| a.saturating_add(m.tokens));
+    if tokens == 0 {
+        return Err(TokensError::Empty.into());
+    }
+    plan.check_total(tokens)?;
+    Ok(tokens)
+}
+
 /// Reads the part id files back to back, copying ranges into shards.
 struct Concat<'a> {
     files: &'a [(PathBuf, u64)],
@@ -1397,10 +1414,7 @@ pub fn merge_parts(
     let itemsize = ShardHeader::for_layout(0, vocab, layout)?.dtype.itemsize() as u64;
     let sum =
         |f: fn(&PartMarker) -> u64| parts.iter().fold(0u64, |a, (_, m)| a.saturating_add(f(m)));
-    let tokens = sum(|m| m.tokens);
-    if tokens == 0 {
-        return Err(TokensError::Empty.into());
-    }
+    let tokens = check_parts_total(&plan, &parts)?;
     let files: Vec<(PathBuf, u64)> = parts
         .iter()
         .map(|(dir, m)| (dir.join(IDS_FILE), m.bytes))
