@@ -1501,3 +1501,33 @@ fn windows_refuses_a_seed_beside_a_cursor_saying_why_before_reading() {
         "clap's generic words: {err}"
     );
 }
+
+#[test]
+fn pack_refuses_url_inputs_as_not_local_files() {
+    let dir = tmp();
+    let local = dir.path().join("in.jsonl");
+    std::fs::write(&local, "{\"text\": \"hi\"}\n").unwrap();
+    let out = dir.path().join("o.bin");
+    for url in [
+        "s3://bucket/in.jsonl",
+        "https://example.com/in.jsonl",
+        "gs://b/in.jsonl",
+    ] {
+        for extra in [
+            &["--tokenizer", "gpt2", "--from", "jsonl"][..],
+            &["--from", "bytes"][..],
+            &["--tokenizer", "gpt2", "--from", "jsonl", "--part", "0/2"][..],
+        ] {
+            let err = fails(
+                pack().args(extra).arg(&local).arg(url).arg("-o").arg(&out),
+                2,
+            );
+            assert!(
+                err.contains(&format!("{url}: a pack's inputs must be local files")),
+                "{extra:?}: {err}"
+            );
+            assert!(!err.contains("No such file"), "{err}");
+        }
+    }
+    assert_eq!(names_in(dir.path()), ["in.jsonl"]);
+}

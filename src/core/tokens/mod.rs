@@ -59,7 +59,8 @@ pub use mixture::{
     StageRecord, WindowOrigin, MAX_SOURCES, WEIGHT_SUM_TOLERANCE,
 };
 pub use pack::{
-    output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
+    output_name, pack, refuse_url_inputs, InputFormat, PackInput, PackOptions, PackSummary,
+    ShardPlan, BYTES_VOCAB,
 };
 pub use parts::{
     merge_parts, pack_part, part_area, tokenizer_identity, MergeSummary, Part, PartJob, PartMarker,
@@ -345,6 +346,12 @@ pub enum TokensError {
         /// The input.
         input: PathBuf,
     },
+    /// A `pack` input given as a URL: inputs are read as local files only.
+    #[error("{input}: a pack's inputs must be local files, and this is a URL (copy the object to a local file first)")]
+    UrlInput {
+        /// The input as given.
+        input: String,
+    },
     /// `pack` input is not in the declared format.
     #[error("{input}: {reason}")]
     BadInput {
@@ -440,6 +447,7 @@ impl Failure for TokensError {
             | TokensError::BadOptions(_)
             | TokensError::BadMixture { .. }
             | TokensError::NotBuilt { .. }
+            | TokensError::UrlInput { .. }
             | TokensError::ReplacesInput { .. } => FailureKind::Operational,
             TokensError::Short { .. }
             | TokensError::BadMagic { .. }

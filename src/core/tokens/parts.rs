@@ -944,6 +944,7 @@ fn check_job(job: &PartJob<'_>) -> Result<Vec<u64>, PartsError> {
     if job.inputs.is_empty() || job.inputs.iter().any(|p| p.as_os_str() == "-") {
         return Err(PartsError::Stdin);
     }
+    super::pack::refuse_url_inputs(job.inputs.iter().map(PathBuf::as_path))?;
     if let PartSource::Text {
         tokenizer, opts, ..
     } = &job.source
