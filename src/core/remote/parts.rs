@@ -109,9 +109,9 @@ mod storage {
     use crate::remote::create::{put_once, Outcome};
     use crate::s3::{S3Error, Store};
     use crate::tokens::parts::{
-        check_counts, check_ids_digest, check_ids_size, check_made_with, check_tiling,
-        missing_parts, parse_dir_name, parse_marker, PartMarker, PartsError, AREA_SUFFIX, IDS_FILE,
-        MARKER_FILE, MAX_MARKER_BYTES,
+        check_counts, check_ids_digest, check_ids_size, check_made_with, check_parts_total,
+        check_tiling, missing_parts, parse_dir_name, parse_marker, PartMarker, PartsError,
+        AREA_SUFFIX, IDS_FILE, MARKER_FILE, MAX_MARKER_BYTES,
     };
 
     /// A URL as the path an error of the part rules names.
@@ -249,6 +249,11 @@ mod storage {
             return Err(missing_parts(&area_path, &missing, count).into());
         }
         check_tiling(&area_path, &parts)?;
+        // Before any download: a merge that would write no training shard is refused
+        // from the markers alone.
+        if let Some((_, first)) = parts.first() {
+            check_parts_total(&first.identity.plan(&url_path(url))?, &parts)?;
+        }
         publish_with(url, |staged_out| {
             let staged_area = part_area(staged_out);
             for (k, (_, marker)) in parts.iter().enumerate() {

@@ -19,7 +19,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 
 use rayon::prelude::*;
 
-use super::pack::{IdSink, ShardPlan, Sink};
+use super::pack::{refuse_url_inputs, IdSink, ShardPlan, Sink};
 use super::shard::{Layout, ShardHeader};
 use super::tokenizer::Tokenizer;
 use super::TokensError;
@@ -250,6 +250,7 @@ pub fn pack_text(
     progress: &mut dyn FnMut(&TextPackProgress),
 ) -> Result<TextPackSummary, TokensError> {
     check_text_options(tokenizer, opts)?;
+    refuse_url_inputs(inputs.iter().map(PathBuf::as_path))?;
     opts.plan.refuse_inputs(
         inputs
             .iter()

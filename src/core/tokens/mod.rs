@@ -59,7 +59,8 @@ pub use mixture::{
     StageRecord, WindowOrigin, MAX_SOURCES, WEIGHT_SUM_TOLERANCE,
 };
 pub use pack::{
-    output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
+    output_name, pack, refuse_url_inputs, InputFormat, PackInput, PackOptions, PackSummary,
+    ShardPlan, BYTES_VOCAB,
 };
 pub use parts::{
     merge_parts, pack_part, part_area, tokenizer_identity, MergeSummary, Part, PartJob, PartMarker,
@@ -345,6 +346,12 @@ pub enum TokensError {
         /// The input.
         input: PathBuf,
     },
+    /// A `pack` input given as a URL: inputs are read as local files only.
+    #[error("{input}: a pack's inputs must be local files, and this is a URL (copy the object to a local file first)")]
+    UrlInput {
+        /// The input as given.
+        input: String,
+    },
     /// `pack` input is not in the declared format.
     #[error("{input}: {reason}")]
     BadInput {
@@ -376,6 +383,15 @@ pub enum TokensError {
         "the input yields no token: nothing to write (an empty shard is refused by llm.c's loader)"
     )]
     Empty,
+    /// A pack split into a validation shard and training shards whose ids all fit the
+    /// validation shard: it would write no training shard at all.
+    #[error("the inputs yield {tokens} tokens and the validation shard takes the first {val_tokens}: no token is left for a training shard")]
+    NoTrainTokens {
+        /// Ids the inputs yield in all.
+        tokens: u64,
+        /// Ids of the validation shard.
+        val_tokens: u64,
+    },
     /// A document input (text, JSONL or Parquet) that cannot be read as one.
     #[error("{input}: {reason}")]
     BadDocument {
@@ -431,6 +447,7 @@ impl Failure for TokensError {
             | TokensError::BadOptions(_)
             | TokensError::BadMixture { .. }
             | TokensError::NotBuilt { .. }
+            | TokensError::UrlInput { .. }
             | TokensError::ReplacesInput { .. } => FailureKind::Operational,
             TokensError::Short { .. }
             | TokensError::BadMagic { .. }
@@ -449,6 +466,7 @@ impl Failure for TokensError {
             | TokensError::GlobalBatchMismatch { .. }
             | TokensError::BadInput { .. }
             | TokensError::Empty
+            | TokensError::NoTrainTokens { .. }
             | TokensError::BadDocument { .. }
             | TokensError::BadManifest { .. }
             | TokensError::MixedVocab { .. } => FailureKind::Invalid,

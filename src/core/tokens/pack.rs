@@ -45,10 +45,34 @@ pub struct PackInput {
     pub path: Option<PathBuf>,
 }
 
+/// True when `text` starts as a URL does, `scheme://` (`s3://`, `https://`, `gs://`,
+/// ...): a scheme of an ASCII letter then letters, digits, `+`, `-` or `.`.
+fn is_url(text: &str) -> bool {
+    text.split_once("://").is_some_and(|(scheme, _)| {
+        let mut chars = scheme.chars();
+        chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
+}
+
+/// Refuse an input named by a URL: a pack reads local files (and standard input)
+/// only, and a URL taken as a path would fail as a missing file, which misleads.
+pub fn refuse_url_inputs<'a>(
+    inputs: impl IntoIterator<Item = &'a Path>,
+) -> Result<(), TokensError> {
+    match inputs.into_iter().find(|p| p.to_str().is_some_and(is_url)) {
+        Some(input) => Err(TokensError::UrlInput {
+            input: input.display().to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
 impl PackInput {
     /// The file at `path`, opened now (so a missing input fails before anything is
-    /// written), with its size for a progress total.
+    /// written), with its size for a progress total. A URL is refused.
     pub fn open(path: &Path) -> Result<(PackInput, u64), TokensError> {
+        refuse_url_inputs([path])?;
         let io_error = |error| TokensError::Io {
             path: path.to_path_buf(),
             error,
@@ -170,6 +194,21 @@ impl ShardPlan {
                     (PathBuf::from(name), *shard_tokens)
                 }
             }
+        }
+    }
+
+    /// Refuse a pack of `tokens` ids in all that would leave this plan's training
+    /// shards empty: a validation split of at least the whole corpus writes only the
+    /// validation shard, which no training run can use.
+    pub fn check_total(&self, tokens: u64) -> Result<(), TokensError> {
+        match self {
+            ShardPlan::ValTrain { val_tokens, .. } if tokens <= *val_tokens => {
+                Err(TokensError::NoTrainTokens {
+                    tokens,
+                    val_tokens: *val_tokens,
+                })
+            }
+            _ => Ok(()),
         }
     }
 
@@ -297,6 +336,10 @@ impl Sink {
         if self.tokens == 0 {
             self.abort();
             return Err(TokensError::Empty);
+        }
+        if let Err(e) = self.plan.check_total(self.tokens) {
+            self.abort();
+            return Err(e);
         }
         if let Err(e) = self.finish_current() {
             self.abort();
@@ -566,6 +609,35 @@ pub fn pack(
 mod tests {
     use super::*;
     use crate::tokens::Shard;
+
+    #[test]
+    fn url_inputs_are_refused_and_local_paths_kept() {
+        for url in [
+            "s3://b/in.jsonl",
+            "https://h/x",
+            "http://h",
+            "gs://b/k",
+            "hf+x.y-z://a",
+        ] {
+            let err = refuse_url_inputs([Path::new(url)]).unwrap_err();
+            assert!(
+                matches!(&err, TokensError::UrlInput { input } if input == url),
+                "{err}"
+            );
+        }
+        for local in [
+            "in.jsonl",
+            "-",
+            "./s3:/b",
+            "dir/a://b",
+            "://x",
+            "1s3://b",
+            "s 3://b",
+            "",
+        ] {
+            assert!(refuse_url_inputs([Path::new(local)]).is_ok(), "{local}");
+        }
+    }
 
     fn input(name: &str, bytes: &[u8]) -> PackInput {
         PackInput {
