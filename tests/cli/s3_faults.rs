@@ -444,3 +444,51 @@ fn failpoint_return_aborts_at_the_commit_or_is_refused_before_anything_runs() {
     );
     assert_eq!(ask(&format!("keys {b} ckpt/")), keys);
 }
+
+#[test]
+fn gc_that_cannot_list_the_prefix_fails_instead_of_finding_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_file(tmp.path());
+    let b = bucket();
+    let remote = format!("s3://{b}/ckpt");
+    for step in ["10", "20"] {
+        tlio_s3()
+            .args(["ckpt", "save", &remote, "--step", step, "--model"])
+            .arg(&model)
+            .assert()
+            .success();
+    }
+    let mut proxy = Proxy::start();
+    for (action, dry) in [
+        ("drop", true),
+        ("drop", false),
+        ("store-500", false),
+        ("store-drop", false),
+    ] {
+        proxy.ask("clear");
+        // Every request is dropped before the server sees it, or its reply is lost.
+        let all = proxy.rule("*", ".*", "*", action);
+        let mut cmd = proxy.tlio();
+        cmd.args(["ckpt", "gc", &remote, "--keep", "1"]);
+        if dry {
+            cmd.arg("--dry-run");
+        }
+        let out = cmd.timeout(Duration::from_secs(120)).assert().code(2);
+        let err = stderr_of(&out);
+        assert!(
+            err.contains(&format!("cannot collect garbage in {remote}"))
+                && !err.contains("nothing to remove"),
+            "{action}: {err}"
+        );
+        assert!(out.get_output().stdout.is_empty(), "{action}");
+        assert!(proxy.hits(&all) > 0, "{action}");
+    }
+    // Nothing was removed: both steps are still there.
+    assert_eq!(
+        verified(&remote)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>(),
+        [10, 20]
+    );
+}
