@@ -95,17 +95,12 @@ def test_workers_yield_the_batches_of_no_workers_and_resume_bitwise(shard_dir, k
 
 
 def test_spawned_workers_receive_the_stream_pickled_and_split_it(shard_dir):
-    want = reference(mixture, shard_dir, 8)
-    run = loader(mixture(shard_dir), 2, context="spawn")
-    it = iter(run)
-    got = take(it, 5)
-    state = run.state_dict()
-    got += take(it, 3)
-    del it
-    assert_same(got, want, "spawn")
-    resumed = loader(mixture(shard_dir, seed=5), 2, context="spawn")
-    resumed.load_state_dict(state)
-    assert_same(take(iter(resumed), 3), want[5:], "spawn, resumed")
+    # One loader only: each spawned worker imports torch again (resuming is the same
+    # load_state_dict under every start method, tested with fork above and with one
+    # spawned worker in test_torch_data.py).
+    want = reference(mixture, shard_dir, 7)
+    it = iter(loader(mixture(shard_dir), 2, context="spawn"))
+    assert_same(take(it, 7), want, "spawn")
 
 
 def test_a_plain_dataloader_with_workers_yields_the_stream_in_order(shard_dir):
@@ -136,7 +131,7 @@ def test_a_workers_state_is_the_cursor_of_its_next_batch(shard_dir):
     assert twin.cursor() == plain(shard_dir).cursor(), "the main process's stream never moved"
 
 
-@pytest.mark.parametrize("saved,loaded", [(2, 4), (4, 2), (1, 2), (2, 1)])
+@pytest.mark.parametrize("saved,loaded", [(2, 4), (1, 2), (2, 1)])
 def test_a_state_of_another_number_of_workers_is_refused_naming_both(shard_dir, saved, loaded):
     run = loader(plain(shard_dir), saved)
     it = iter(run)
