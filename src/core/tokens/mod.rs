@@ -42,6 +42,7 @@ pub mod parts;
 mod runs;
 mod session;
 mod shard;
+mod skip;
 mod stream;
 pub mod tokenizer;
 mod writer;

@@ -297,6 +297,21 @@ class TokenStream:
             return inputs, targets
         return self._stream.next_batch()
 
+    def skip_batches(self, n: int) -> None:
+        """Move past the next ``n`` batches without reading a token: afterwards the
+        cursor is the one ``n`` calls of ``next_batch()`` would leave (windows are a
+        pure function of the position, so only the passes' phases are drawn). With
+        ranks a batch is a global batch, skipped on every rank alike. A mixture walks
+        its rule over the skipped windows (one step per window, still no token read).
+        This is how ``tlio.torch.TokenDataset``'s worker ``k`` of ``N`` takes batches
+        ``k, k + N, ...``. ``n`` is an int >= 0; Ctrl-C stops a long skip with
+        ``KeyboardInterrupt`` and leaves the stream where it was."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"skip_batches takes an int, got {type(n).__name__}")
+        if not 0 <= n < 2**64:
+            raise ValueError(f"skip_batches takes 0 <= n < 2**64, got {n}")
+        self._stream.skip_batches(int(n))
+
     def cursor(self) -> Dict[str, Any]:
         """The whole position, in the CLI's JSON form.
 

@@ -58,6 +58,8 @@ class TokenStream:
     def source_shards(self) -> List[List[str]]: ...
     @property
     def stages(self) -> List[Tuple[int, List[float]]]: ...
+    def skip_batches(self, n: int) -> None:
+        """Move past the next n batches without reading them (as n next_batch() calls)."""
     def cursor(self) -> Cursor:
         """The whole position, in the CLI's JSON form."""
     def restore(self, cursor: Cursor) -> None:
