@@ -33,6 +33,7 @@ mod parts;
 mod readme;
 mod s3;
 mod s3_ckpt;
+mod s3_config;
 mod s3_data;
 mod s3_faults;
 mod shapes;

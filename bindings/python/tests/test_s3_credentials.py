@@ -110,3 +110,24 @@ def test_bad_credentials_are_refused_at_once_naming_the_url(bucket, monkeypatch,
     assert bucket.keys() == before
     cache = tmp_path / "cache"
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "name", ["AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_ENDPOINT_URL"]
+)
+@pytest.mark.parametrize("value", ["hunter2\r\nX-Injected: 1", "hunter2\n", "hunter2\x01"])
+def test_a_variable_no_header_can_carry_is_a_value_error_naming_it_not_its_value(bucket, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    shard = bucket.url("data/train_000000.bin")
+    calls = [
+        lambda: read_tokens_header(shard),
+        lambda: load_checkpoint(bucket.url("ckpt")),
+        lambda: save_checkpoint(bucket.url("ckpt"), linear_model(), None, 1, None, None),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError) as e:
+            call()
+        text = str(e.value)
+        assert name in text and "HTTP header" in text, text
+        assert "hunter2" not in text and "\n" not in text, text
+    assert bucket.keys("ckpt") == []

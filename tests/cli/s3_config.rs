@@ -1,0 +1,47 @@
+//! The AWS variables as the CLI reads them, against the local S3 server: a value no
+//! HTTP header can carry (a CR or LF in a token, a key or a region) and an endpoint
+//! that holds a password or a signature are usage errors (exit 2, one line) that name
+//! the variable and the rule, and never print the value.
+
+use super::s3::{bucket, tlio_s3};
+
+/// The one error line of a command expected to exit 2.
+fn refusal(cmd: &mut assert_cmd::Command) -> String {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].starts_with("tlio: error: "), "{err}");
+    assert!(!err.contains("internal error"), "{err}");
+    err
+}
+
+#[test]
+fn a_variable_no_header_can_carry_is_a_usage_error_naming_it_not_its_value() {
+    let b = bucket();
+    let url = format!("s3://{b}/m.safetensors");
+    for name in [
+        "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_ENDPOINT_URL",
+    ] {
+        for value in ["hunter2\r\nX-Injected: 1", "hunter2\n", "hunter2\u{1}"] {
+            let err = refusal(tlio_s3().env(name, value).args(["st", "inspect", &url]));
+            assert!(err.contains(&url) && err.contains(name), "{name}: {err}");
+            assert!(err.contains("HTTP header"), "{name}: {err}");
+            assert!(!err.contains("hunter2"), "{name}: {err}");
+        }
+    }
+    let err = refusal(
+        tlio_s3()
+            .env("AWS_REGION", "hunter2.example/x")
+            .args(["tokens", "header", &url]),
+    );
+    assert!(err.contains("AWS_REGION is not a region name"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
