@@ -225,11 +225,20 @@ fn check_variable(url: &str, name: &'static str, value: &str) -> Result<(), S3Er
 /// An endpoint is `https://host[:port][/]`, or `http://` to a loopback host (a local
 /// test server); plain http elsewhere would send the data in the clear.
 fn check_endpoint(url: &str, endpoint: &str) -> Result<String, S3Error> {
+    if endpoint.contains('@') {
+        // A user name and password (with or without a scheme before them) are never
+        // echoed, even redacted: the value is not shown at all.
+        return Err(S3Error::BadVariable {
+            url: url.to_string(),
+            name: "AWS_ENDPOINT_URL",
+            reason: "holds a user name or password (user:password@host), which is never sent: credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        });
+    }
     let bad = |reason: &str| S3Error::Config {
         url: url.to_string(),
         reason: format!(
             "AWS_ENDPOINT_URL {}: {reason}",
-            crate::text::quote(endpoint)
+            crate::text::quote(&crate::text::redact(endpoint))
         ),
     };
     let (scheme, rest) = endpoint
