@@ -20,7 +20,6 @@ mod tests {
     const OVER_THE_LIMIT_FOR_NOW: &[&str] = &[
         "checkpoint/sharded/open.rs",
         "checkpoint/verify.rs",
-        "s3/client.rs",
         "tokens/parts.rs",
     ];
 

@@ -35,6 +35,7 @@ mod readme;
 mod s3;
 mod s3_cache;
 mod s3_ckpt;
+mod s3_config;
 mod s3_data;
 mod s3_faults;
 mod shapes;

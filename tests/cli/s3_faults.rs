@@ -492,3 +492,52 @@ fn gc_that_cannot_list_the_prefix_fails_instead_of_finding_nothing() {
         [10, 20]
     );
 }
+
+#[test]
+fn a_refused_token_or_key_is_a_refusal_naming_the_servers_code() {
+    let b = bucket();
+    let remote = format!("s3://{b}/run");
+    let mut proxy = Proxy::start();
+    for (status, code) in [
+        ("400", "InvalidToken"),
+        ("400", "ExpiredToken"),
+        ("403", "InvalidAccessKeyId"),
+        ("403", "SignatureDoesNotMatch"),
+        ("403", "AccessDenied"),
+    ] {
+        proxy.ask("clear");
+        proxy.ask(&format!("rule GET /{b} * answer {status} {code}"));
+        let out = proxy
+            .tlio()
+            .args(["ckpt", "latest", &remote])
+            .timeout(Duration::from_secs(60))
+            .assert()
+            .code(2);
+        let err = stderr_of(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&remote) && err.contains(code), "{err}");
+        assert!(
+            err.contains(&format!("refused the request: {status} ")),
+            "{err}"
+        );
+        assert_eq!(err.matches("refused").count(), 1, "{err}");
+    }
+    // A HEAD's reply has no body, hence no code: the status once, and what was asked.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_file(tmp.path());
+    ask(&format!("put {b} m.safetensors {}", model.display()));
+    proxy.ask("clear");
+    proxy.ask(&format!("rule HEAD /{b} * answer 403 AccessDenied"));
+    let url = format!("s3://{b}/m.safetensors");
+    let out = proxy
+        .tlio()
+        .args(["st", "inspect", &url])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .code(2);
+    let err = stderr_of(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(&url) && err.contains("HEAD"), "{err}");
+    assert_eq!(err.matches("403 Forbidden").count(), 1, "{err}");
+    assert!(!err.trim_end().ends_with(':'), "{err}");
+}
