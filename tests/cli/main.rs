@@ -28,6 +28,7 @@ mod grammar;
 mod hardening;
 mod inputs;
 mod models;
+mod mx;
 mod output;
 mod parts;
 mod readme;
