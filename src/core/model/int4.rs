@@ -291,17 +291,7 @@ pub fn quant_of(shards: &[Shard], problems: &mut Findings) -> Option<String> {
 /// are pushed to `problems` (the tensors concerned stay plain).
 pub fn logical(entries: &[Entry], quant: Option<&str>, problems: &mut Findings) -> Vec<Logical> {
     if let Some((q, fmt)) = quant.and_then(|q| Some((q, super::mx::MxFormat::from_quant(q)?))) {
-        let (mut out, paired) = super::mx_pairs::pairs(entries, fmt, problems);
-        if !super::mx_pairs::has_candidates(entries, fmt) {
-            problems.push(finding(
-                "mx-quant",
-                None,
-                format!(
-                    "mx (quant): metadata quant is {} but the model has no MX pair",
-                    quote(q)
-                ),
-            ));
-        }
+        let (mut out, paired) = super::mx_pairs::logical(entries, q, fmt, problems);
         out.extend(plain(entries, &paired));
         out.sort_by(|a, b| a.name.cmp(&b.name));
         return out;

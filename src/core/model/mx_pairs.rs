@@ -83,6 +83,27 @@ pub fn pairs(
     (out, paired)
 }
 
+/// [`pairs`], and the rule that `quant` (`q`, naming `fmt`) has pairs to describe.
+pub fn logical(
+    entries: &[Entry],
+    q: &str,
+    fmt: MxFormat,
+    problems: &mut Findings,
+) -> (Vec<Logical>, Vec<bool>) {
+    let found = pairs(entries, fmt, problems);
+    if !has_candidates(entries, fmt) {
+        problems.push(finding(
+            "mx-quant",
+            None,
+            format!(
+                "mx (quant): metadata quant is {} but the model has no MX pair",
+                quote(q)
+            ),
+        ));
+    }
+    found
+}
+
 /// Whether any entry is named (and typed) as half of an MX pair of `fmt`.
 pub fn has_candidates(entries: &[Entry], fmt: MxFormat) -> bool {
     let (elem_suffix, scale_suffix) = suffixes(fmt);
