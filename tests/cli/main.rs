@@ -29,6 +29,7 @@ mod grammar;
 mod hardening;
 mod inputs;
 mod models;
+mod mx;
 mod output;
 mod parts;
 mod readme;

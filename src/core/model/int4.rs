@@ -273,12 +273,12 @@ pub fn quant_of(shards: &[Shard], problems: &mut Findings) -> Option<String> {
         }
     }
     let (q, _) = seen?;
-    if parse_quant(q).is_none() {
+    if parse_quant(q).is_none() && super::mx::MxFormat::from_quant(q).is_none() {
         problems.push(finding(
             "int4-quant",
             None,
             format!(
-                "int4 (quant): metadata quant is {}, not int4-g<G>-sym with an even G >= 2",
+                "int4 (quant): metadata quant is {}, not int4-g<G>-sym with an even G >= 2, mxfp4 or mxfp8",
                 quote(q)
             ),
         ));
@@ -290,6 +290,12 @@ pub fn quant_of(shards: &[Shard], problems: &mut Findings) -> Option<String> {
 /// become one `[out, in]` tensor; everything else stays as stored. Broken int4 rules
 /// are pushed to `problems` (the tensors concerned stay plain).
 pub fn logical(entries: &[Entry], quant: Option<&str>, problems: &mut Findings) -> Vec<Logical> {
+    if let Some((q, fmt)) = quant.and_then(|q| Some((q, super::mx::MxFormat::from_quant(q)?))) {
+        let (mut out, paired) = super::mx_pairs::logical(entries, q, fmt, problems);
+        out.extend(plain(entries, &paired));
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        return out;
+    }
     let group = quant.and_then(parse_quant);
     let find = |name: &str| {
         entries
@@ -356,17 +362,23 @@ pub fn logical(entries: &[Entry], quant: Option<&str>, problems: &mut Findings) 
         }
     }
     check_quant_use(pairs > 0, quant, problems);
-    for (i, e) in entries.iter().enumerate() {
-        if !paired.get(i).copied().unwrap_or(false) {
-            out.push(Logical {
-                name: e.info.name.clone(),
-                shape: e.info.shape.clone(),
-                storage: Storage::Plain(i),
-            });
-        }
-    }
+    out.extend(plain(entries, &paired));
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// Every entry not marked in `paired` as a plain logical tensor.
+fn plain(entries: &[Entry], paired: &[bool]) -> Vec<Logical> {
+    entries
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !paired.get(*i).copied().unwrap_or(false))
+        .map(|(i, e)| Logical {
+            name: e.info.name.clone(),
+            shape: e.info.shape.clone(),
+            storage: Storage::Plain(i),
+        })
+        .collect()
 }
 
 /// The quant metadata is there exactly when the model has int4 pairs.

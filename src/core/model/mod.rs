@@ -27,6 +27,7 @@ pub mod int4;
 mod int4_avx2;
 mod int4_kernel;
 pub mod mx;
+pub mod mx_pairs;
 pub mod outdir;
 pub mod transform;
 pub mod view;
@@ -90,6 +91,38 @@ pub enum Storage {
         /// Group size G.
         group: u64,
     },
+    /// An MX pair: the elements entry (`_blocks` or F8_E4M3 `.weight`), the E8M0
+    /// scales entry and the element format.
+    Mx {
+        /// The elements entry.
+        elems: usize,
+        /// The scales entry.
+        scales: usize,
+        /// The element format.
+        fmt: mx::MxFormat,
+    },
+}
+
+impl Storage {
+    /// The entry a logical tensor is found at first (its elements for a pair).
+    pub fn first_entry(&self) -> usize {
+        match *self {
+            Storage::Plain(i) => i,
+            Storage::Int4 { qweight, .. } => qweight,
+            Storage::Mx { elems, .. } => elems,
+        }
+    }
+
+    /// The entries of a pair (none for a plain tensor).
+    pub fn pair(&self) -> Option<[usize; 2]> {
+        match *self {
+            Storage::Plain(_) => None,
+            Storage::Int4 {
+                qweight, scales, ..
+            } => Some([qweight, scales]),
+            Storage::Mx { elems, scales, .. } => Some([elems, scales]),
+        }
+    }
 }
 
 /// A tensor as the model means it.
@@ -124,7 +157,7 @@ pub struct Model {
     pub entries: Vec<Entry>,
     /// Logical tensors by name.
     pub logical: Vec<Logical>,
-    /// The `quant` value shared by the shards (int4 models).
+    /// The `quant` value shared by the shards (int4 and MX models).
     pub quant: Option<String>,
 }
 
@@ -294,7 +327,10 @@ impl Model {
             ..
         } = located;
         let entries = index::entries(&shards, weight_map.as_ref(), problems);
-        let quant = int4::quant_of(&shards, problems);
+        // gpt-oss's own shards carry no `quant`: its config's quantization_config says
+        // MXFP4 instead.
+        let quant =
+            int4::quant_of(&shards, problems).or_else(|| mx_pairs::config_quant(config.as_ref()));
         let logical = int4::logical(&entries, quant.as_deref(), problems);
         let mut model = Model {
             path: path.to_path_buf(),
@@ -364,16 +400,20 @@ impl Model {
                     .fold(0u64, |acc, e| acc.saturating_add(e.info.byte_len()));
                 (int4::quant_name(group), bytes)
             }
+            Storage::Mx { elems, scales, fmt } => {
+                let bytes = [elems, scales]
+                    .iter()
+                    .filter_map(|&i| self.entry(i))
+                    .fold(0u64, |acc, e| acc.saturating_add(e.info.byte_len()));
+                (fmt.quant_name().to_string(), bytes)
+            }
         }
     }
 
     /// The shard holding a logical tensor (its `.qweight` for an int4 pair).
     pub fn shard_of(&self, l: &Logical) -> Option<&Shard> {
-        let i = match l.storage {
-            Storage::Plain(i) => i,
-            Storage::Int4 { qweight, .. } => qweight,
-        };
-        self.entry(i).and_then(|e| self.shards.get(e.shard))
+        self.entry(l.storage.first_entry())
+            .and_then(|e| self.shards.get(e.shard))
     }
 
     /// Parameter count of every logical tensor.
@@ -475,5 +515,7 @@ pub fn torch_name(d: Dtype) -> Option<&'static str> {
     })
 }
 
+#[cfg(test)]
+mod mx_model_tests;
 #[cfg(test)]
 mod tests;

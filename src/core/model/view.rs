@@ -37,7 +37,7 @@ impl ModelView {
     /// scales first (docs/models.md).
     pub fn map(model: Model) -> Result<ModelView, ModelError> {
         let view = ModelView::map_unchecked(model)?;
-        if let Some((_, message)) = view.bad_scales().into_iter().next() {
+        if let Some((_, _, message)) = view.bad_scales().into_iter().next() {
             return Err(ModelError::Invalid {
                 first: message,
                 more: 0,
@@ -106,6 +106,15 @@ impl ModelView {
                     };
                     progress((q.len() + s.len()) as u64);
                     Some(int4_stats(q, s, group))
+                }
+                Storage::Mx { elems, scales, fmt } => {
+                    let (Some(q), Some(s)) = (self.entry_bytes(elems), self.entry_bytes(scales))
+                    else {
+                        out.push(None);
+                        continue;
+                    };
+                    progress((q.len() + s.len()) as u64);
+                    mx_stats(q, s, fmt)
                 }
             };
             out.push(s);
@@ -196,11 +205,9 @@ impl<'m> Listing<'m> {
 
 /// The data offsets of a logical tensor (of its `.qweight` for a pair).
 fn offsets(model: &Model, l: &super::Logical) -> (u64, u64) {
-    let first = match l.storage {
-        Storage::Plain(i) => i,
-        Storage::Int4 { qweight, .. } => qweight,
-    };
-    model.entry(first).map_or((0, 0), |e| e.info.data_offsets)
+    model
+        .entry(l.storage.first_entry())
+        .map_or((0, 0), |e| e.info.data_offsets)
 }
 
 fn row(model: &Model, i: usize) -> Option<Row<'_>> {
@@ -258,6 +265,32 @@ fn int4_stats(q: &[u8], s: &[u8], group: u64) -> TensorStats {
     acc.finish()
 }
 
+/// Statistics of a dequantized MX pair, a block at a time; None when a scale is NaN
+/// (the model was opened without the scale check).
+fn mx_stats(elems: &[u8], scales: &[u8], fmt: super::mx::MxFormat) -> Option<TensorStats> {
+    let mut acc = Acc::default();
+    let (mut vals, mut wide) = (Vec::new(), Vec::new());
+    let per = fmt.block_bytes();
+    for (bytes, s) in elems.chunks(per * 1024).zip(scales.chunks(1024)) {
+        vals.clear();
+        super::mx::dequantize(bytes, s, fmt, &mut vals).ok()?;
+        wide.clear();
+        wide.extend(vals.iter().map(|&v| f64::from(v)));
+        acc.add_chunk(&wide);
+    }
+    Some(acc.finish())
+}
+
+/// The message naming the first NaN scale (255) of the MX pair `name` whose scales
+/// are `bytes`; `None` when every scale is a number.
+pub fn bad_mx_scale(name: &str, bytes: &[u8]) -> Option<String> {
+    let at = bytes.iter().position(|&b| b == super::mx::E8M0_NAN)?;
+    Some(format!(
+        "mx (scales): tensor {}: scale {at} is 255, the E8M0 NaN; scales must be numbers",
+        quote(name)
+    ))
+}
+
 /// Compare two models by tensor, whatever their sharding.
 pub fn diff_models(a: &ModelView, b: &ModelView) -> DiffReport<'static> {
     diff_views(a, b).into_owned()
@@ -291,33 +324,34 @@ pub fn verify_model(
             problems.push(f);
         }
     }
-    let has_pairs = model
-        .logical
-        .iter()
-        .any(|l| matches!(l.storage, Storage::Int4 { .. }));
+    let has_pairs = model.logical.iter().any(|l| l.storage.pair().is_some());
     if has_pairs {
         let view = ModelView::map_unchecked(model)?;
-        for (name, message) in view.bad_scales() {
-            problems.push(finding("int4-scales", Some(&name), message));
+        for (rule, name, message) in view.bad_scales() {
+            problems.push(finding(rule, Some(&name), message));
         }
     }
     Ok(problems)
 }
 
 impl ModelView {
-    /// For each int4 pair with a scale that is not finite or is negative (-0 is 0),
-    /// its logical name and a message naming the first such scale.
-    fn bad_scales(&self) -> Vec<(String, String)> {
+    /// For each pair with a scale the reader rule forbids (int4: not finite, or
+    /// negative, -0 being 0; MX: the NaN code 255), the rule, its logical name and a
+    /// message naming the first such scale.
+    fn bad_scales(&self) -> Vec<(&'static str, String, String)> {
         let mut out = Vec::new();
         for l in &self.model.logical {
-            let Storage::Int4 { scales, .. } = l.storage else {
-                continue;
+            type Check = fn(&str, &[u8]) -> Option<String>;
+            let (rule, scales, check): (&str, usize, Check) = match l.storage {
+                Storage::Int4 { scales, .. } => ("int4-scales", scales, bad_scale),
+                Storage::Mx { scales, .. } => ("mx-scales", scales, bad_mx_scale),
+                Storage::Plain(_) => continue,
             };
             let Some(bytes) = self.entry_bytes(scales) else {
                 continue;
             };
-            if let Some(message) = bad_scale(&l.name, bytes) {
-                out.push((l.name.clone(), message));
+            if let Some(message) = check(&l.name, bytes) {
+                out.push((rule, l.name.clone(), message));
             }
         }
         out

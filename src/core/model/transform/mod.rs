@@ -107,12 +107,9 @@ pub fn run(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Report, ModelError> {
     check_op(model, op)?;
-    let pairs = model
-        .logical
-        .iter()
-        .any(|l| matches!(l.storage, super::Storage::Int4 { .. }));
+    let pairs = model.logical.iter().any(|l| l.storage.pair().is_some());
     if pairs && !matches!(op, Op::Dequantize { .. }) {
-        // Convert and quantize copy existing int4 pairs unchanged: their scales are
+        // Convert and quantize copy existing int4 and MX pairs unchanged: their scales are
         // checked first, as every command does (dequantize checks each as it reads).
         super::view::ModelView::map(model.clone())?;
     }

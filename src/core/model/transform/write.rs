@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use super::super::{Model, ModelError, Storage};
+use super::super::{Model, ModelError};
 use super::out::{write_err, Out, QuantOuts, Target};
 use super::plan::{plan_shard, planned_result, OutTensor, Plan};
 use super::quant::{dequantize_pair, quantize_entry};
@@ -102,12 +102,7 @@ fn convert_shard(
     let members: std::collections::HashSet<&str> = model
         .logical
         .iter()
-        .filter_map(|l| match l.storage {
-            Storage::Int4 {
-                qweight, scales, ..
-            } => Some([qweight, scales]),
-            Storage::Plain(_) => None,
-        })
+        .filter_map(|l| l.storage.pair())
         .flatten()
         .filter_map(|i| model.entry(i).map(|e| e.info.name.as_str()))
         .collect();
