@@ -22,6 +22,7 @@ use assert_cmd::Command;
 mod ckpt;
 mod compressed;
 mod demo;
+mod documents;
 mod errors;
 mod generate;
 mod grammar;
