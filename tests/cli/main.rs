@@ -23,6 +23,7 @@ mod ckpt;
 mod compressed;
 mod dcp_import;
 mod demo;
+mod documents;
 mod errors;
 mod generate;
 mod grammar;

@@ -1,8 +1,8 @@
 //! `tokens pack --part K/N` and `tokens merge`: parts run concurrently (one killed and
 //! rerun) merge into shards `cmp`-equal to one pack, for a built-in encoding and a
-//! tokenizer.json over JSONL, text and .gz inputs; a merge before completion names the
-//! missing part; a rerun of a complete part does nothing; bad part numbers exit 2;
-//! `--part slurm` reads the Slurm array variables.
+//! tokenizer.json over JSONL, text and .gz inputs (document sidecars included); a merge
+//! before completion names the missing part; a rerun of a complete part does nothing;
+//! bad part numbers exit 2; `--part slurm` reads the Slurm array variables.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -213,7 +213,8 @@ fn parts_scenario(tokenizer: &str, from: &str, inputs: &[PathBuf], dir: &Path) {
         "{tokenizer} {from}: {:?}",
         want.iter().map(|w| &w.0).collect::<Vec<_>>()
     );
-    assert_eq!(report["shards"].as_array().unwrap().len(), want.len());
+    let bins = want.iter().filter(|w| w.0.ends_with(".bin")).count();
+    assert_eq!(report["shards"].as_array().unwrap().len(), bins);
     let got = shards(&many);
     assert_eq!(
         got.iter().map(|g| &g.0).collect::<Vec<_>>(),
@@ -226,6 +227,20 @@ fn parts_scenario(tokenizer: &str, from: &str, inputs: &[PathBuf], dir: &Path) {
             "{tokenizer} {from}: {name} differs from the single pack's"
         );
     }
+    // Every shard has its document sidecar, and the merge's equal the pack's (above).
+    let bin_names: Vec<&String> = want
+        .iter()
+        .map(|w| &w.0)
+        .filter(|n| n.ends_with(".bin"))
+        .collect();
+    for bin in &bin_names {
+        let docs = format!("{}.docs", bin.strip_suffix(".bin").unwrap());
+        assert!(
+            want.iter().any(|w| w.0 == docs),
+            "{tokenizer} {from}: no {docs}"
+        );
+    }
+    assert_eq!(want.len(), 2 * bins, "{tokenizer} {from}");
 }
 
 #[test]

@@ -430,6 +430,27 @@ fn a_tokenizer_pack_to_storage_writes_the_local_val_and_train_shards() {
         .as_str()
         .unwrap()
         .ends_with("fw_val_000000.bin"));
+    // Each shard's document sidecar is uploaded beside it, the local one's bytes, and
+    // the manifest lists it with its size and sha256.
+    let got = tmp.path().join("got-manifest.json");
+    ask(&format!("get {b} fw/fw.manifest.json {}", got.display()));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&got).unwrap()).unwrap();
+    for (entry, path) in manifest["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(shard_files(&local_doc))
+    {
+        let docs = path.with_extension("docs");
+        let name = docs.file_name().unwrap().to_str().unwrap();
+        assert_eq!(entry["docs"]["name"], name, "{manifest}");
+        let bytes = std::fs::read(&docs).unwrap();
+        assert_eq!(entry["docs"]["bytes"], bytes.len() as u64);
+        let fetched = tmp.path().join(format!("got-{name}"));
+        ask(&format!("get {b} fw/{name} {}", fetched.display()));
+        assert_eq!(std::fs::read(&fetched).unwrap(), bytes, "{name}");
+    }
 }
 
 #[test]

@@ -892,6 +892,12 @@ fn pack_val_train_shards_are_fineweb_py_shards() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     ours.sort();
+    // Each shard has its document sidecar beside it (fineweb.py writes none).
+    for name in ours.iter().filter(|n| n.ends_with(".bin")) {
+        let docs = format!("{}.docs", name.strip_suffix(".bin").unwrap());
+        assert!(ours.contains(&docs), "{ours:?}");
+    }
+    ours.retain(|n| n.ends_with(".bin"));
     assert!(
         ours.contains(&"fineweb_val_000000.bin".to_string()),
         "{ours:?}"

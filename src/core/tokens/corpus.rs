@@ -171,6 +171,7 @@ fn tokenize_all(
         });
         for (doc, ids) in batch.iter().zip(encoded) {
             let ids = ids?;
+            sink.start_document();
             sink.push(&ids)?;
             totals.documents = totals.documents.saturating_add(1);
             totals.bytes = totals.bytes.saturating_add(doc.len() as u64);
@@ -257,7 +258,7 @@ pub fn pack_text(
             .map(PathBuf::as_path)
             .filter(|p| p.as_os_str() != "-"),
     )?;
-    let mut sink = Sink::new(opts.plan.clone(), tokenizer.vocab_size(), opts.layout)?;
+    let mut sink = Sink::new(opts.plan.clone(), tokenizer.vocab_size(), opts.layout, true)?;
     let sources: Vec<Source> = inputs.iter().cloned().map(Source::Whole).collect();
     let (documents, skipped) =
         match tokenize_sources(&sources, tokenizer, opts, &mut sink, progress) {

@@ -27,6 +27,7 @@ mod checks;
 #[cfg(feature = "compression")]
 mod compressed;
 mod corpus;
+pub mod docs;
 #[cfg(feature = "tokenizers")]
 mod gpt2fast;
 #[cfg(feature = "tokenizers")]
@@ -37,6 +38,7 @@ mod mixture;
 mod o200k;
 mod order;
 mod pack;
+mod part_docs;
 pub mod parts;
 #[cfg(feature = "tokenizers")]
 mod runs;
@@ -426,6 +428,9 @@ pub enum TokensError {
     /// Writing an output shard failed.
     #[error(transparent)]
     Write(#[from] crate::atomic::AtomicError),
+    /// A document sidecar is bad, missing where needed, or could not be written.
+    #[error(transparent)]
+    Docs(#[from] docs::DocsError),
 }
 
 impl Failure for TokensError {
@@ -435,6 +440,7 @@ impl Failure for TokensError {
                 FailureKind::Operational
             }
             TokensError::Tokenizer(e) => e.kind(),
+            TokensError::Docs(e) => e.kind(),
             // Bad arguments are usage errors, not bad data.
             TokensError::NoShards
             | TokensError::BadArg { .. }

@@ -243,6 +243,8 @@ pub(super) trait IdSink {
     fn push(&mut self, ids: &[u32]) -> Result<(), TokensError>;
     /// Ids accepted so far.
     fn tokens(&self) -> u64;
+    /// The next id pushed is a document's first (a document of no ids starts nowhere).
+    fn start_document(&mut self) {}
 }
 
 impl IdSink for Sink {
@@ -255,6 +257,20 @@ impl IdSink for Sink {
     fn tokens(&self) -> u64 {
         Sink::tokens(self)
     }
+    fn start_document(&mut self) {
+        if let Some(docs) = &mut self.docs {
+            docs.pending = true;
+        }
+    }
+}
+
+/// The document starts of the shard being written, when the pack records documents.
+#[derive(Default)]
+struct ShardDocs {
+    /// The next id pushed starts a document.
+    pending: bool,
+    /// Offsets within the current shard of the documents started in it.
+    starts: Vec<u64>,
 }
 
 /// Where ids go: the current shard, rotated as the plan says. Each shard is made
@@ -269,11 +285,19 @@ pub(super) struct Sink {
     done: Vec<(PathBuf, ShardHeader)>,
     ready: Vec<Prepared>,
     tokens: u64,
+    /// Document starts, written as each shard's sidecar (docs.rs) when it is prepared.
+    docs: Option<ShardDocs>,
 }
 
 impl Sink {
-    /// A sink writing `plan`'s shards for vocabulary `vocab`.
-    pub(super) fn new(plan: ShardPlan, vocab: u32, layout: Layout) -> Result<Sink, TokensError> {
+    /// A sink writing `plan`'s shards for vocabulary `vocab`; with `documents`, each
+    /// shard gets its document sidecar (docs.rs), prepared and renamed with it.
+    pub(super) fn new(
+        plan: ShardPlan,
+        vocab: u32,
+        layout: Layout,
+        documents: bool,
+    ) -> Result<Sink, TokensError> {
         check_shard_vocab(u64::from(vocab))?;
         plan.check()?;
         Ok(Sink {
@@ -284,6 +308,7 @@ impl Sink {
             done: Vec::new(),
             ready: Vec::new(),
             tokens: 0,
+            docs: documents.then(ShardDocs::default),
         })
     }
 
@@ -308,6 +333,11 @@ impl Sink {
             let (writer, limit) = self.current.insert((writer, limit));
             let limit = *limit;
             let room = usize::try_from(limit.saturating_sub(writer.count())).unwrap_or(usize::MAX);
+            if let Some(docs) = self.docs.as_mut().filter(|d| d.pending) {
+                // The first id of `ids` lands in this shard, at its current count.
+                docs.pending = false;
+                docs.starts.push(writer.count());
+            }
             let (now, later) = ids.split_at(room.min(ids.len()));
             writer.push(now)?;
             self.tokens = self.tokens.saturating_add(now.len() as u64);
@@ -323,8 +353,13 @@ impl Sink {
         if let Some((writer, _)) = self.current.take() {
             let path = writer.path().to_path_buf();
             let (header, ready) = writer.prepare()?;
-            self.done.push((path, header));
             self.ready.push(ready);
+            if let Some(docs) = &mut self.docs {
+                let starts = std::mem::take(&mut docs.starts);
+                self.ready
+                    .push(super::docs::prepare_docs(&path, header.count, &starts)?);
+            }
+            self.done.push((path, header));
         }
         Ok(())
     }
@@ -582,7 +617,8 @@ pub fn pack(
         None => ShardPlan::Single(out.to_path_buf()),
     };
     plan.refuse_inputs(inputs.iter().filter_map(|i| i.path.as_deref()))?;
-    let mut sink = Sink::new(plan, opts.vocab, opts.layout)?;
+    // Raw ids carry no document boundaries: a stream finds them with eot=ID.
+    let mut sink = Sink::new(plan, opts.vocab, opts.layout, false)?;
     let mut buf = vec![0u8; READ_CHUNK];
     let mut ids = Vec::with_capacity(READ_CHUNK);
     for mut input in inputs {

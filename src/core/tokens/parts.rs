@@ -27,6 +27,8 @@ use super::corpus::{
     TextPackProgress,
 };
 use super::pack::{pack_input, IdSink, InputFormat, PackInput, PackOptions, ShardPlan, READ_CHUNK};
+pub use super::part_docs::DOCS_FILE;
+use super::part_docs::{MergeDocs, PartDocs};
 use super::shard::{IdDtype, Layout, ShardHeader, MAX_COUNT, U16_VOCAB_LIMIT};
 use super::tokenizer::Tokenizer;
 use super::{CorpusFormat, TokensError};
@@ -546,6 +548,9 @@ pub struct PartMarker {
     pub bytes: u64,
     /// blake3 of its ids file, lowercase hex.
     pub blake3: String,
+    /// Document starts in its `docs.bin` (part_docs.rs); absent for id inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doc_starts: Option<u64>,
 }
 
 impl PartIdentity {
@@ -848,6 +853,8 @@ struct PartWriter {
     count: u64,
     hasher: blake3::Hasher,
     buf: Vec<u8>,
+    /// The document starts, for a tokenized pack.
+    docs: Option<PartDocs>,
 }
 
 impl PartWriter {
@@ -861,15 +868,18 @@ impl PartWriter {
             count: 0,
             hasher: blake3::Hasher::new(),
             buf: Vec::new(),
+            docs: None,
         })
     }
 
-    /// Make the ids durable under the final name; returns the count, bytes and digest.
-    fn finish(self) -> Result<(u64, u64, String), PartsError> {
+    /// Make the ids (and document starts) durable under their final names; returns
+    /// the count, bytes, digest and document starts.
+    fn finish(self) -> Result<(u64, u64, String, Option<u64>), PartsError> {
         let bytes = self.count.saturating_mul(self.dtype.itemsize() as u64);
         let digest = self.hasher.finalize().to_hex().to_string();
         self.file.commit()?;
-        Ok((self.count, bytes, digest))
+        let docs = self.docs.map(PartDocs::finish).transpose()?;
+        Ok((self.count, bytes, digest, docs))
     }
 }
 
@@ -886,6 +896,9 @@ impl IdSink for PartWriter {
                 id: u64::from(id),
                 vocab: self.vocab,
             });
+        }
+        if let (Some(docs), false) = (&mut self.docs, ids.is_empty()) {
+            docs.before_push(self.count)?;
         }
         self.buf.clear();
         match self.dtype {
@@ -908,6 +921,12 @@ impl IdSink for PartWriter {
 
     fn tokens(&self) -> u64 {
         self.count
+    }
+
+    fn start_document(&mut self) {
+        if let Some(docs) = &mut self.docs {
+            docs.start();
+        }
     }
 }
 
@@ -1122,6 +1141,7 @@ pub fn pack_part(
             tokenizer, opts, ..
         } => {
             let sources = text_sources(job.inputs, &sizes, &segments);
+            writer.docs = Some(PartDocs::create(&dir.join(DOCS_FILE))?);
             tokenize_sources(&sources, tokenizer, opts, &mut writer, progress)?
         }
         PartSource::Ids { opts } => {
@@ -1129,7 +1149,7 @@ pub fn pack_part(
             (0, 0)
         }
     };
-    let (tokens, bytes, blake3) = writer.finish()?;
+    let (tokens, bytes, blake3, doc_starts) = writer.finish()?;
     let marker = PartMarker {
         format: MARKER_FORMAT.to_string(),
         version: MARKER_VERSION,
@@ -1142,6 +1162,7 @@ pub fn pack_part(
         tokens,
         bytes,
         blake3,
+        doc_starts,
     };
     write_marker(&dir, &marker)?;
     Ok(PartOutcome::Packed(marker))
@@ -1477,6 +1498,7 @@ pub fn merge_parts(
         offset: 0,
         open: None,
     };
+    let mut docs = MergeDocs::open(&parts)?;
     let mut written: Vec<(PathBuf, ShardHeader)> = Vec::new();
     let mut ready: Vec<Prepared> = Vec::new();
     let mut left = tokens;
@@ -1501,6 +1523,9 @@ pub fn merge_parts(
         w.flush().map_err(write_err)?;
         concat.copy_into(count.saturating_mul(itemsize), w.get_mut(), progress)?;
         ready.push(file.prepare()?);
+        if let Some(docs) = &mut docs {
+            ready.push(docs.prepare_shard(&path, tokens.saturating_sub(left), count)?);
+        }
         written.push((path, header));
         left = left.saturating_sub(count);
     }
