@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use crate::failure::{Failure, FailureKind};
 
 mod batch;
+pub mod boundaries;
 mod checks;
 #[cfg(feature = "compression")]
 mod compressed;
