@@ -60,7 +60,7 @@ fn an_endpoint_or_url_holding_a_secret_is_refused_without_printing_it() {
     for endpoint in [
         format!("http://admin:hunter2@127.0.0.1:{port}"),
         format!("admin:hunter2@127.0.0.1:{port}"),
-        format!("https://admin:hunter2/x@s3.example.com"),
+        "https://admin:hunter2/x@s3.example.com".to_string(),
     ] {
         let err = refusal(
             tlio_s3()
