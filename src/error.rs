@@ -265,6 +265,7 @@ registry![
     tlio_core::safetensors::slice::SliceError,
     tlio_core::tokens::TokensError,
     tlio_core::tokens::parts::PartsError,
+    tlio_core::tokens::docs::DocsError,
     tlio_core::tokens::tokenizer::TokenizerError,
     tlio_core::train::TrainError,
 ];
