@@ -76,7 +76,8 @@ fn a_missing_or_damaged_source_is_refused_and_nothing_is_committed() {
     let run = dir.path().join("run");
     let out = import(&dir.path().join("nope"), &run).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nope: no such directory"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nope") && err.lines().count() == 1, "{err}");
     let source = dcp_checkpoint(dir.path());
     let data = source.join("__0_0.distcp");
     let bytes = std::fs::read(&data).unwrap();

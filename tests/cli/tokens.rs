@@ -1278,7 +1278,12 @@ fn pack_refuses_a_val_split_that_leaves_no_train_token_writing_nothing() {
     );
     assert_eq!(
         names_in(&out_dir),
-        ["fw_train_000001.bin", "fw_val_000000.bin"]
+        [
+            "fw_train_000001.bin",
+            "fw_train_000001.docs",
+            "fw_val_000000.bin",
+            "fw_val_000000.docs"
+        ]
     );
     assert_eq!(shard_ids(&out_dir.join("fw_train_000001.bin")).len(), 1);
 }

@@ -27,6 +27,17 @@ pub fn run(
     step: Option<u64>,
     printer: &Printer,
 ) -> anyhow::Result<Outcome> {
+    // The source is checked here, so a FIFO or a missing directory is named at once,
+    // whatever the interpreter has installed.
+    let meta =
+        std::fs::metadata(dcp_dir).with_context(|| format!("cannot read {}", dcp_dir.display()))?;
+    if !meta.is_dir() {
+        let err = tlio_core::files::name_non_directory(
+            dcp_dir,
+            std::io::Error::from(std::io::ErrorKind::NotADirectory),
+        );
+        return Err(err).with_context(|| format!("cannot import {}", dcp_dir.display()));
+    }
     let python = std::env::var_os(PYTHON_VAR).unwrap_or_else(|| DEFAULT_PYTHON.into());
     let mut cmd = Command::new(&python);
     cmd.args(["-m", "tlio._dcp_import"])
