@@ -7,6 +7,7 @@ with ``tlio.torch.save`` every K steps and resumable bit for bit with ``--resume
     torchrun --nproc_per_node 2 examples/train_torch.py --shard train.bin --out run2 --steps 60
     python examples/train_torch.py --shard train.bin --out run3 --steps 60 --every 10 --async-save
     python examples/train_torch.py --shard train.bin --out run4 --steps 60 --lr-schedule cosine
+    python examples/train_torch.py --mix web.bin:0.6 --mix code.bin:0.4 --num-workers 4 --out run5
 
 The model: token and position embeddings, two pre-LayerNorm causal self-attention
 blocks with an MLP, a final LayerNorm and a head tied to the token embedding; AdamW.
@@ -24,6 +25,14 @@ returns once the state is copied to host memory and is written in the background
 With ``--lr-schedule cosine`` the learning rate follows a cosine decay over ``--steps``
 (``torch.optim.lr_scheduler.CosineAnnealingLR``), whose state is saved and restored
 through ``state={"scheduler": ...}``, so a resumed run stays on the same schedule.
+
+``--mix SRC:W`` (repeated, instead of ``--shard``) trains on a mixture of sources at
+weights ``W`` summing to 1 (``TokenStream(sources=...)``; ``SRC`` is anything a source
+takes: a shard, a ``*`` pattern, a pack's manifest, an ``s3://`` URL). ``--num-workers
+N`` reads the batches through torchdata's ``StatefulDataLoader(TokenDataset(stream),
+num_workers=N)`` (worker processes started the platform's default way): the workers
+split the stream, so the run trains on the very batches of ``--num-workers 0``, and the
+loader's state_dict is saved as ``state={"loader": ...}``; resume with the same N.
 
 Each step prints ``step N loss L``; the final line is
 ``sha256 state_dict=<hex> optimizer=<hex>``: the state_dict digest hashes, for each
@@ -135,10 +144,40 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+def mix_source(text: str):
+    """``SRC:W`` as ``(SRC, W)``, split at the last colon (a URL holds colons too)."""
+    src, sep, weight = text.rpartition(":")
+    try:
+        if not sep or not src:
+            raise ValueError
+        return src, float(weight)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected SRC:WEIGHT, got {text!r}") from None
+
+
+def make_stream(args):
+    """The run's TokenStream (rank and world size from the process group under torchrun,
+    else 0 and 1) and the model's vocabulary: the first shard's, else GPT-2's."""
+    kw = dict(seq_len=args.seq_len, batch=args.batch, rng=PCG32(args.seed), rank=None, world_size=None,
+              shuffle=args.shuffle)
+    if args.shard:
+        vocab = read_tokens_header(args.shard[0])["vocab_size"] or 50257
+        return TokenStream(args.shard, vocab_size=vocab, **kw), vocab
+    stream = TokenStream(sources=args.mix, **kw)
+    recorded = read_tokens_header(stream.shards[0])["vocab_size"]
+    if recorded:
+        return stream, recorded
+    # Shards that record no vocabulary: every id is checked against GPT-2's.
+    return TokenStream(sources=args.mix, vocab_size=50257, **kw), 50257
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shard", required=True, nargs="+",
-                    help="token shards (tlio tokens pack --tokenizer gpt2), read in this order")
+    data = ap.add_mutually_exclusive_group(required=True)
+    data.add_argument("--shard", nargs="+",
+                      help="token shards (tlio tokens pack --tokenizer gpt2), read in this order")
+    data.add_argument("--mix", action="append", metavar="SRC:W", type=mix_source,
+                      help="a source of a mixture and its weight (repeat; the weights sum to 1)")
     ap.add_argument("--shuffle", action="store_true",
                     help="visit the shards in a new order each epoch (passes within a shard unchanged)")
     ap.add_argument("--out", required=True, help="the checkpoint directory")
@@ -151,6 +190,8 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --out")
     ap.add_argument("--async-save", action="store_true",
                     help="save with blocking=False: the loop pays for a copy of the state, the write runs behind it")
+    ap.add_argument("--num-workers", type=int, default=0,
+                    help="read batches through a StatefulDataLoader with N worker processes (0: none)")
     ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                     help="cosine: decay the learning rate to 0 over --steps (its state is checkpointed)")
     args = ap.parse_args()
@@ -162,7 +203,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
 
-    vocab = read_tokens_header(args.shard[0])["vocab_size"] or 50257
+    stream, vocab = make_stream(args)
     torch.manual_seed(args.seed)
     model = GPT(vocab, args.d_model, 2, 2, args.seq_len)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
@@ -170,23 +211,36 @@ def main() -> None:
     state = {}
     if args.lr_schedule == "cosine":
         state["scheduler"] = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
-    # rank and world_size come from the process group under torchrun, else 0 and 1.
-    stream = TokenStream(args.shard, args.seq_len, args.batch, PCG32(args.seed), vocab,
-                         rank=None, world_size=None, shuffle=args.shuffle)
+    loader = None
+    if args.num_workers > 0:
+        from torchdata.stateful_dataloader import StatefulDataLoader  # only a run with workers needs torchdata
+
+        loader = StatefulDataLoader(tt.TokenDataset(stream), batch_size=None, num_workers=args.num_workers)
+        # The loader's state holds the position (each worker's cursor); the stream of
+        # this process never moves.
+        state["loader"] = loader
+    elif stream.is_mixture:
+        # save's stream= records a single-source cursor; a mixture's goes by name.
+        state["stream"] = stream
+    saved = stream if not state.keys() & {"loader", "stream"} else None
     start = 0
     if args.resume:
         try:
-            start = tt.load(args.out, model, opt, stream, state=state).step
+            start = tt.load(args.out, model, opt, saved, state=state).step
         except FileNotFoundError:
             pass
+    batches = iter(loader) if loader is not None else None
     say(f"rank {rank} pid {os.getpid()} start {start}")
     net = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
 
     pending = None  # a path, or the PendingSave of the save in flight
     for step in range(start + 1, args.steps + 1):
-        x, y = stream.next_batch()
-        logits = net(torch.from_numpy(x))
-        loss = F.cross_entropy(logits.view(-1, vocab), torch.from_numpy(y).view(-1))
+        if batches is not None:
+            x, y = next(batches)
+        else:
+            x, y = (torch.from_numpy(a) for a in stream.next_batch())
+        logits = net(x)
+        loss = F.cross_entropy(logits.view(-1, vocab), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -195,7 +249,8 @@ def main() -> None:
         say(f"rank {rank} step {step} loss {loss.item():.4f}")
         if step % args.every == 0:
             tokens = step * stream.global_batch * args.seq_len
-            pending = tt.save(args.out, step, model, opt, stream, extra={"tokens_seen": tokens}, keep=3,
+            pending = tt.save(args.out, step, model, opt, saved,
+                              extra={"tokens_seen": tokens}, keep=3,
                               blocking=not args.async_save, state=state)
 
     if isinstance(pending, tt.PendingSave):

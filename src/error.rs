@@ -77,14 +77,17 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 /// Each cause is printed once by construction: an error of tlio-core either prints its
 /// source in its message or returns it from `source()`, never both (a core test holds
 /// every error type to it), and a context added here names what was being done, not
-/// what the cause below already says. The whole line goes through
+/// what the cause below already says. Secrets a URL carries are redacted
+/// (`core::text::redact`). The whole line goes through
 /// `core::text::escape`: a newline inside a cause would break the one-line contract, and
 /// a name or path with a control or bidi character must not reach the terminal raw, no
 /// matter which error carried it (escaping is idempotent, so causes that already
 /// escaped their names are unchanged).
 pub fn one_line(err: &anyhow::Error) -> String {
     let causes: Vec<String> = err.chain().map(ToString::to_string).collect();
-    tlio_core::text::escape(&causes.join(": "))
+    // Redacted as a whole too: a path given as a presigned URL is echoed by whichever
+    // error could not open it, and a secret must never reach stderr.
+    tlio_core::text::escape(&tlio_core::text::redact(&causes.join(": ")))
 }
 
 /// Print the one-line error and return the exit code.
@@ -262,6 +265,7 @@ registry![
     tlio_core::safetensors::slice::SliceError,
     tlio_core::tokens::TokensError,
     tlio_core::tokens::parts::PartsError,
+    tlio_core::tokens::docs::DocsError,
     tlio_core::tokens::tokenizer::TokenizerError,
     tlio_core::train::TrainError,
 ];

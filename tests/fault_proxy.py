@@ -9,7 +9,7 @@ prints ``http://127.0.0.1:PORT`` on its first line (the endpoint to give the cli
 then answers each request line on standard input with one line, ``ok [VALUE]`` or
 ``err MESSAGE``:
 
-    rule METHOD PATTERN NTH ACTION [MS]   add a rule; its id
+    rule METHOD PATTERN NTH ACTION [ARGS]  add a rule; its id
     hits ID                              how many requests rule ID acted on so far
     seen ID                              how many requests rule ID matched so far
     clear                                remove every rule
@@ -23,7 +23,11 @@ third one only, ``3+`` the third and every later one, ``*`` every one. ACTION is
                  connection without a byte of the reply (a reply lost on the way back)
     store-500    forward the request, then answer 500 InternalError instead of the reply
     drop         close the connection without forwarding (the server never sees it)
-    delay        hold the request MS milliseconds, then forward it normally
+    delay MS     hold the request MS milliseconds, then forward it normally
+    answer STATUS CODE
+                 answer STATUS with an S3 XML error body whose Code is CODE, without
+                 forwarding (a server refusing a token, a key or a signature); a HEAD
+                 gets the status alone, as S3 sends it
 
 Rules are tried in the order they were added; the first that acts wins. Standard
 library only. When standard input ends the proxy stops. Nothing here leaves loopback.
@@ -38,7 +42,7 @@ import threading
 import time
 import urllib.parse
 
-ACTIONS = ("store-drop", "store-500", "drop", "delay")
+ACTIONS = ("store-drop", "store-500", "drop", "delay", "answer")
 # How long a forwarded request may wait for the server.
 UPSTREAM_TIMEOUT_S = 120
 # Headers that describe one hop, never forwarded as they came.
@@ -50,12 +54,13 @@ INTERNAL_ERROR = (
 
 
 class Rule:
-    def __init__(self, method, pattern, nth, action, ms):
+    def __init__(self, method, pattern, nth, action, ms, answer=None):
         self.method = method
         self.pattern = re.compile(pattern)
         self.first, self.onward = nth
         self.action = action
         self.ms = ms
+        self.answer = answer
         self.seen = 0
         self.hits = 0
 
@@ -94,7 +99,7 @@ def pick(method, path):
     with LOCK:
         for rule in RULES:
             if rule.take(method, path):
-                return rule.action, rule.ms
+                return rule.action, (rule.answer if rule.action == "answer" else rule.ms)
     return None, 0
 
 
@@ -154,6 +159,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         action, ms = pick(self.command, path)
         if action == "drop":
             return self.lose()
+        if action == "answer":
+            status, code = ms
+            body = (
+                f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+                f"<Message>Refused by the fault proxy ({code}).</Message></Error>"
+            ).encode()
+            headers = [("Content-Type", "application/xml")]
+            return self.answer(status, http.HTTPStatus(status).phrase, headers, body)
         if action == "delay":
             time.sleep(ms / 1000)
         try:
@@ -182,8 +195,14 @@ def request(words):
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r} (one of {', '.join(ACTIONS)})")
         ms = int(args[4]) if action == "delay" else 0
+        answer = None
+        if action == "answer":
+            status, code = int(args[4]), args[5]
+            if not 400 <= status <= 599 or not re.fullmatch(r"[A-Za-z]+", code):
+                raise ValueError("answer needs a status 400-599 and a code of letters")
+            answer = (status, code)
         with LOCK:
-            RULES.append(Rule(method, pattern, parse_nth(nth), action, ms))
+            RULES.append(Rule(method, pattern, parse_nth(nth), action, ms, answer))
             return str(len(RULES) - 1)
     if cmd == "hits":
         with LOCK:

@@ -21,6 +21,8 @@ use tlio_core::checkpoint::{
 use tlio_core::remote::location;
 use tlio_core::Failure;
 
+mod import;
+
 /// A checkpoint error as the command line says it: how to save anyway is the flag.
 pub(super) fn with_flags(err: CheckpointError) -> anyhow::Error {
     let kind = err.kind();
@@ -81,6 +83,22 @@ pub enum CkptCommand {
         #[arg(long, value_name = "SIZE", value_parser = super::args::byte_size)]
         max_shard_size: Option<u64>,
     },
+    /// Convert a PyTorch DCP FileSystemWriter checkpoint (.metadata and *.distcp) into
+    /// a verified step of a run directory; prints the step directory. Runs the tlio
+    /// Python package (the interpreter in TLIO_PYTHON, else python3), which reads the
+    /// pickled .metadata without running any of its code.
+    #[command(after_help = IMPORT_EXAMPLES)]
+    Import {
+        /// The DCP checkpoint directory.
+        #[arg(value_name = "DCP_DIR")]
+        dcp_dir: PathBuf,
+        /// The run directory the step is committed into.
+        #[arg(short = 'o', long = "output", value_name = "RUN_DIR")]
+        output: PathBuf,
+        /// The step number (default: the number ending DCP_DIR's name, else 0).
+        #[arg(long, value_name = "N")]
+        step: Option<u64>,
+    },
     /// Remove stale temporaries, steps newer than LATEST and steps beyond the newest K.
     #[command(after_help = GC_EXAMPLES)]
     Gc {
@@ -123,6 +141,11 @@ const EXPORT_EXAMPLES: &str = "\
 Examples:
   tlio ckpt export run/ckpt/step-000500 -o gpt2-final
   tlio ckpt export \"$(tlio ckpt latest run/ckpt)\" -o gpt2-final --max-shard-size 2GB";
+
+const IMPORT_EXAMPLES: &str = "\
+Examples:
+  tlio ckpt import outputs/checkpoint/step-1000 -o run/ckpt
+  TLIO_PYTHON=.venv/bin/python tlio ckpt import dcp_ckpt -o run/ckpt --step 1000";
 
 const GC_EXAMPLES: &str = "\
 Examples:
@@ -189,6 +212,11 @@ pub fn run(cmd: CkptCommand, printer: &Printer) -> anyhow::Result<Outcome> {
             output,
             max_shard_size,
         } => export(&step_dir, &output, max_shard_size, printer),
+        CkptCommand::Import {
+            dcp_dir,
+            output,
+            step,
+        } => import::run(&dcp_dir, &output, step, printer),
     }
 }
 

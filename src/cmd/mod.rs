@@ -101,7 +101,7 @@ pub use crate::output::ColorChoice;
 /// The command groups.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Atomic, verified training checkpoints: save, verify, latest, gc, export.
+    /// Atomic, verified training checkpoints: save, verify, latest, gc, export, import.
     #[command(subcommand, after_help = CKPT_EXAMPLES)]
     Ckpt(ckpt::CkptCommand),
     /// Run the whole mission end to end on built-in data: pack, train, crash, resume,
@@ -130,6 +130,9 @@ pub enum Outcome {
     Success,
     /// The answer is "no" (a verify that fails, files that differ): exit 1.
     No,
+    /// A refusal of the input (exit 2) that a child process has already reported on
+    /// stderr in the CLI's words (`ckpt import`).
+    Refused,
 }
 
 impl Outcome {
@@ -138,6 +141,7 @@ impl Outcome {
         match self {
             Outcome::Success => ExitCode::SUCCESS,
             Outcome::No => ExitCode::from(1),
+            Outcome::Refused => ExitCode::from(2),
         }
     }
 

@@ -7,6 +7,8 @@
 //! is idempotent (`escape(escape(s)) == escape(s)`), so a message that already holds
 //! escaped names can be escaped again as a whole without changing. JSON output never
 //! goes through here: it carries names exactly and lets the JSON encoder escape.
+//! `redact` takes the secrets a URL can carry (a password before the host, a presigned
+//! URL's signature, credential and token) out of a message that echoes it.
 
 /// Characters that are not control characters (Unicode Cc) but still change what a
 /// terminal shows, so that a name could display as another name ("Trojan Source"):
@@ -71,6 +73,90 @@ pub fn quote(s: &str) -> String {
     format!("\"{s}\"")
 }
 
+/// What a secret in a message is replaced by.
+pub const REDACTED: &str = "***";
+
+/// The query parameters whose values are secrets (a presigned URL's signature, its key
+/// id and scope, its session token), in lowercase: names are compared ignoring case.
+const SECRET_PARAMS: [&str; 3] = [
+    "x-amz-signature=",
+    "x-amz-credential=",
+    "x-amz-security-token=",
+];
+
+/// Where a URL (or a value inside one) ends in a message: at white space or a quote.
+fn ends_url(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>')
+}
+
+/// `text` with every secret a URL in it may carry replaced by [`REDACTED`]: the user
+/// name and password before the host (`http://***@host`) and the values of
+/// [`SECRET_PARAMS`] (`X-Amz-Signature=***`). Everything else is kept, so a message
+/// still names the URL and its rule; redacting is idempotent. The one function every
+/// message that echoes an endpoint or a URL goes through.
+pub fn redact(text: &str) -> String {
+    // Query values first: a value may hold an `@` that a userinfo must not end at.
+    redact_userinfo(&redact_params(text))
+}
+
+/// The userinfo of every `scheme://userinfo@host` in `text` made [`REDACTED`]. An
+/// `s3://` URL has none (its authority is a bucket, which holds no `@`), so a key with
+/// an `@` in it is kept; elsewhere everything up to the last `@` before the URL's
+/// query or end goes, even a password with an unencoded `/`.
+fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at.saturating_add(3));
+        out.push_str(head);
+        let scheme_is_s3 = head
+            .strip_suffix("://")
+            .is_some_and(|h| h.to_ascii_lowercase().ends_with("s3"));
+        let end = tail
+            .find(|c: char| ends_url(c) || matches!(c, '?' | '#'))
+            .unwrap_or(tail.len());
+        let (authority, after) = tail.split_at(end);
+        match authority.rfind('@') {
+            Some(i) if !scheme_is_s3 => {
+                out.push_str(REDACTED);
+                out.push_str(authority.get(i..).unwrap_or(""));
+            }
+            _ => out.push_str(authority),
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The value of every [`SECRET_PARAMS`] parameter in `text` made [`REDACTED`] (up to
+/// the next `&`, `#`, white space or quote).
+fn redact_params(text: &str) -> String {
+    // ASCII lowercasing keeps every byte offset, so positions found in `lower` cut
+    // `text` at the same places (always after an ASCII `=`, a character boundary).
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut pos = 0;
+    loop {
+        let next = SECRET_PARAMS
+            .iter()
+            .filter_map(|p| {
+                let found = lower.get(pos..)?.find(p)?;
+                pos.checked_add(found)?.checked_add(p.len())
+            })
+            .min();
+        let Some(start) = next else { break };
+        out.push_str(text.get(pos..start).unwrap_or(""));
+        out.push_str(REDACTED);
+        let value = text.get(start..).unwrap_or("");
+        pos = value
+            .find(|c: char| ends_url(c) || matches!(c, '&' | '#'))
+            .map_or(text.len(), |i| start.saturating_add(i));
+    }
+    out.push_str(text.get(pos..).unwrap_or(""));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::{escape, quote};
@@ -107,6 +193,52 @@ mod tests {
         }
         assert_eq!(quote("café"), "\"café\"");
         assert_eq!(escape(&quote("x\u{202e}y")), "\"x\\u{202e}y\"");
+    }
+
+    #[test]
+    fn redacts_userinfo_and_presigned_values_keeping_the_rest() {
+        use super::redact;
+        assert_eq!(
+            redact("AWS_ENDPOINT_URL \"http://admin:PW@127.0.0.1:9000\": rule"),
+            "AWS_ENDPOINT_URL \"http://***@127.0.0.1:9000\": rule"
+        );
+        assert_eq!(redact("https://a:p/w@h/x"), "https://***@h/x");
+        assert_eq!(
+            redact("s3://b/k?X-Amz-Signature=abc&X-Amz-Date=1&x-amz-credential=AK%2F1#f"),
+            "s3://b/k?X-Amz-Signature=***&X-Amz-Date=1&x-amz-credential=***#f"
+        );
+        assert_eq!(
+            redact("u?X-Amz-Security-Token=t0k\" and http://u@h"),
+            "u?X-Amz-Security-Token=***\" and http://***@h"
+        );
+        // An s3:// key may hold an `@`; a bucket never does.
+        assert_eq!(redact("s3://b/me@x/k"), "s3://b/me@x/k");
+        let tricky = "http://x-amz-signature=v?z&u@h";
+        assert_eq!(redact(tricky), "http://***@h");
+        assert_eq!(redact(&redact(tricky)), redact(tricky));
+        for kept in ["a@b: no scheme", "http://host:9/p", "", "x-amz-date=1"] {
+            assert_eq!(redact(kept), kept);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn redacting_is_idempotent_and_keeps_text_without_urls(s in any::<String>()) {
+            let once = super::redact(&s);
+            prop_assert_eq!(super::redact(&once), once.clone());
+            if !s.contains("://") && !s.to_ascii_lowercase().contains("x-amz-") {
+                prop_assert_eq!(once, s);
+            }
+        }
+
+        #[test]
+        fn a_secret_never_survives(user in "[a-z]{1,8}", secret in "[A-Za-z0-9/+]{8,20}") {
+            let text = format!(
+                "http://{user}:{secret}@127.0.0.1:9/?X-Amz-Signature={secret}&X-Amz-Security-Token={secret}"
+            );
+            let out = super::redact(&text);
+            prop_assert!(!out.contains(&secret), "{}", out);
+        }
     }
 
     proptest! {

@@ -633,6 +633,36 @@ fn a_save_waits_for_the_lock_while_gc_fails_at_once() {
 }
 
 #[test]
+fn a_refused_lock_names_its_holders_pid_and_host() {
+    let dir = tmp();
+    let ck = dir.path().join("ck");
+    save_cmd(&ck, dir.path(), 5).assert().success();
+    // This process takes the lock as a tlio save would; the gc of another process is
+    // refused at once and names this one.
+    let held = tlio_core::checkpoint::DirLock::acquire(&ck).unwrap();
+    let me = tlio_core::checkpoint::holder::Holder::this_process();
+    let out = tlio()
+        .args(["ckpt", "gc", "--keep", "1"])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let named = format!(
+        "locked by another tlio save or gc (pid {} on host {})",
+        me.pid, me.host
+    );
+    assert!(err.contains(&named), "{err}");
+    drop(held);
+    // Released, the record left behind names no one: the next taker replaces it.
+    tlio()
+        .args(["ckpt", "gc", "--keep", "1"])
+        .arg(&ck)
+        .assert()
+        .success();
+}
+
+#[test]
 fn gc_dry_run_works_on_a_read_only_directory() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tmp();

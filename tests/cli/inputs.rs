@@ -163,6 +163,7 @@ fn templates(leaf: &[String]) -> Option<Vec<Vec<&'static str>>> {
         ["ckpt", "latest"] => vec![vec!["@fifo"]],
         ["ckpt", "gc"] => vec![vec!["@fifo", "--keep", "1"]],
         ["ckpt", "export"] => vec![vec!["@fifo", "-o", "@out"]],
+        ["ckpt", "import"] => vec![vec!["@fifo", "-o", "@out"]],
         ["tokens", "merge"] => vec![vec!["@fifo/x.bin"]],
         ["tokens", "header"] => vec![vec!["@fifo.bin"], vec!["@shard.bin", "@fifo.bin"]],
         ["tokens", "windows"] => vec![

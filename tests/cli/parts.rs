@@ -1,8 +1,8 @@
 //! `tokens pack --part K/N` and `tokens merge`: parts run concurrently (one killed and
 //! rerun) merge into shards `cmp`-equal to one pack, for a built-in encoding and a
-//! tokenizer.json over JSONL, text and .gz inputs; a merge before completion names the
-//! missing part; a rerun of a complete part does nothing; bad part numbers exit 2;
-//! `--part slurm` reads the Slurm array variables.
+//! tokenizer.json over JSONL, text and .gz inputs (document sidecars included); a merge
+//! before completion names the missing part; a rerun of a complete part does nothing;
+//! bad part numbers exit 2; `--part slurm` reads the Slurm array variables.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -213,7 +213,8 @@ fn parts_scenario(tokenizer: &str, from: &str, inputs: &[PathBuf], dir: &Path) {
         "{tokenizer} {from}: {:?}",
         want.iter().map(|w| &w.0).collect::<Vec<_>>()
     );
-    assert_eq!(report["shards"].as_array().unwrap().len(), want.len());
+    let bins = want.iter().filter(|w| w.0.ends_with(".bin")).count();
+    assert_eq!(report["shards"].as_array().unwrap().len(), bins);
     let got = shards(&many);
     assert_eq!(
         got.iter().map(|g| &g.0).collect::<Vec<_>>(),
@@ -226,6 +227,20 @@ fn parts_scenario(tokenizer: &str, from: &str, inputs: &[PathBuf], dir: &Path) {
             "{tokenizer} {from}: {name} differs from the single pack's"
         );
     }
+    // Every shard has its document sidecar, and the merge's equal the pack's (above).
+    let bin_names: Vec<&String> = want
+        .iter()
+        .map(|w| &w.0)
+        .filter(|n| n.ends_with(".bin"))
+        .collect();
+    for bin in &bin_names {
+        let docs = format!("{}.docs", bin.strip_suffix(".bin").unwrap());
+        assert!(
+            want.iter().any(|w| w.0 == docs),
+            "{tokenizer} {from}: no {docs}"
+        );
+    }
+    assert_eq!(want.len(), 2 * bins, "{tokenizer} {from}");
 }
 
 #[test]
@@ -391,4 +406,197 @@ fn part_slurm_reads_the_array_task_variables() {
         .output()
         .unwrap();
     assert_eq!(out_put.status.code(), Some(2));
+}
+
+#[test]
+fn a_merge_refuses_parts_whose_val_split_leaves_no_train_token() {
+    let dir = tmp();
+    let (jsonl, _) = corpora(dir.path());
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let out = out_dir.join("fw");
+    let mut tokens = 0;
+    for k in 0..2 {
+        let part = tlio()
+            .args([
+                "--json",
+                "tokens",
+                "pack",
+                "--tokenizer",
+                "gpt2",
+                "--from",
+                "jsonl",
+            ])
+            .args(["--val-tokens", "100000000", "--part", &format!("{k}/2")])
+            .args(&jsonl)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&part.stderr);
+        assert!(part.status.success(), "part {k}: {err}");
+        let report: serde_json::Value = serde_json::from_slice(&part.stdout).unwrap();
+        tokens += report["tokens"].as_u64().unwrap();
+    }
+    let merge = tlio().args(["tokens", "merge"]).arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&merge.stderr);
+    assert_eq!(merge.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the inputs yield {tokens} tokens and the validation shard takes the first 100000000: no token is left for a training shard"
+        )),
+        "{err}"
+    );
+    // Nothing but the part area.
+    let names: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["fw.parts"]);
+}
+
+/// `tokens pack --part K/2` of `inputs` into `out` with the gpt2 tokenizer and `extra`.
+fn gpt2_part(inputs: &[PathBuf], out: &Path, k: usize, extra: &[&str]) -> std::process::Output {
+    tlio()
+        .args([
+            "-q",
+            "tokens",
+            "pack",
+            "--from",
+            "jsonl",
+            "--part",
+            &format!("{k}/2"),
+        ])
+        .args(extra)
+        .args(inputs)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn parts_of_an_input_rewritten_with_the_same_size_are_refused_naming_it() {
+    let dir = tmp();
+    let (jsonl, _) = corpora(dir.path());
+    let out = dir.path().join("fw");
+    let gpt2 = ["--tokenizer", "gpt2"];
+    assert!(gpt2_part(&jsonl, &out, 0, &gpt2).status.success());
+    // The last input, in part 1's share, rewritten with the same size and a later
+    // modification time between the two parts' runs.
+    let changed = &jsonl[2];
+    let bytes = std::fs::read(changed).unwrap();
+    let text = String::from_utf8(bytes.clone())
+        .unwrap()
+        .replacen("Hello", "Jello", 1);
+    assert_eq!(text.len(), bytes.len());
+    assert_ne!(text.as_bytes(), &bytes[..]);
+    let modified = std::fs::metadata(changed).unwrap().modified().unwrap();
+    std::fs::write(changed, &text).unwrap();
+    let file = std::fs::File::options().write(true).open(changed).unwrap();
+    file.set_modified(modified + Duration::from_secs(10))
+        .unwrap();
+    drop(file);
+    let part = gpt2_part(&jsonl, &out, 1, &gpt2);
+    assert!(
+        part.status.success(),
+        "{}",
+        String::from_utf8_lossy(&part.stderr)
+    );
+    let name = format!("input 2 \"{}\" of modification time", changed.display());
+    for verify in [&[][..], &["--verify"][..]] {
+        let merge = tlio()
+            .args(["tokens", "merge"])
+            .args(verify)
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&merge.stderr);
+        assert_eq!(merge.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("1-of-2: made with {name}")), "{err}");
+        assert!(err.contains("but part 0-of-2 has"), "{err}");
+    }
+    assert!(!dir.path().join("fw_000000.bin").exists() && !dir.path().join("fw").exists());
+    // A rerun of the complete part 0 over the changed input is refused, not reported
+    // complete: its ids are of the old bytes.
+    let rerun = gpt2_part(&jsonl, &out, 0, &gpt2);
+    let err = String::from_utf8_lossy(&rerun.stderr);
+    assert_eq!(rerun.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("0-of-2: made with {name}")) && err.contains("this run has"),
+        "{err}"
+    );
+    assert!(!err.contains("complete already"), "{err}");
+    // Once the area is removed, the parts redo and merge into the single pack of the
+    // new bytes.
+    std::fs::remove_dir_all(dir.path().join("fw.parts")).unwrap();
+    for k in 0..2 {
+        assert!(gpt2_part(&jsonl, &out, k, &gpt2).status.success());
+    }
+    let merge = tlio()
+        .args(["-q", "tokens", "merge", "--verify"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        merge.status.success(),
+        "{}",
+        String::from_utf8_lossy(&merge.stderr)
+    );
+    let single = dir.path().join("single");
+    let one = tlio()
+        .args(["-q", "tokens", "pack", "--from", "jsonl"])
+        .args(gpt2)
+        .args(&jsonl)
+        .arg("-o")
+        .arg(&single)
+        .output()
+        .unwrap();
+    assert!(one.status.success());
+    assert!(std::fs::read(&out).unwrap() == std::fs::read(&single).unwrap());
+}
+
+#[test]
+fn parts_of_two_tokenizers_are_refused_naming_both() {
+    let dir = tmp();
+    let (jsonl, _) = corpora(dir.path());
+    let out = dir.path().join("fw");
+    assert!(gpt2_part(&jsonl, &out, 0, &["--tokenizer", "gpt2"])
+        .status
+        .success());
+    assert!(gpt2_part(&jsonl, &out, 1, &["--tokenizer", "cl100k_base"])
+        .status
+        .success());
+    let merge = tlio().args(["tokens", "merge"]).arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&merge.stderr);
+    assert_eq!(merge.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "1-of-2: made with tokenizer \"cl100k_base\", but part 0-of-2 has \"r50k_base\""
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("eot"), "{err}");
+    // A tokenizer.json is named by its file name and digest.
+    let json = fixture("tokenizers/bpe_small.json");
+    let tokenizer = json.to_str().unwrap();
+    let rerun = gpt2_part(
+        &jsonl,
+        &out,
+        1,
+        &["--tokenizer", tokenizer, "--eot", "<|endoftext|>"],
+    );
+    let err = String::from_utf8_lossy(&rerun.stderr);
+    assert_eq!(rerun.status.code(), Some(1), "{err}");
+    let named =
+        "1-of-2: made with tokenizer \"cl100k_base\", but this run has \"bpe_small.json blake3:";
+    let at = err.find(named).unwrap_or_else(|| panic!("{err}"));
+    let digest: String = err[at + named.len()..]
+        .chars()
+        .take_while(|&c| c != '"')
+        .collect();
+    assert!(
+        digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{err}"
+    );
 }

@@ -16,7 +16,7 @@ use super::s3::{ask, bucket, find_key, flip_last_byte_of_object, stdout_of, tlio
 use super::{fixture, tlio};
 
 /// Deterministic bytes for packing (a 32-bit LCG's high bytes).
-fn corpus(len: usize) -> Vec<u8> {
+pub(crate) fn corpus(len: usize) -> Vec<u8> {
     let mut x: u32 = 12345;
     (0..len)
         .map(|_| {
@@ -28,7 +28,7 @@ fn corpus(len: usize) -> Vec<u8> {
 
 /// `tlio tokens pack` of `input` (bytes) into `out` with `--shard-tokens n`: the shard
 /// paths written, in order.
-fn pack_local(input: &Path, out: &Path, n: u32) -> Vec<PathBuf> {
+pub(crate) fn pack_local(input: &Path, out: &Path, n: u32) -> Vec<PathBuf> {
     let text = stdout_of(
         tlio()
             .args([
@@ -86,7 +86,7 @@ fn assert_published_as_local(
     }
 }
 
-fn upload_all(b: &str, prefix: &str, files: &[PathBuf]) -> Vec<String> {
+pub(crate) fn upload_all(b: &str, prefix: &str, files: &[PathBuf]) -> Vec<String> {
     files
         .iter()
         .map(|f| {
@@ -99,7 +99,7 @@ fn upload_all(b: &str, prefix: &str, files: &[PathBuf]) -> Vec<String> {
 
 /// `tokens windows` with T 7, B 3 and `extra`, through `cmd` (local or with the
 /// server's environment and `cache` as the cache directory).
-fn windows(
+pub(crate) fn windows(
     mut cmd: assert_cmd::Command,
     cache: &Path,
     shards: &[String],
@@ -112,8 +112,15 @@ fn windows(
     stdout_of(&mut cmd)
 }
 
-fn files_in(dir: &Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |d| d.count())
+/// The object copies in a cache folder (each beside its digest file).
+pub(crate) fn files_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| {
+        d.filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "bin"))
+        })
+        .count()
+    })
 }
 
 #[test]
@@ -187,10 +194,9 @@ fn a_damaged_cache_copy_is_fetched_again() {
     assert_eq!(windows(tlio_s3(), &cache, &urls, &args), want);
     let copy = std::fs::read_dir(cache.join("s3"))
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "bin"))
+        .unwrap();
     // Truncated behind tlio's back: the size no longer matches, so it is fetched anew.
     let bytes = std::fs::read(&copy).unwrap();
     std::fs::write(&copy, &bytes[..bytes.len() - 2]).unwrap();
@@ -424,6 +430,27 @@ fn a_tokenizer_pack_to_storage_writes_the_local_val_and_train_shards() {
         .as_str()
         .unwrap()
         .ends_with("fw_val_000000.bin"));
+    // Each shard's document sidecar is uploaded beside it, the local one's bytes, and
+    // the manifest lists it with its size and sha256.
+    let got = tmp.path().join("got-manifest.json");
+    ask(&format!("get {b} fw/fw.manifest.json {}", got.display()));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&got).unwrap()).unwrap();
+    for (entry, path) in manifest["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(shard_files(&local_doc))
+    {
+        let docs = path.with_extension("docs");
+        let name = docs.file_name().unwrap().to_str().unwrap();
+        assert_eq!(entry["docs"]["name"], name, "{manifest}");
+        let bytes = std::fs::read(&docs).unwrap();
+        assert_eq!(entry["docs"]["bytes"], bytes.len() as u64);
+        let fetched = tmp.path().join(format!("got-{name}"));
+        ask(&format!("get {b} fw/{name} {}", fetched.display()));
+        assert_eq!(std::fs::read(&fetched).unwrap(), bytes, "{name}");
+    }
 }
 
 #[test]

@@ -444,3 +444,100 @@ fn failpoint_return_aborts_at_the_commit_or_is_refused_before_anything_runs() {
     );
     assert_eq!(ask(&format!("keys {b} ckpt/")), keys);
 }
+
+#[test]
+fn gc_that_cannot_list_the_prefix_fails_instead_of_finding_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_file(tmp.path());
+    let b = bucket();
+    let remote = format!("s3://{b}/ckpt");
+    for step in ["10", "20"] {
+        tlio_s3()
+            .args(["ckpt", "save", &remote, "--step", step, "--model"])
+            .arg(&model)
+            .assert()
+            .success();
+    }
+    let mut proxy = Proxy::start();
+    for (action, dry) in [
+        ("drop", true),
+        ("drop", false),
+        ("store-500", false),
+        ("store-drop", false),
+    ] {
+        proxy.ask("clear");
+        // Every request is dropped before the server sees it, or its reply is lost.
+        let all = proxy.rule("*", ".*", "*", action);
+        let mut cmd = proxy.tlio();
+        cmd.args(["ckpt", "gc", &remote, "--keep", "1"]);
+        if dry {
+            cmd.arg("--dry-run");
+        }
+        let out = cmd.timeout(Duration::from_secs(120)).assert().code(2);
+        let err = stderr_of(&out);
+        assert!(
+            err.contains(&format!("cannot collect garbage in {remote}"))
+                && !err.contains("nothing to remove"),
+            "{action}: {err}"
+        );
+        assert!(out.get_output().stdout.is_empty(), "{action}");
+        assert!(proxy.hits(&all) > 0, "{action}");
+    }
+    // Nothing was removed: both steps are still there.
+    assert_eq!(
+        verified(&remote)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>(),
+        [10, 20]
+    );
+}
+
+#[test]
+fn a_refused_token_or_key_is_a_refusal_naming_the_servers_code() {
+    let b = bucket();
+    let remote = format!("s3://{b}/run");
+    let mut proxy = Proxy::start();
+    for (status, code) in [
+        ("400", "InvalidToken"),
+        ("400", "ExpiredToken"),
+        ("403", "InvalidAccessKeyId"),
+        ("403", "SignatureDoesNotMatch"),
+        ("403", "AccessDenied"),
+    ] {
+        proxy.ask("clear");
+        proxy.ask(&format!("rule GET /{b} * answer {status} {code}"));
+        let out = proxy
+            .tlio()
+            .args(["ckpt", "latest", &remote])
+            .timeout(Duration::from_secs(60))
+            .assert()
+            .code(2);
+        let err = stderr_of(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&remote) && err.contains(code), "{err}");
+        assert!(
+            err.contains(&format!("refused the request: {status} ")),
+            "{err}"
+        );
+        assert_eq!(err.matches("refused").count(), 1, "{err}");
+    }
+    // A HEAD's reply has no body, hence no code: the status once, and what was asked.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_file(tmp.path());
+    ask(&format!("put {b} m.safetensors {}", model.display()));
+    proxy.ask("clear");
+    proxy.ask(&format!("rule HEAD /{b} * answer 403 AccessDenied"));
+    let url = format!("s3://{b}/m.safetensors");
+    let out = proxy
+        .tlio()
+        .args(["st", "inspect", &url])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .code(2);
+    let err = stderr_of(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(&url) && err.contains("HEAD"), "{err}");
+    assert_eq!(err.matches("403 Forbidden").count(), 1, "{err}");
+    assert!(!err.trim_end().ends_with(':'), "{err}");
+}

@@ -242,6 +242,16 @@ fn runs(dir: &Path) -> Vec<(&'static str, Vec<OsString>)> {
             os(&[&"ckpt", &"latest", &fixture("cli/ckpt-corrupt")]),
         ),
         (
+            "ckpt import",
+            os(&[
+                &"ckpt",
+                &"import",
+                &crate::dcp_import::dcp_checkpoint(dir),
+                &"-o",
+                &dir.join("imported"),
+            ]),
+        ),
+        (
             "ckpt gc",
             os(&[
                 &"ckpt",
@@ -356,7 +366,12 @@ fn every_json_document_matches_its_documented_shape() {
         let templates = shapes
             .get(command)
             .unwrap_or_else(|| panic!("docs/cli.md documents no JSON for {command}"));
-        let out = tlio().arg("--json").args(&args).output().unwrap();
+        let out = tlio()
+            .env("TLIO_PYTHON", crate::s3::python())
+            .arg("--json")
+            .args(&args)
+            .output()
+            .unwrap();
         let text = String::from_utf8(out.stdout.clone()).unwrap();
         assert!(!text.is_empty(), "{args:?} printed nothing: {out:?}");
         for line in text.lines() {

@@ -892,6 +892,12 @@ fn pack_val_train_shards_are_fineweb_py_shards() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     ours.sort();
+    // Each shard has its document sidecar beside it (fineweb.py writes none).
+    for name in ours.iter().filter(|n| n.ends_with(".bin")) {
+        let docs = format!("{}.docs", name.strip_suffix(".bin").unwrap());
+        assert!(ours.contains(&docs), "{ours:?}");
+    }
+    ours.retain(|n| n.ends_with(".bin"));
     assert!(
         ours.contains(&"fineweb_val_000000.bin".to_string()),
         "{ours:?}"
@@ -1214,6 +1220,74 @@ fn pack_with_no_token_is_an_error_and_eot_none_adds_none() {
     assert!(!ids[1..].contains(&100257), "{ids:?}");
 }
 
+/// The names of the files in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn pack_refuses_a_val_split_that_leaves_no_train_token_writing_nothing() {
+    let dir = tmp();
+    let corpus = tok_fixture("corpus.jsonl");
+    // The corpus's token count, from a pack without a split.
+    let whole = dir.path().join("whole.bin");
+    pack_with(
+        &["--tokenizer", "gpt2", "--from", "jsonl"],
+        std::slice::from_ref(&corpus),
+        &whole,
+    );
+    let tokens = shard_ids(&whole).len() as u64;
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let prefix = out_dir.join("fw");
+    for val in [tokens, tokens + 1, 100_000_000] {
+        let err = fails(
+            pack()
+                .args(["--tokenizer", "gpt2", "--from", "jsonl", "--val-tokens"])
+                .arg(val.to_string())
+                .arg(&corpus)
+                .arg("-o")
+                .arg(&prefix),
+            1,
+        );
+        assert!(
+            err.contains("--val-tokens must be below")
+                && err.contains(&format!("the inputs yield {tokens} tokens"))
+                && err.contains(&format!("takes the first {val}")),
+            "{err}"
+        );
+        assert!(names_in(&out_dir).is_empty(), "{:?}", names_in(&out_dir));
+    }
+    // One token left over is a training shard of one token.
+    pack_with(
+        &[
+            "--tokenizer",
+            "gpt2",
+            "--from",
+            "jsonl",
+            "--val-tokens",
+            &(tokens - 1).to_string(),
+        ],
+        &[corpus],
+        &prefix,
+    );
+    assert_eq!(
+        names_in(&out_dir),
+        [
+            "fw_train_000001.bin",
+            "fw_train_000001.docs",
+            "fw_val_000000.bin",
+            "fw_val_000000.docs"
+        ]
+    );
+    assert_eq!(shard_ids(&out_dir.join("fw_train_000001.bin")).len(), 1);
+}
+
 #[test]
 fn pack_format_v2_keeps_20240520_version_2() {
     let dir = tmp();
@@ -1437,4 +1511,34 @@ fn windows_refuses_a_seed_beside_a_cursor_saying_why_before_reading() {
         !err.contains("cannot be used with '"),
         "clap's generic words: {err}"
     );
+}
+
+#[test]
+fn pack_refuses_url_inputs_as_not_local_files() {
+    let dir = tmp();
+    let local = dir.path().join("in.jsonl");
+    std::fs::write(&local, "{\"text\": \"hi\"}\n").unwrap();
+    let out = dir.path().join("o.bin");
+    for url in [
+        "s3://bucket/in.jsonl",
+        "https://example.com/in.jsonl",
+        "gs://b/in.jsonl",
+    ] {
+        for extra in [
+            &["--tokenizer", "gpt2", "--from", "jsonl"][..],
+            &["--from", "bytes"][..],
+            &["--tokenizer", "gpt2", "--from", "jsonl", "--part", "0/2"][..],
+        ] {
+            let err = fails(
+                pack().args(extra).arg(&local).arg(url).arg("-o").arg(&out),
+                2,
+            );
+            assert!(
+                err.contains(&format!("{url}: a pack's inputs must be local files")),
+                "{extra:?}: {err}"
+            );
+            assert!(!err.contains("No such file"), "{err}");
+        }
+    }
+    assert_eq!(names_in(dir.path()), ["in.jsonl"]);
 }

@@ -20,9 +20,10 @@ use pyo3::PyErr;
 use tlio_core::{Failure, FailureKind};
 
 /// The chain of `err` and its sources on one line, outermost first (core's one
-/// definition, the same text the CLI prints after `tlio: error: `).
+/// definition, the same text the CLI prints after `tlio: error: `), with the secrets a
+/// URL in it may carry redacted.
 pub fn one_line(err: &(dyn Error + 'static)) -> String {
-    tlio_core::failure::full_text(err)
+    tlio_core::text::redact(&tlio_core::failure::full_text(err))
 }
 
 /// Every `io::Error` in the chain of `err`, outermost first, including the errors an

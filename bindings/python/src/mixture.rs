@@ -247,6 +247,32 @@ impl Mixture {
         })
     }
 
+    /// Move past the next `n` global batches without reading them (core's
+    /// `skip_batches`), without the GIL; Ctrl-C stops it with `KeyboardInterrupt` and
+    /// leaves the position where it was.
+    fn skip_batches(&self, py: Python<'_>, n: u64) -> PyResult<()> {
+        guard(|| {
+            let mut signal: Option<PyErr> = None;
+            let done = self.with(py, |s| {
+                let mut cancel = || match Python::attach(|py| py.check_signals()) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        signal = Some(e);
+                        true
+                    }
+                };
+                s.skip_batches(n, &mut cancel)
+            });
+            match done {
+                Ok(()) => Ok(()),
+                Err(TokensError::Interrupted) => Err(signal.unwrap_or_else(|| {
+                    pyo3::exceptions::PyKeyboardInterrupt::new_err("interrupted")
+                })),
+                Err(e) => Err(tokens_err(e)),
+            }
+        })
+    }
+
     /// T.
     #[getter]
     fn seq_len(&self, py: Python<'_>) -> usize {

@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tlio_core::pcg::Pcg32;
 use tlio_core::remote::{self, RemoteError};
+use tlio_core::tokens::boundaries::{cu_seqlens_width, Boundaries};
 use tlio_core::tokens::{
     Cursor, Ranks, Shard, ShardOrder, StreamOptions, TokenStream, TokensError, HEADER_BYTES,
 };
@@ -162,12 +163,14 @@ pub struct Stream {
     vocab: Option<u32>,
     /// The generator as given, before the first phase was drawn.
     initial: (u64, u64),
+    /// Where documents start (sidecars, else `eot`); locked after `inner`.
+    boundaries: Mutex<Boundaries>,
 }
 
 #[pymethods]
 impl Stream {
     #[new]
-    #[pyo3(signature = (shards, seq_len, batch, rng, vocab_size=None, rank=None, world_size=None, shuffle=false))]
+    #[pyo3(signature = (shards, seq_len, batch, rng, vocab_size=None, rank=None, world_size=None, shuffle=false, eot=None))]
     #[allow(
         clippy::too_many_arguments,
         reason = "the Python constructor's arguments"
@@ -182,8 +185,10 @@ impl Stream {
         rank: Option<&Bound<'_, PyAny>>,
         world_size: Option<&Bound<'_, PyAny>>,
         shuffle: bool,
+        eot: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
+            let eot = eot_arg(eot)?;
             if shards.is_instance_of::<PyString>() {
                 return Err(PyValueError::new_err(format!(
                     "shards must be a list of paths, not one string ({shards}); \
@@ -233,6 +238,7 @@ impl Stream {
                 absolute,
                 vocab,
                 initial,
+                boundaries: Mutex::new(Boundaries::new(eot)),
             })
         })
     }
@@ -257,6 +263,8 @@ impl Stream {
         d.set_item("rank", ranks.rank)?;
         d.set_item("world_size", ranks.world_size)?;
         d.set_item("shuffle", order == ShardOrder::Shuffled)?;
+        let eot = py.detach(|| lock(&self.boundaries).eot());
+        d.set_item("eot", eot)?;
         Ok(d)
     }
 
@@ -305,6 +313,69 @@ impl Stream {
         })
     }
 
+    /// The next batch with its document boundaries: int64 inputs and targets
+    /// [batch, seq_len], int32 positions [batch, seq_len] and int32 cu_seqlens
+    /// [batch, seq_len + 1] (padded with -1), all computed by core.
+    #[allow(
+        clippy::type_complexity,
+        reason = "the four arrays pyo3 returns as a tuple"
+    )]
+    fn next_batch_boundaries<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        Bound<'py, PyArray<i64, numpy::Ix2>>,
+        Bound<'py, PyArray<i64, numpy::Ix2>>,
+        Bound<'py, PyArray<i32, numpy::Ix2>>,
+        Bound<'py, PyArray<i32, numpy::Ix2>>,
+    )> {
+        guard(|| {
+            let mut signal: Option<PyErr> = None;
+            let read = py.detach(|| {
+                let mut inner = lock_stream(&self.inner);
+                let mut bounds = lock(&self.boundaries);
+                let (b, t) = (inner.batch(), inner.seq_len());
+                let w = cu_seqlens_width(t);
+                let mut inputs = vec![0i64; b.saturating_mul(t)];
+                let mut targets = vec![0i64; b.saturating_mul(t)];
+                let mut positions = vec![0i32; b.saturating_mul(t)];
+                let mut cu = vec![0i32; b.saturating_mul(w)];
+                let mut cancel = || match Python::attach(|py| py.check_signals()) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        signal = Some(e);
+                        true
+                    }
+                };
+                inner
+                    .next_batch_boundaries_into(
+                        &mut bounds,
+                        &mut inputs,
+                        &mut targets,
+                        &mut positions,
+                        &mut cu,
+                        &mut cancel,
+                    )
+                    .map(|()| (inputs, targets, positions, cu, [b, t], [b, w]))
+            });
+            let (inputs, targets, positions, cu, shape, cu_shape) = match read {
+                Ok(batch) => batch,
+                Err(TokensError::Interrupted) => {
+                    return Err(signal.unwrap_or_else(|| {
+                        pyo3::exceptions::PyKeyboardInterrupt::new_err("interrupted")
+                    }))
+                }
+                Err(e) => return Err(tokens_err(e)),
+            };
+            Ok((
+                PyArray1::from_vec(py, inputs).reshape(shape)?,
+                PyArray1::from_vec(py, targets).reshape(shape)?,
+                PyArray1::from_vec(py, positions).reshape(shape)?,
+                PyArray1::from_vec(py, cu).reshape(cu_shape)?,
+            ))
+        })
+    }
+
     /// The cursor as the CLI's compact JSON.
     fn cursor_json(&self, py: Python<'_>) -> String {
         self.with(py, |s| s.cursor().to_json())
@@ -316,6 +387,32 @@ impl Stream {
             let cursor = Cursor::from_json(text)
                 .map_err(|e| PyValueError::new_err(format!("invalid cursor: {e}")))?;
             self.with(py, |s| s.restore(&cursor)).map_err(tokens_err)
+        })
+    }
+
+    /// Move past the next `n` global batches without reading them (core's
+    /// `skip_batches`), without the GIL; Ctrl-C stops it with `KeyboardInterrupt` and
+    /// leaves the position where it was.
+    fn skip_batches(&self, py: Python<'_>, n: u64) -> PyResult<()> {
+        guard(|| {
+            let mut signal: Option<PyErr> = None;
+            let done = self.with(py, |s| {
+                let mut cancel = || match Python::attach(|py| py.check_signals()) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        signal = Some(e);
+                        true
+                    }
+                };
+                s.skip_batches(n, &mut cancel)
+            });
+            match done {
+                Ok(()) => Ok(()),
+                Err(TokensError::Interrupted) => Err(signal.unwrap_or_else(|| {
+                    pyo3::exceptions::PyKeyboardInterrupt::new_err("interrupted")
+                })),
+                Err(e) => Err(tokens_err(e)),
+            }
         })
     }
 
@@ -381,6 +478,31 @@ impl Stream {
 /// on failure.
 fn lock_stream(m: &Mutex<TokenStream>) -> MutexGuard<'_, TokenStream> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Lock a mutex whose value stays valid across a panic (a poisoned lock still holds
+/// it).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// An optional end-of-text id (`eot=`): where documents start in shards without a
+/// document sidecar.
+pub(crate) fn eot_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
+    let Some(v) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let n = count_arg(v, "eot")?;
+    u32::try_from(n)
+        .ok()
+        .filter(|&e| u64::from(e) < tlio_core::tokens::MAX_COUNT)
+        .map(Some)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "eot must be a token id below {}, got {n}",
+                tlio_core::tokens::MAX_COUNT
+            ))
+        })
 }
 
 /// Fills the `tokens` submodule.

@@ -25,7 +25,34 @@ TEST_REGION = "us-east-1"
 _CLEARED = ("AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
 
 
-class Server:
+class _Child:
+    """A helper process answering one line per request line on its standard input."""
+
+    proc: subprocess.Popen
+    _lock: threading.Lock
+
+    def ask(self, request: str) -> str:
+        """Send one request line; its ``ok`` value."""
+        with self._lock:
+            self.proc.stdin.write(request + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline().rstrip("\n")
+        if not answer.startswith("ok"):
+            raise RuntimeError(f"{request}: {answer}")
+        return answer[2:].strip()
+
+    def stop(self) -> None:
+        """Stop the process (closing its input ends it) and wait for it."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Server(_Child):
     """One running ``tests/s3_server.py``: its endpoint and its request channel."""
 
     def __init__(self, root: Path, auth: bool = False):
@@ -46,16 +73,6 @@ class Server:
             raise RuntimeError(f"the local S3 server did not start (is moto installed?): {line!r}")
         self.endpoint, self.key, self.secret = words
         self._lock = threading.Lock()
-
-    def ask(self, request: str) -> str:
-        """Send one request line (see tests/s3_server.py); its ``ok`` value."""
-        with self._lock:
-            self.proc.stdin.write(request + "\n")
-            self.proc.stdin.flush()
-            answer = self.proc.stdout.readline().rstrip("\n")
-        if not answer.startswith("ok"):
-            raise RuntimeError(f"{request}: {answer}")
-        return answer[2:].strip()
 
     def new_bucket(self) -> str:
         """A fresh, empty bucket."""
@@ -82,15 +99,26 @@ class Server:
             region_name=TEST_REGION,
         )
 
-    def stop(self) -> None:
-        """Stop the server (closing its input ends it) and wait for it."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+
+
+class FaultProxy(_Child):
+    """``tests/fault_proxy.py`` in front of ``server``: give a client ``endpoint``, and
+    add rules with ``ask`` (the proxy's docstring lists them)."""
+
+    def __init__(self, root: Path, server: Server):
+        script = root / "tests" / "fault_proxy.py"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), server.endpoint],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.endpoint = self.proc.stdout.readline().strip()
+        self._lock = threading.Lock()
+        if not self.endpoint.startswith("http://127.0.0.1:"):
+            self.stop()
+            raise RuntimeError(f"the fault proxy did not start: {self.endpoint!r}")
 
 
 def start_server(root: Path, auth: bool = False) -> Server:

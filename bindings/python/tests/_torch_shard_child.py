@@ -11,6 +11,9 @@ writes what it saw as JSON to REPORT.<rank>; the test compares the ranks and the
                         every rank load step 1; a save failing on rank 1 alone raises on
                         both and commits nothing; a param group listing its params in
                         another order loads
+  full_disk DIR         2 ranks: a save whose rank-0 writes fail (a file size limit on rank 0
+                        alone, EFBIG: a full disk without root); reports each rank's
+                        exception (class, errno, strerror, filename, message)
   s3 LOCAL P Q          2 ranks, on object storage (the AWS variables point at the test's
                         server): steps 1 and 2 saved to the s3:// prefix P, step 2 also to
                         the local LOCAL and with blocking=False to the prefix Q; P loaded
@@ -220,6 +223,36 @@ def faults(dir):
     report(out)
 
 
+def _caught(fn) -> dict:
+    """What ``fn`` raised: its class, OSError fields and message (``None`` if nothing)."""
+    try:
+        fn()
+    except Exception as e:
+        return {"type": type(e).__name__, "os_error": isinstance(e, OSError), "message": str(e),
+                **{k: getattr(e, k, None) for k in ("errno", "strerror", "filename")}}
+    return {"type": None}
+
+
+def full_disk(dir):
+    import resource
+    import signal
+
+    net, opt = build("fsdp", 5)
+    train(net, opt, 1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if dist.get_rank() == 0:
+        # A write past the limit fails with EFBIG instead of killing the process.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, hard))
+    try:
+        out = {"save": _caught(lambda: tt.save(dir, 1, net, opt))}
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    dist.barrier()
+    out["after"] = sorted(os.listdir(dir))
+    report(out)
+
+
 def _flip_last_byte(url):
     """Flip the last byte of the object at ``url`` (s3://bucket/key) in place, with boto3."""
     import boto3
@@ -273,7 +306,7 @@ if __name__ == "__main__":
     mode, REPORT, *args = sys.argv[1:]
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     try:
-        {"save4": save4, "reshard": reshard, "faults": faults, "s3": s3}[mode](*args)
+        {"save4": save4, "reshard": reshard, "faults": faults, "full_disk": full_disk, "s3": s3}[mode](*args)
         dist.monitored_barrier(timeout=timedelta(seconds=60))
     finally:
         dist.destroy_process_group()

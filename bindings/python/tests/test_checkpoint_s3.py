@@ -232,3 +232,26 @@ def test_missing_bucket_and_unreachable_server_are_clear_errors(s3, monkeypatch)
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     with pytest.raises(OSError, match="AWS_ACCESS_KEY_ID"):
         load_checkpoint(s3.url("down"))
+
+
+def test_a_newest_step_that_cannot_be_reached_is_a_connection_error_not_an_older_step(s3, monkeypatch):
+    from _s3 import FaultProxy
+
+    model = linear_model()
+    root = s3.url("reach")
+    save_checkpoint(root, model, None, 10, None, None)
+    model["bias"] = model["bias"] + np.float32(1)
+    save_checkpoint(root, model, None, 20, None, None)
+    proxy = FaultProxy(HERE.parents[2], s3.server)
+    try:
+        # Every read of step 20's objects is dropped; the listing still shows the step.
+        proxy.ask(f"rule GET ^/{s3.name}/reach/step-000020/ * drop")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(ConnectionError, match="step-000020.*cannot reach the server|cannot reach the server.*step-000020"):
+            load_checkpoint(root)
+        with pytest.raises(ConnectionError, match="cannot reach the server"):
+            tt.load(root, torch.nn.Linear(2, 1))
+        # A step that verifies but is damaged would still fall back; unreachable is not damaged.
+        assert load_checkpoint(root, step=10).step == 10
+    finally:
+        proxy.stop()

@@ -241,3 +241,82 @@ def test_a_rank_failing_in_write_data_commits_nothing_and_a_second_writer_of_a_s
         assert "step-1" in rep["second_named"][1] and "exists" in rep["second_named"][1]
         assert rep["after_refusal"] == [".lock", "LATEST", "step-000001"]
         assert rep["loaded"] == rep["saved"]
+
+
+# ckpt import: a FileSystemWriter checkpoint of 2-rank FSDP2 state made a tlio step.
+
+
+def test_an_imported_filesystem_writer_checkpoint_verifies_and_reloads_bitwise_resharded(saved, tmp_path):
+    tmp, ranks = saved
+    source = tmp / "fs" / "step-1"
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    out = cli("ckpt", "import", str(source), "-o", str(tmp_path / "run"), env={**os.environ, "TLIO_PYTHON": sys.executable})
+    assert out.stdout.strip() == str(tmp_path / "run" / "step-000001"), out.stderr
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before  # the source is unchanged
+    step = tmp_path / "run" / "step-000001"
+    assert sorted(os.listdir(step)) == ["MANIFEST.json", "dcp-rank00000.safetensors", "dcp-rank00001.safetensors",
+                                        "shards.json", "trainer_state.json"]
+    assert cli("ckpt", "verify", str(step)).returncode == 0
+    expected = {"digests": ranks[0]["saved1"], "extra": child.EXTRA}
+    assert plain_load(storage_reader=tlio.dcp.Reader(tmp_path / "run")) == expected
+    # From Python, another step number; a second import of one step is refused.
+    again = tlio.dcp.import_checkpoint(source, tmp_path / "run", step=9)
+    assert again == str(tmp_path / "run" / "step-000009")
+    with pytest.raises(ValueError, match="step-000009"):
+        tlio.dcp.import_checkpoint(source, tmp_path / "run", step=9)
+
+
+def _copy_source(saved, tmp_path) -> Path:
+    tmp, _ = saved
+    source = tmp_path / "src" / "step-1"
+    shutil.copytree(tmp / "fs" / "step-1", source)
+    return source
+
+
+def _flip_a_tensor_byte(source: Path) -> None:
+    """Flip one byte inside the data of the largest tensor item of rank 1's file."""
+    import io
+
+    from tlio._dcp_import import read_metadata
+
+    md = read_metadata(str(source))
+    _, info = max(((i, s) for i, s in md.storage_data.items() if s.relative_path == "__1_0.distcp"
+                   and i.offset is not None), key=lambda kv: kv[1].length)
+    path = source / info.relative_path
+    data = bytearray(path.read_bytes())
+    item = bytes(data[info.offset:info.offset + info.length])
+    raw = torch.load(io.BytesIO(item), weights_only=True).contiguous().view(torch.uint8).numpy().tobytes()
+    at = item.find(raw)
+    assert at > 0
+    data[info.offset + at + len(raw) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncate", "delete", "flip", "foreign-global"])
+def test_a_damaged_dcp_checkpoint_is_refused_by_import_naming_the_file_and_nothing_is_committed(saved, tmp_path, how):
+    source = _copy_source(saved, tmp_path)
+    rank1 = source / "__1_0.distcp"
+    if how == "truncate":
+        rank1.write_bytes(rank1.read_bytes()[:-100])
+        err, what = ValueError, "__1_0.distcp.*past the file"
+    elif how == "delete":
+        rank1.unlink()
+        err, what = FileNotFoundError, "__1_0.distcp: no such file"
+    elif how == "flip":
+        # FileSystemReader loads this silently (test above); the record's CRC-32 catches it.
+        _flip_a_tensor_byte(source)
+        err, what = ValueError, "__1_0.distcp: .* the torch.save archive is damaged: Bad CRC-32"
+    else:
+        # A pickle that would run a command when loaded by pickle.load (as DCP's reader does).
+        marker = tmp_path / "ran"
+        (source / ".metadata").write_bytes(b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.")
+        err, what = ValueError, r"\.metadata: not a DCP metadata pickle: it names os.system"
+    with pytest.raises(err, match=what):
+        tlio.dcp.import_checkpoint(source, tmp_path / "run")
+    assert not (tmp_path / "run").exists() or not any(p.name.startswith("step-") for p in (tmp_path / "run").iterdir())
+    if how == "foreign-global":
+        assert not (tmp_path / "ran").exists()
+    out = cli("ckpt", "import", str(source), "-o", str(tmp_path / "run"), check=False,
+              env={**os.environ, "TLIO_PYTHON": sys.executable})
+    assert out.returncode == (2 if how == "delete" else 1), out.stderr
+    assert out.stdout == "" and out.stderr.startswith("tlio: error: ") and out.stderr.count("\n") == 1, out.stderr

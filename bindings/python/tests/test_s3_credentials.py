@@ -22,7 +22,7 @@ from tlio.tokens import TokenStream, read_tokens_header
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from _ckpt_helpers import linear_model  # noqa: E402
-from _s3 import _CLEARED, Bucket, start_server  # noqa: E402
+from _s3 import _CLEARED, Bucket, FaultProxy, start_server  # noqa: E402
 from _tokens_helpers import TLIO_BIN, write_shard  # noqa: E402
 
 # How long a refusal may take: one request, no retry loop (a retried 403 would take
@@ -110,3 +110,99 @@ def test_bad_credentials_are_refused_at_once_naming_the_url(bucket, monkeypatch,
     assert bucket.keys() == before
     cache = tmp_path / "cache"
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "name", ["AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_ENDPOINT_URL"]
+)
+@pytest.mark.parametrize("value", ["hunter2\r\nX-Injected: 1", "hunter2\n", "hunter2\x01"])
+def test_a_variable_no_header_can_carry_is_a_value_error_naming_it_not_its_value(bucket, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    shard = bucket.url("data/train_000000.bin")
+    calls = [
+        lambda: read_tokens_header(shard),
+        lambda: load_checkpoint(bucket.url("ckpt")),
+        lambda: save_checkpoint(bucket.url("ckpt"), linear_model(), None, 1, None, None),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError) as e:
+            call()
+        text = str(e.value)
+        assert name in text and "HTTP header" in text, text
+        assert "hunter2" not in text and "\n" not in text, text
+    assert bucket.keys("ckpt") == []
+
+
+def test_an_endpoint_or_url_holding_a_secret_is_refused_without_printing_it(bucket, monkeypatch):
+    good = os.environ["AWS_ENDPOINT_URL"]
+    host = good.split("://", 1)[1]
+    shard = bucket.url("data/train_000000.bin")
+    for endpoint, rule in [
+        (f"http://admin:hunter2@{host}", "user name or password"),
+        (f"admin:hunter2@{host}", "user name or password"),
+        (f"{good}/?X-Amz-Signature=hunter2&X-Amz-Security-Token=hunter3", "and nothing more"),
+    ]:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        for call in (lambda: read_tokens_header(shard), lambda: load_checkpoint(bucket.url("ckpt"))):
+            with pytest.raises(ValueError) as e:
+                call()
+            text = str(e.value)
+            assert "AWS_ENDPOINT_URL" in text and rule in text, text
+            assert "hunter" not in text, text
+    monkeypatch.setenv("AWS_ENDPOINT_URL", good)
+    presigned = shard + "?X-Amz-Signature=hunter2&X-Amz-Credential=hunter3"
+    for call in (lambda: read_tokens_header(presigned), lambda: TokenStream([presigned], 4, 2, PCG32(0))):
+        with pytest.raises(ValueError) as e:
+            call()
+        text = str(e.value)
+        assert "not a valid s3://bucket/key URL" in text and "X-Amz-Signature=***" in text, text
+        assert "hunter" not in text, text
+
+
+@pytest.fixture
+def proxy(root, auth_server):
+    """The project's fault proxy in front of the signature-checking server."""
+    p = FaultProxy(root, auth_server)
+    yield p
+    p.stop()
+
+
+@pytest.mark.parametrize(
+    "status,code",
+    [
+        (400, "InvalidToken"),
+        (400, "ExpiredToken"),
+        (403, "InvalidAccessKeyId"),
+        (403, "SignatureDoesNotMatch"),
+        (403, "AccessDenied"),
+    ],
+)
+def test_a_refused_token_or_key_is_a_permission_error_naming_the_servers_code(
+    bucket, proxy, monkeypatch, status, code
+):
+    save_checkpoint(bucket.url("ckpt"), linear_model(), None, 1, None, None)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    proxy.ask(f"rule GET /{bucket.name} * answer {status} {code}")
+    shard = bucket.url("data/train_000000.bin")
+    for url, call in [
+        (bucket.url("ckpt"), lambda: load_checkpoint(bucket.url("ckpt"))),
+        (shard, lambda: read_tokens_header(shard)),
+    ]:
+        start = time.monotonic()
+        with pytest.raises(PermissionError) as e:
+            call()
+        assert time.monotonic() - start < PROMPT, url
+        text = str(e.value)
+        assert url in text and code in text and str(status) in text, text
+        assert text.count("refused the request") == 1 and "\n" not in text, text
+
+
+def test_a_refused_head_says_403_once_and_what_was_asked(bucket, proxy, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    proxy.ask(f"rule HEAD /{bucket.name} * answer 403 AccessDenied")
+    shard = bucket.url("data/train_000000.bin")
+    with pytest.raises(PermissionError) as e:
+        read_tokens_header(shard)
+    text = str(e.value)
+    assert shard in text and text.count("403 Forbidden") == 1 and "HEAD" in text, text
+    assert not text.rstrip().endswith(":"), text

@@ -1,7 +1,8 @@
 """TokenStream and tlio.torch.TokenDataset where torch expects state (python.md, `tlio.tokens`
 and `tlio.torch`): the Stateful protocol, a torch.distributed.checkpoint round trip, and
 torchdata's StatefulDataLoader resuming mid-stream with 0 workers and with 1 worker started
-by fork, spawn and forkserver (the last two receive the dataset pickled)."""
+by fork, spawn and forkserver (the last two receive the dataset pickled). Several workers:
+test_token_dataset_workers.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import pytest
 import torch  # in requirements-test.txt: a missing torch fails the run, never skips it
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tlio.pcg import PCG32
@@ -196,12 +196,3 @@ def test_stateful_dataloader_state_of_a_worker_is_the_cursor(shards):
     state = loader.state_dict()
     worker = state["_snapshot"]["_worker_snapshots"]["worker_0"]
     assert worker["fetcher_state"]["dataset_iter_state"] == twin.cursor()
-
-
-@pytest.mark.parametrize("loader_class", [DataLoader, StatefulDataLoader])
-def test_a_loader_with_two_workers_is_refused(shards, loader_class):
-    loader = loader_class(
-        TokenDataset(stream(shards)), batch_size=None, num_workers=2, multiprocessing_context="fork"
-    )
-    with pytest.raises(ValueError, match="num_workers=2"):
-        next(iter(loader))

@@ -3,12 +3,14 @@ a state of DTensors saved by every rank reloads bit for bit into other world siz
 layouts (FSDP2 4 -> 2 ranks, FSDP2 -> tensor parallel, 1-D -> 2-D meshes, HSDP, sharded ->
 one plain process, plain -> FSDP2); a flipped byte in one rank's file makes every rank
 fall back to the older step; a save failing on one rank raises on every rank and commits
-nothing; the optimizer's groups match by names; the FSDP2 example killed at any instant
+nothing, a full disk as an OSError with its errno on every rank (the failure travels as
+a JSON record whose class names an allow-list); the optimizer's groups match by names; the FSDP2 example killed at any instant
 (between saves, inside a rank's write, between the step's rename and LATEST) resumes
 bitwise."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -119,6 +121,63 @@ def test_sharded_faults_fall_back_or_raise_on_every_rank(tmp_path):
     assert not (dir / "step-000003.tmp").exists()
     bad = tlio("ckpt", "verify", str(dir / "step-000002"), check=False)
     assert bad.returncode == 1 and "model-rank00001.safetensors sha256 mismatch" in bad.stdout + bad.stderr
+
+
+def test_a_full_disk_on_one_rank_raises_its_errno_on_every_rank(tmp_path):
+    dir = tmp_path / "ckpt"
+    ranks = run_ranks(tmp_path, 2, "full_disk", str(dir))
+    mine, theirs = ranks[0]["save"], ranks[1]["save"]
+    # Rank 0's own error: an OSError with the errno of the failed write, naming the file.
+    assert mine["os_error"] and mine["errno"] == errno.EFBIG and "model-rank00000" in mine["message"], mine
+    # Rank 1 raises the same class with the same errno and file name, its message
+    # naming the rank that failed.
+    assert theirs["os_error"] and theirs["type"] == mine["type"], theirs
+    assert theirs["errno"] == mine["errno"] and theirs["filename"] == mine["filename"], (theirs, mine)
+    assert theirs["strerror"] == "on rank 0: " + mine["strerror"]
+    assert theirs["message"] == f"[Errno {errno.EFBIG}] on rank 0: {mine['strerror']}", theirs
+    # Nothing committed.
+    assert ranks[0]["after"] == ranks[1]["after"] and "step-000001" not in ranks[0]["after"]
+
+
+class Unlisted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, "No space left on device", "/d/model-rank00000.safetensors"),
+    FileNotFoundError(errno.ENOENT, "No such file or directory", "/d/x"),
+    PermissionError(errno.EACCES, "Permission denied", b"/d/bytes-name"),
+    IsADirectoryError(errno.EISDIR, "Is a directory"),
+    OSError("no errno"),
+    ValueError("bad value"),
+    TypeError("bad type"),
+], ids=lambda e: type(e).__name__)
+def test_a_failure_record_rebuilds_the_class_and_errno_on_another_rank(error):
+    from tlio._torch_dist import rebuild, record
+
+    got = rebuild(3, record(error))
+    assert type(got) is type(error)
+    if isinstance(error, OSError) and error.errno is not None:
+        assert got.errno == error.errno and got.strerror == f"on rank 3: {error.strerror}"
+        assert got.filename == (None if error.filename is None else os.fsdecode(error.filename))
+        assert str(got).startswith(f"[Errno {error.errno}] on rank 3: {error.strerror}")
+    else:
+        assert str(got) == f"on rank 3: {error}" and getattr(got, "errno", None) is None
+
+
+def test_a_failure_of_another_class_is_a_runtime_error_naming_it():
+    from tlio._torch_dist import rebuild, record
+
+    got = rebuild(1, record(Unlisted("odd")))
+    assert type(got) is RuntimeError and str(got) == "on rank 1: Unlisted: odd"
+    # A name outside the allow-list never selects a class, builtin or not.
+    got = rebuild(1, json.dumps({"type": "SystemExit", "message": "x"}))
+    assert type(got) is RuntimeError and str(got) == "on rank 1: SystemExit: x"
+    for bad in ("not json", json.dumps(["OSError"]), json.dumps({"type": 1, "message": "m"}), None):
+        got = rebuild(2, bad)
+        assert type(got) is RuntimeError and str(got).startswith("on rank 2: "), bad
+    got = rebuild(0, json.dumps({"type": "OSError", "message": "m", "errno": "28", "filename": 5}))
+    assert type(got) is OSError and got.errno is None and got.filename is None
 
 
 @st.composite

@@ -280,10 +280,14 @@ pub fn run(cmd: TokensCommand, printer: &Printer) -> anyhow::Result<Outcome> {
         TokensCommand::Header(args) => header(args, printer),
         // A part of a pack is its own job (parts.rs, which reads the pack's flags with
         // pack.rs's helpers): dispatched here so pack.rs never reaches up into parts.rs.
-        TokensCommand::Pack(args) => match args.part.clone() {
-            Some(part) => parts::pack_part(&args, &part, printer),
-            None => pack(args, printer),
-        },
+        TokensCommand::Pack(args) => {
+            // Before any input is opened: a URL is not a missing file.
+            tokens::refuse_url_inputs(args.inputs.iter().map(PathBuf::as_path))?;
+            match args.part.clone() {
+                Some(part) => parts::pack_part(&args, &part, printer),
+                None => pack(args, printer),
+            }
+        }
         TokensCommand::Merge(args) => parts::merge(args, printer),
         TokensCommand::Windows(args) => windows(args, printer),
         TokensCommand::Decode(args) => decode(args, printer),

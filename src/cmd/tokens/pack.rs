@@ -3,6 +3,7 @@
 
 use super::*;
 use tlio_core::remote::pack::{pack_to, Written};
+use tlio_core::remote::RemoteError;
 
 #[derive(Serialize)]
 pub(super) struct PackedShard {
@@ -214,7 +215,7 @@ fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Ou
         Ok(summary.shards)
     });
     bar.finish_and_clear();
-    let published = published?;
+    let published = published.map_err(val_tokens_hint)?;
     let report = PackReport {
         shards: published_shards(&published.shards),
         tokens: counts.0,
@@ -224,6 +225,18 @@ fn pack_text(args: PackArgs, spec: &str, printer: &Printer) -> anyhow::Result<Ou
         already_complete: published.already_complete,
     };
     report_pack(&report, printer)
+}
+
+/// Core's refusal of a validation split that leaves no training token, in the flag's
+/// words; any other error as it is.
+fn val_tokens_hint(err: RemoteError) -> anyhow::Error {
+    let hint = matches!(err, RemoteError::Tokens(TokensError::NoTrainTokens { .. }));
+    let err = anyhow::Error::new(err);
+    if hint {
+        err.context("--val-tokens must be below the number of tokens the inputs yield")
+    } else {
+        err
+    }
 }
 
 /// `plan` with its output at `out` (the staging path of an s3:// output).

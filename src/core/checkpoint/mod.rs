@@ -15,6 +15,7 @@ use crate::failure::{Failure, FailureKind};
 pub(crate) mod content;
 pub mod fsops;
 pub mod gc;
+pub mod holder;
 mod known;
 pub mod load;
 pub mod manifest;
@@ -129,10 +130,12 @@ pub enum CheckpointError {
         hint: SaveAnyway,
     },
     /// Another writer holds the directory's lock.
-    #[error("{} is locked by another tlio save or gc; try again when it has finished", path.display())]
+    #[error("{} is locked by another tlio save or gc{holder}; try again when it has finished", path.display())]
     Locked {
         /// The lock file.
         path: PathBuf,
+        /// The process holding it, as the lock file records it.
+        holder: holder::HeldBy,
     },
     /// A file-system operation failed.
     #[error("{}", path.display())]
@@ -357,8 +360,14 @@ impl DirLock {
         // outside the directory.
         let file = fsops::open_lock_file(&path).map_err(io_at(&path))?;
         match file.try_lock() {
-            Ok(()) => Ok(DirLock { _file: file }),
-            Err(TryLockError::WouldBlock) => Err(CheckpointError::Locked { path }),
+            Ok(()) => {
+                holder::record(&file);
+                Ok(DirLock { _file: file })
+            }
+            Err(TryLockError::WouldBlock) => Err(CheckpointError::Locked {
+                holder: holder::read(&file),
+                path,
+            }),
             Err(TryLockError::Error(e)) => Err(io_at(&path)(e)),
         }
     }
@@ -375,10 +384,10 @@ impl DirLock {
         let mut told = false;
         loop {
             match Self::acquire(dir) {
-                Err(CheckpointError::Locked { path }) => {
+                Err(CheckpointError::Locked { path, holder }) => {
                     let waited = start.elapsed();
                     if waited >= max {
-                        return Err(CheckpointError::Locked { path });
+                        return Err(CheckpointError::Locked { path, holder });
                     }
                     if !told && waited >= notice {
                         told = true;

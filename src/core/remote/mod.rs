@@ -13,6 +13,8 @@
 use std::path::{Path, PathBuf};
 
 #[cfg(feature = "s3")]
+mod cache;
+#[cfg(feature = "s3")]
 pub mod checkpoint;
 #[cfg(feature = "s3")]
 pub mod create;

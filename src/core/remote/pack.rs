@@ -25,6 +25,8 @@ use super::RemoteError;
 #[cfg(feature = "s3")]
 use crate::s3::S3Error;
 use crate::s3::{is_s3_url, S3Url};
+#[cfg(feature = "s3")]
+use crate::tokens::manifest::ManifestDocs;
 use crate::tokens::{ShardHeader, TokensError};
 
 /// A shard written by a pack: its path or URL, and its header.
@@ -59,10 +61,11 @@ pub fn is_output_name(out_name: &str, name: &str) -> bool {
     let base = base_name(out_name);
     name == out_name
         || name == manifest_name(out_name)
+        || name.strip_prefix(base) == Some(".docs")
         || name
             .strip_prefix(base)
             .and_then(|rest| rest.strip_prefix('_'))
-            .is_some_and(|rest| rest.ends_with(".bin"))
+            .is_some_and(|rest| rest.ends_with(".bin") || rest.ends_with(".docs"))
 }
 
 /// Run `pack` with its output at `out`: a local path is written by `pack` as always;
@@ -253,10 +256,14 @@ fn complete(
             e.to_string(),
         )
     })?;
-    for shard in &manifest.shards {
-        let url = manifest_url.with_key(&key_in(parent_key, &shard.name))?;
+    let files = manifest.shards.iter().flat_map(|s| {
+        std::iter::once((s.name.as_str(), s.bytes))
+            .chain(s.docs.as_ref().map(|d| (d.name.as_str(), d.bytes)))
+    });
+    for (name, bytes) in files {
+        let url = manifest_url.with_key(&key_in(parent_key, name))?;
         let size = store.head(url.key())?.map(|i| i.size);
-        if size != Some(shard.bytes) {
+        if size != Some(bytes) {
             return Err(S3Error::request(
                 url.to_string(),
                 std::io::ErrorKind::NotFound,
@@ -264,7 +271,7 @@ fn complete(
                     "{} names it with {} bytes, but it is {}: the output is damaged (remove it \
                      and pack again)",
                     manifest_url,
-                    shard.bytes,
+                    bytes,
                     size.map_or("missing".to_string(), |n| format!("{n} bytes"))
                 ),
             )
@@ -285,21 +292,45 @@ fn staged_manifest(
     use sha2::{Digest, Sha256};
     let mut listed = Vec::new();
     let mut shards = Vec::new();
-    for (path, header) in written {
-        let file_name = staged_name(url, path)?;
+    let hashed = |path: &Path| -> Result<(u64, String), S3Error> {
         let mut hasher = Sha256::new();
         let mut file = std::fs::File::open(path).map_err(|e| local_err(url, path, &e))?;
         let bytes = std::io::copy(&mut file, &mut hasher).map_err(|e| local_err(url, path, &e))?;
+        Ok((bytes, crate::digest::hex(&hasher.finalize())))
+    };
+    for (path, header) in written {
+        let file_name = staged_name(url, path)?;
+        let (bytes, sha256) = hashed(path)?;
         let shard_url = url.with_key(&key_in(parent_key, &file_name))?;
+        let docs = match staged_docs(path) {
+            Some(docs) => {
+                let (bytes, sha256) = hashed(&docs)?;
+                let name = staged_name(url, &docs)?;
+                Some(ManifestDocs {
+                    name,
+                    bytes,
+                    sha256,
+                })
+            }
+            None => None,
+        };
         listed.push(ManifestShard {
             name: file_name,
             bytes,
-            sha256: crate::digest::hex(&hasher.finalize()),
+            sha256,
             n: header.count,
+            docs,
         });
         shards.push((shard_url.to_string(), *header));
     }
     Ok((manifest_text(url, listed)?, shards))
+}
+
+/// The document sidecar the pack staged beside the shard at `path`, if it wrote one.
+#[cfg(feature = "s3")]
+fn staged_docs(path: &Path) -> Option<PathBuf> {
+    let docs = crate::tokens::docs::docs_path(path);
+    docs.is_file().then_some(docs)
 }
 
 /// A local I/O error about a staged file of the output `url`.
@@ -359,11 +390,26 @@ fn upload_all(
         let shard_url = url.with_key(&key_in(parent_key, &file_name))?;
         let (bytes, sha256) = upload_new(store, &shard_url, path)?;
         uploaded.push(shard_url.key().to_string());
+        let docs = match staged_docs(path) {
+            Some(docs) => {
+                let name = staged_name(url, &docs)?;
+                let docs_url = url.with_key(&key_in(parent_key, &name))?;
+                let (bytes, sha256) = upload_new(store, &docs_url, &docs)?;
+                uploaded.push(docs_url.key().to_string());
+                Some(ManifestDocs {
+                    name,
+                    bytes,
+                    sha256,
+                })
+            }
+            None => None,
+        };
         listed.push(ManifestShard {
             name: file_name,
             bytes,
             sha256,
             n: header.count,
+            docs,
         });
         shards.push((shard_url.to_string(), *header));
     }

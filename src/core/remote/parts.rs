@@ -109,9 +109,9 @@ mod storage {
     use crate::remote::create::{put_once, Outcome};
     use crate::s3::{S3Error, Store};
     use crate::tokens::parts::{
-        check_counts, check_ids_digest, check_ids_size, check_made_with, check_tiling,
-        missing_parts, parse_dir_name, parse_marker, PartMarker, PartsError, AREA_SUFFIX, IDS_FILE,
-        MARKER_FILE, MAX_MARKER_BYTES,
+        check_counts, check_ids_digest, check_ids_size, check_made_with, check_parts_total,
+        check_tiling, missing_parts, parse_dir_name, parse_marker, PartMarker, PartsError,
+        AREA_SUFFIX, DOCS_FILE, IDS_FILE, MARKER_FILE, MAX_MARKER_BYTES,
     };
 
     /// A URL as the path an error of the part rules names.
@@ -128,6 +128,12 @@ mod storage {
     /// The object holding the ids `marker` names, in the part prefix `part`.
     fn ids_url(part: &S3Url, marker: &PartMarker) -> Result<S3Url, RemoteError> {
         Ok(part.join(&format!("ids-{}.bin", marker.blake3))?)
+    }
+
+    /// The object holding the document starts of the part `marker` names (beside its
+    /// ids, named by the same digest: they are a function of the same inputs).
+    fn docs_url(part: &S3Url, marker: &PartMarker) -> Result<S3Url, RemoteError> {
+        Ok(part.join(&format!("docs-{}.bin", marker.blake3))?)
     }
 
     /// The part counts N of the `K-of-N` prefixes in `area`, in the order of K.
@@ -184,6 +190,10 @@ mod storage {
         let dir = part_area(&staged_out).join(job.part.dir_name());
         let ids = ids_url(&part, &marker)?;
         store.upload(ids.key(), &dir.join(IDS_FILE), &mut |_| {})?;
+        if marker.doc_starts.is_some() {
+            let docs = docs_url(&part, &marker)?;
+            store.upload(docs.key(), &dir.join(DOCS_FILE), &mut |_| {})?;
+        }
         let marker_path = dir.join(MARKER_FILE);
         let text = fs::read(&marker_path).map_err(|source| RemoteError::Cache {
             url: marker_url.to_string(),
@@ -249,6 +259,11 @@ mod storage {
             return Err(missing_parts(&area_path, &missing, count).into());
         }
         check_tiling(&area_path, &parts)?;
+        // Before any download: a merge that would write no training shard is refused
+        // from the markers alone.
+        if let Some((_, first)) = parts.first() {
+            check_parts_total(&first.identity.plan(&url_path(url))?, &parts)?;
+        }
         publish_with(url, |staged_out| {
             let staged_area = part_area(staged_out);
             for (k, (_, marker)) in parts.iter().enumerate() {
@@ -291,6 +306,15 @@ mod storage {
         out.flush().map_err(local(&ids_path))?;
         check_ids_size(&url_path(&ids), marker, got)?;
         check_ids_digest(&url_path(&ids), marker, &hasher.finalize().to_hex())?;
+        if marker.doc_starts.is_some() {
+            // Its size is checked against the marker by the merge.
+            let docs = docs_url(part, marker)?;
+            let docs_path = dir.join(DOCS_FILE);
+            let file = fs::File::create(&docs_path).map_err(local(&docs_path))?;
+            let mut out = BufWriter::new(file);
+            store.download(docs.key(), &mut out, &mut |_| {})?;
+            out.flush().map_err(local(&docs_path))?;
+        }
         let marker_url = part.join(MARKER_FILE)?;
         let mut text = serde_json::to_vec_pretty(marker).map_err(|e| PartsError::BadMarker {
             path: url_path(&marker_url),

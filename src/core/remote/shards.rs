@@ -9,9 +9,12 @@
 //! replaced object never reuses an old copy; it is downloaded under a temporary name
 //! with `If-Match` on the tag (an object replaced mid-download is an error, never a mix
 //! of versions), checked for its size (and its sha256 when a manifest records one),
-//! synced, then renamed into place; every copy, fresh or cached, is opened through
-//! [`Shard::open_named`], which validates header, size and ids as for a local file and
-//! names the URL in every error. A cached copy that fails is fetched again once.
+//! synced, then renamed into place beside its blake3; a cached copy is used only after
+//! `cache` proves it (a file of the user's in a private directory, no symlink, its
+//! manifest's sha256 or else the recorded blake3 matching in one pass); every copy,
+//! fresh or cached, is opened through [`Shard::open_named`], which validates header,
+//! size and ids as for a local file and names the URL in every error. A cached copy
+//! that fails is removed and fetched again once.
 
 use std::path::{Path, PathBuf};
 
@@ -202,6 +205,7 @@ mod fetch {
     use std::io::{self, Write};
 
     use super::*;
+    use crate::remote::cache::{self, Expected};
     use crate::s3::{ObjectInfo, Store};
 
     /// Connections by bucket, for one opening.
@@ -244,7 +248,7 @@ mod fetch {
                 ),
             })?;
             let dir = base.join(OBJECTS_DIR);
-            std::fs::create_dir_all(&dir).map_err(|source| RemoteError::Cache {
+            cache::private_dir(&dir).map_err(|source| RemoteError::Cache {
                 url: url.to_string(),
                 path: dir.clone(),
                 source,
@@ -386,14 +390,16 @@ mod fetch {
             let dir = self.dir(url)?;
             let local = dir.join(cache_name(url, head.etag.as_deref(), head.size));
             let shown = crate::remote::url_path(url);
-            if local.is_file() {
+            let sha256 = wanted.recorded.as_ref().map(|(_, h)| h.as_str());
+            let expected = sha256.map_or(Expected::Recorded, Expected::Sha256);
+            // A copy that cannot be read is treated as damaged: fetched again below.
+            if cache::verified(&local, head.size, expected).unwrap_or(false) {
                 if let Ok(shard) = Shard::open_named(&local, &shown, vocab) {
                     return Ok(shard);
                 }
-                // A damaged copy: fetched again below.
-                std::fs::remove_file(&local).ok();
             }
-            let sha256 = wanted.recorded.as_ref().map(|(_, h)| h.as_str());
+            // Missing, planted, edited or damaged: removed and fetched again.
+            cache::discard(&local);
             self.download(url, &head, sha256, &dir, &local)?;
             Ok(Shard::open_named(&local, &shown, vocab)?)
         }
@@ -423,6 +429,7 @@ mod fetch {
                 .tempfile_in(dir)
                 .map_err(cache_err(dir))?;
             let mut hasher = sha256.map(|_| Sha256::new());
+            let mut own = blake3::Hasher::new();
             let store = self.store(url)?;
             let mut out = io::BufWriter::new(tmp.as_file());
             let got = store.download_matching(
@@ -433,6 +440,7 @@ mod fetch {
                     if let Some(h) = hasher.as_mut() {
                         h.update(chunk);
                     }
+                    own.update(chunk);
                 },
             )?;
             out.flush().map_err(cache_err(tmp.path()))?;
@@ -455,6 +463,9 @@ mod fetch {
                 }
             }
             tmp.as_file().sync_all().map_err(cache_err(tmp.path()))?;
+            // The digest first: a copy in place always has the digest of its bytes.
+            cache::record(dir, local, own.finalize().to_hex().as_str())
+                .map_err(cache_err(local))?;
             tmp.persist(local).map_err(|e| cache_err(local)(e.error))?;
             Ok(())
         }

@@ -24,7 +24,9 @@ use object_store::{
 
 use super::{Conditional, Config, ObjectInfo, S3Error, S3Url};
 
+mod classify;
 mod transfer;
+use classify::classify;
 pub use transfer::ObjectWriter;
 
 /// How long establishing a connection may take (a server that is down fails at once on
@@ -174,7 +176,8 @@ impl Store {
     /// Map an `object_store` error about `key` to one error naming it.
     fn fail(&self, key: &str, err: &object_store::Error) -> S3Error {
         let (kind, message) = classify(err, &self.endpoint, self.bucket_url.bucket());
-        S3Error::request(self.url(key), kind, message)
+        // A server's or the HTTP client's text may quote a request's URL.
+        S3Error::request(self.url(key), kind, crate::text::redact(&message))
     }
 
     /// The whole object, at most `limit` bytes (a larger one is [`S3Error::TooLarge`]).
@@ -535,150 +538,5 @@ fn info(meta: object_store::ObjectMeta) -> ObjectInfo {
         // Whole seconds are all S3 keeps; a time before 1970 is taken as 1970.
         last_modified: std::time::UNIX_EPOCH
             + Duration::from_secs(u64::try_from(meta.last_modified.timestamp()).unwrap_or(0)),
-    }
-}
-
-/// How an `object_store` error failed, as an I/O kind and one short message: a
-/// missing bucket, a missing object, refused credentials, an unreachable server.
-fn classify(err: &object_store::Error, endpoint: &str, bucket: &str) -> (io::ErrorKind, String) {
-    let text = crate::failure::full_text(err);
-    if text.contains("NoSuchBucket") {
-        return (
-            io::ErrorKind::NotFound,
-            format!("no such bucket {bucket} at {endpoint}"),
-        );
-    }
-    match err {
-        object_store::Error::NotFound { .. } => {
-            return (io::ErrorKind::NotFound, "no such object".to_string())
-        }
-        object_store::Error::PermissionDenied { .. }
-        | object_store::Error::Unauthenticated { .. } => {
-            return (
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "the server at {endpoint} refused the request: {}",
-                    leaf(err)
-                ),
-            )
-        }
-        _ => {}
-    }
-    if let Some(kind) = network_kind(err) {
-        return (
-            kind,
-            format!("cannot reach the server at {endpoint}: {}", leaf(err)),
-        );
-    }
-    if text.contains("AccessDenied")
-        || text.contains("InvalidAccessKeyId")
-        || text.contains("SignatureDoesNotMatch")
-    {
-        return (
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "the server at {endpoint} refused the request: {}",
-                leaf(err)
-            ),
-        );
-    }
-    (io::ErrorKind::Other, one_line_reply(&text))
-}
-
-/// The deepest cause's message (the one that says what happened), on one line: a
-/// server's XML error body is shortened to its `Code` and `Message`, and line breaks
-/// are spaces, so the error prints as the one line every tlio error is.
-fn leaf(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = err;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    one_line_reply(&cause.to_string())
-}
-
-/// `text` with an S3 XML error body (`<Error><Code>..</Code><Message>..</Message>`)
-/// replaced by `Code: Message`, and every run of whitespace made one space.
-fn one_line_reply(text: &str) -> String {
-    let field = |name: &str| {
-        let open = format!("<{name}>");
-        let start = text.find(&open)?.checked_add(open.len())?;
-        let len = text.get(start..)?.find(&format!("</{name}>"))?;
-        text.get(start..start.checked_add(len)?)
-    };
-    let short = match (
-        text.find("<?xml").or_else(|| text.find("<Error>")),
-        field("Code"),
-    ) {
-        (Some(body), Some(code)) => {
-            let before = text.get(..body).unwrap_or("").trim_end_matches([' ', ':']);
-            let said = match field("Message") {
-                Some(message) => format!("{code}: {message}"),
-                None => code.to_string(),
-            };
-            if before.is_empty() {
-                said
-            } else {
-                format!("{before}: {said}")
-            }
-        }
-        _ => text.to_string(),
-    };
-    short.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// `ConnectionRefused` or `TimedOut` when a transport error is in the chain.
-fn network_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(c) = cause {
-        if let Some(r) = c.downcast_ref::<reqwest::Error>() {
-            if r.is_timeout() {
-                return Some(io::ErrorKind::TimedOut);
-            }
-            // A connection that closed before the reply completed (`is_request`, `is_body`
-            // without a status) is a network failure too, never a server's answer.
-            if r.is_connect() || ((r.is_request() || r.is_body()) && r.status().is_none()) {
-                return Some(io::ErrorKind::ConnectionRefused);
-            }
-        }
-        if let Some(e) = c.downcast_ref::<io::Error>() {
-            match e.kind() {
-                io::ErrorKind::ConnectionRefused
-                | io::ErrorKind::ConnectionReset
-                | io::ErrorKind::ConnectionAborted
-                | io::ErrorKind::NotConnected => return Some(io::ErrorKind::ConnectionRefused),
-                io::ErrorKind::TimedOut => return Some(io::ErrorKind::TimedOut),
-                _ => {}
-            }
-        }
-        cause = c.source();
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::one_line_reply;
-
-    #[test]
-    fn a_server_error_body_becomes_its_code_and_message_on_one_line() {
-        let body = "Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\" \
-                    encoding=\"utf-8\"?>\n<Error><Code>SignatureDoesNotMatch</Code><Message>The \
-                    request signature we calculated does not match.</Message><RequestId>x\
-                    </RequestId></Error>";
-        assert_eq!(
-            one_line_reply(body),
-            "Server returned non-2xx status code: 403 Forbidden: SignatureDoesNotMatch: The \
-             request signature we calculated does not match."
-        );
-        assert_eq!(
-            one_line_reply("<Error><Code>AccessDenied</Code></Error>"),
-            "AccessDenied"
-        );
-        assert_eq!(one_line_reply("a\n  b\tc"), "a b c");
-        // A cut body is kept whole (on one line), never sliced out of bounds.
-        assert_eq!(
-            one_line_reply("403: <Error><Code>Access"),
-            "403: <Error><Code>Access"
-        );
     }
 }

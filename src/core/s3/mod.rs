@@ -58,6 +58,18 @@ pub enum S3Error {
         /// What is missing or wrong, naming the variable.
         reason: String,
     },
+    /// An AWS variable holds a value that cannot be sent (a byte an HTTP header cannot
+    /// carry, a region that cannot be part of a host name); its value is never shown,
+    /// since it may be a secret.
+    #[error("{url}: {name} {reason} (its value is not shown)")]
+    BadVariable {
+        /// The URL asked for.
+        url: String,
+        /// The variable.
+        name: &'static str,
+        /// The rule its value breaks.
+        reason: &'static str,
+    },
     /// A request failed: the kind of the source says how (`NotFound` for a missing
     /// object or bucket, `PermissionDenied` for refused credentials, `ConnectionRefused`
     /// or `TimedOut` for a server that cannot be reached).
@@ -102,6 +114,7 @@ impl crate::failure::Failure for S3Error {
             S3Error::BadUrl { .. } => FailureKind::Invalid,
             S3Error::NotBuilt { .. }
             | S3Error::Config { .. }
+            | S3Error::BadVariable { .. }
             | S3Error::Request { .. }
             | S3Error::TooLarge { .. } => FailureKind::Operational,
         }
@@ -138,6 +151,11 @@ impl Config {
     /// Read the variables through `var` (the process environment in [`Config::from_env`]);
     /// `url` is named in the error.
     pub fn from_vars(url: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<Self, S3Error> {
+        for name in ENV_VARS {
+            if let Some(value) = var(name) {
+                check_variable(url, name, &value)?;
+            }
+        }
         let get = |name: &str| var(name).filter(|v| !v.is_empty());
         let missing = |name: &str| {
             S3Error::request(
@@ -167,20 +185,60 @@ impl Config {
         })
     }
 
-    /// Read the variables from the process environment.
+    /// Read the variables from the process environment (a value that is not UTF-8 is
+    /// refused by [`check_variable`], never taken as unset).
     pub fn from_env(url: &str) -> Result<Self, S3Error> {
-        Config::from_vars(url, &|name| std::env::var(name).ok())
+        Config::from_vars(url, &|name| {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        })
     }
+}
+
+/// The value of variable `name` can be sent: every byte printable ASCII (an access
+/// key, a secret, a token and an endpoint go into headers, where a CR or LF would end
+/// the header and other control bytes are refused by the HTTP client), and a region
+/// only letters, digits, `-`, `_` and `.` (it becomes part of the host name).
+fn check_variable(url: &str, name: &'static str, value: &str) -> Result<(), S3Error> {
+    let bad = |reason: &'static str| S3Error::BadVariable {
+        url: url.to_string(),
+        name,
+        reason,
+    };
+    if !value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(bad(
+            "holds a byte an HTTP header cannot carry (a control character such as CR or LF, or a non-ASCII one)",
+        ));
+    }
+    let is_region = name == "AWS_REGION" || name == "AWS_DEFAULT_REGION";
+    if is_region
+        && !value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err(bad(
+            "is not a region name (letters, digits, '-', '_' and '.' only)",
+        ));
+    }
+    Ok(())
 }
 
 /// An endpoint is `https://host[:port][/]`, or `http://` to a loopback host (a local
 /// test server); plain http elsewhere would send the data in the clear.
 fn check_endpoint(url: &str, endpoint: &str) -> Result<String, S3Error> {
+    if endpoint.contains('@') {
+        // A user name and password (with or without a scheme before them) are never
+        // echoed, even redacted: the value is not shown at all.
+        return Err(S3Error::BadVariable {
+            url: url.to_string(),
+            name: "AWS_ENDPOINT_URL",
+            reason: "holds a user name or password (user:password@host), which is never sent: credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        });
+    }
     let bad = |reason: &str| S3Error::Config {
         url: url.to_string(),
         reason: format!(
             "AWS_ENDPOINT_URL {}: {reason}",
-            crate::text::quote(endpoint)
+            crate::text::quote(&crate::text::redact(endpoint))
         ),
     };
     let (scheme, rest) = endpoint
@@ -305,6 +363,47 @@ mod tests {
         // The secret and the token never appear in a debug dump.
         let dump = format!("{c:?}");
         assert!(!dump.contains("\"s\"") && !dump.contains("\"t\""), "{dump}");
+    }
+
+    #[test]
+    fn a_value_no_header_can_carry_is_refused_naming_the_variable_not_the_value() {
+        let base = [
+            ("AWS_ACCESS_KEY_ID", "a"),
+            ("AWS_SECRET_ACCESS_KEY", "s"),
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:9000"),
+        ];
+        for name in ENV_VARS {
+            for value in [
+                "hunter2\r\nX-Injected: 1",
+                "hunter2\n",
+                "hunter2\u{7f}",
+                "hunter2\u{e9}",
+            ] {
+                let mut pairs: Vec<(&str, &str)> =
+                    base.iter().filter(|(k, _)| *k != name).copied().collect();
+                pairs.push((name, value));
+                let err = Config::from_vars("s3://b/k", &vars(&pairs)).unwrap_err();
+                let text = crate::failure::full_text(&err);
+                assert!(matches!(err, S3Error::BadVariable { .. }), "{name}: {text}");
+                assert!(
+                    text.starts_with("s3://b/k: ") && text.contains(name),
+                    "{text}"
+                );
+                assert!(!text.contains("hunter2"), "{text}");
+            }
+        }
+        for region in ["evil.example/x", "us east", "a@b"] {
+            let mut pairs = base.to_vec();
+            pairs.push(("AWS_REGION", region));
+            let err = Config::from_vars("s3://b", &vars(&pairs)).unwrap_err();
+            assert!(
+                err.to_string().contains("AWS_REGION is not a region name"),
+                "{err}"
+            );
+        }
+        let mut pairs = base.to_vec();
+        pairs.push(("AWS_REGION", "eu-central-1"));
+        assert!(Config::from_vars("s3://b", &vars(&pairs)).is_ok());
     }
 
     #[test]

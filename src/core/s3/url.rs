@@ -43,7 +43,7 @@ impl S3Url {
     /// accepted and dropped.
     pub fn parse(text: &str) -> Result<Self, S3Error> {
         let bad = |reason: &str| S3Error::BadUrl {
-            url: crate::text::escape(text),
+            url: crate::text::escape(&crate::text::redact(text)),
             reason: reason.to_string(),
         };
         let rest = text
@@ -84,7 +84,7 @@ impl S3Url {
             format!("{}/{name}", self.key)
         };
         check_key(&key).map_err(|reason| S3Error::BadUrl {
-            url: crate::text::escape(&format!("{self}/{name}")),
+            url: crate::text::escape(&crate::text::redact(&format!("{self}/{name}"))),
             reason,
         })?;
         Ok(S3Url {

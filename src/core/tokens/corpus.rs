@@ -19,7 +19,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 
 use rayon::prelude::*;
 
-use super::pack::{IdSink, ShardPlan, Sink};
+use super::pack::{refuse_url_inputs, IdSink, ShardPlan, Sink};
 use super::shard::{Layout, ShardHeader};
 use super::tokenizer::Tokenizer;
 use super::TokensError;
@@ -171,6 +171,7 @@ fn tokenize_all(
         });
         for (doc, ids) in batch.iter().zip(encoded) {
             let ids = ids?;
+            sink.start_document();
             sink.push(&ids)?;
             totals.documents = totals.documents.saturating_add(1);
             totals.bytes = totals.bytes.saturating_add(doc.len() as u64);
@@ -250,13 +251,14 @@ pub fn pack_text(
     progress: &mut dyn FnMut(&TextPackProgress),
 ) -> Result<TextPackSummary, TokensError> {
     check_text_options(tokenizer, opts)?;
+    refuse_url_inputs(inputs.iter().map(PathBuf::as_path))?;
     opts.plan.refuse_inputs(
         inputs
             .iter()
             .map(PathBuf::as_path)
             .filter(|p| p.as_os_str() != "-"),
     )?;
-    let mut sink = Sink::new(opts.plan.clone(), tokenizer.vocab_size(), opts.layout)?;
+    let mut sink = Sink::new(opts.plan.clone(), tokenizer.vocab_size(), opts.layout, true)?;
     let sources: Vec<Source> = inputs.iter().cloned().map(Source::Whole).collect();
     let (documents, skipped) =
         match tokenize_sources(&sources, tokenizer, opts, &mut sink, progress) {

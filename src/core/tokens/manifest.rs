@@ -39,6 +39,21 @@ pub struct ManifestShard {
     pub sha256: String,
     /// Its id count.
     pub n: u64,
+    /// Its document sidecar (docs.rs), beside it, when the pack recorded documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docs: Option<ManifestDocs>,
+}
+
+/// A shard's document sidecar, as a pack's manifest lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestDocs {
+    /// The object's name beside the manifest (one plain segment).
+    pub name: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// sha256 of its bytes, lowercase hex.
+    pub sha256: String,
 }
 
 /// A pack's manifest: the shards, in order, written last, so a reader that goes
@@ -133,15 +148,16 @@ impl Manifest {
                 crate::text::quote(MANIFEST_FORMAT)
             )));
         }
-        if let Some(s) = manifest.shards.iter().find(|s| {
-            s.name.is_empty()
-                || s.name == "."
-                || s.name == ".."
-                || s.name.contains(['/', '\\', '*'])
-        }) {
+        let plain = |name: &str| {
+            !(name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\', '*']))
+        };
+        let names = manifest.shards.iter().flat_map(|s| {
+            std::iter::once(s.name.as_str()).chain(s.docs.as_ref().map(|d| d.name.as_str()))
+        });
+        if let Some(name) = names.into_iter().find(|n| !plain(n)) {
             return Err(bad(format!(
                 "shard name {} is not one plain segment",
-                crate::text::quote(&s.name)
+                crate::text::quote(name)
             )));
         }
         Ok(manifest)
@@ -251,6 +267,7 @@ mod tests {
                     bytes: 1026,
                     sha256: String::new(),
                     n: 1,
+                    docs: None,
                 })
                 .collect(),
             tokens: names.len() as u64,

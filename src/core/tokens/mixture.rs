@@ -14,8 +14,10 @@
 mod cursor;
 mod pattern;
 mod rule;
+mod skip;
 
 use std::num::NonZeroU64;
+use std::ops::Range;
 
 pub use cursor::{source_digest, MixtureCursor, SourceCursor, StageRecord};
 pub use pattern::expand_source;
@@ -289,7 +291,9 @@ impl Mixture {
         let before = (self.window, self.rule.clone());
         origins.clear();
         let mut ticks = Ticker::new(cancel);
-        let result = self.walk_batch(inputs, targets, origins, &mut ticks);
+        let start = self.ranks.rank.saturating_mul(self.batch);
+        let mine = start..start.saturating_add(self.batch);
+        let result = self.walk_batch(inputs, targets, origins, mine, &mut ticks);
         if result.is_err() {
             for (source, mark) in self.sources.iter_mut().zip(marks) {
                 source.reset(mark);
@@ -309,17 +313,19 @@ impl Mixture {
         }
     }
 
+    /// Walk one global batch, reading its windows `mine` (this rank's, or none when
+    /// skipping) into `inputs` and `targets` and skipping the others without reading.
     fn walk_batch(
         &mut self,
         inputs: &mut [i64],
         targets: &mut [i64],
         origins: &mut Vec<WindowOrigin>,
+        mine: Range<usize>,
         ticks: &mut Ticker<'_>,
     ) -> Result<(), TokensError> {
         self.enter_stage();
         let t = self.seq_len;
         let global = self.global_batch();
-        let mine = self.ranks.rank.saturating_mul(self.batch);
         let weights = self
             .stages
             .get(self.rule.stage)
@@ -333,7 +339,7 @@ impl Mixture {
             let (Some(source), Some(skip)) = (self.sources.get_mut(j), pending.get_mut(j)) else {
                 continue;
             };
-            if i < mine || i >= mine.saturating_add(self.batch) {
+            if !mine.contains(&i) {
                 *skip = skip.saturating_add(1);
                 ticks.add(1)?;
                 continue;

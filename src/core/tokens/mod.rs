@@ -23,10 +23,12 @@ use std::path::PathBuf;
 use crate::failure::{Failure, FailureKind};
 
 mod batch;
+pub mod boundaries;
 mod checks;
 #[cfg(feature = "compression")]
 mod compressed;
 mod corpus;
+pub mod docs;
 #[cfg(feature = "tokenizers")]
 mod gpt2fast;
 #[cfg(feature = "tokenizers")]
@@ -37,11 +39,13 @@ mod mixture;
 mod o200k;
 mod order;
 mod pack;
+mod part_docs;
 pub mod parts;
 #[cfg(feature = "tokenizers")]
 mod runs;
 mod session;
 mod shard;
+mod skip;
 mod stream;
 pub mod tokenizer;
 mod writer;
@@ -59,7 +63,8 @@ pub use mixture::{
     StageRecord, WindowOrigin, MAX_SOURCES, WEIGHT_SUM_TOLERANCE,
 };
 pub use pack::{
-    output_name, pack, InputFormat, PackInput, PackOptions, PackSummary, ShardPlan, BYTES_VOCAB,
+    output_name, pack, refuse_url_inputs, InputFormat, PackInput, PackOptions, PackSummary,
+    ShardPlan, BYTES_VOCAB,
 };
 pub use parts::{
     merge_parts, pack_part, part_area, tokenizer_identity, MergeSummary, Part, PartJob, PartMarker,
@@ -345,6 +350,12 @@ pub enum TokensError {
         /// The input.
         input: PathBuf,
     },
+    /// A `pack` input given as a URL: inputs are read as local files only.
+    #[error("{input}: a pack's inputs must be local files, and this is a URL (copy the object to a local file first)")]
+    UrlInput {
+        /// The input as given.
+        input: String,
+    },
     /// `pack` input is not in the declared format.
     #[error("{input}: {reason}")]
     BadInput {
@@ -376,6 +387,15 @@ pub enum TokensError {
         "the input yields no token: nothing to write (an empty shard is refused by llm.c's loader)"
     )]
     Empty,
+    /// A pack split into a validation shard and training shards whose ids all fit the
+    /// validation shard: it would write no training shard at all.
+    #[error("the inputs yield {tokens} tokens and the validation shard takes the first {val_tokens}: no token is left for a training shard")]
+    NoTrainTokens {
+        /// Ids the inputs yield in all.
+        tokens: u64,
+        /// Ids of the validation shard.
+        val_tokens: u64,
+    },
     /// A document input (text, JSONL or Parquet) that cannot be read as one.
     #[error("{input}: {reason}")]
     BadDocument {
@@ -409,6 +429,9 @@ pub enum TokensError {
     /// Writing an output shard failed.
     #[error(transparent)]
     Write(#[from] crate::atomic::AtomicError),
+    /// A document sidecar is bad, missing where needed, or could not be written.
+    #[error(transparent)]
+    Docs(#[from] docs::DocsError),
 }
 
 impl Failure for TokensError {
@@ -418,6 +441,7 @@ impl Failure for TokensError {
                 FailureKind::Operational
             }
             TokensError::Tokenizer(e) => e.kind(),
+            TokensError::Docs(e) => e.kind(),
             // Bad arguments are usage errors, not bad data.
             TokensError::NoShards
             | TokensError::BadArg { .. }
@@ -431,6 +455,7 @@ impl Failure for TokensError {
             | TokensError::BadOptions(_)
             | TokensError::BadMixture { .. }
             | TokensError::NotBuilt { .. }
+            | TokensError::UrlInput { .. }
             | TokensError::ReplacesInput { .. } => FailureKind::Operational,
             TokensError::Short { .. }
             | TokensError::BadMagic { .. }
@@ -449,6 +474,7 @@ impl Failure for TokensError {
             | TokensError::GlobalBatchMismatch { .. }
             | TokensError::BadInput { .. }
             | TokensError::Empty
+            | TokensError::NoTrainTokens { .. }
             | TokensError::BadDocument { .. }
             | TokensError::BadManifest { .. }
             | TokensError::MixedVocab { .. } => FailureKind::Invalid,

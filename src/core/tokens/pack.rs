@@ -45,10 +45,34 @@ pub struct PackInput {
     pub path: Option<PathBuf>,
 }
 
+/// True when `text` starts as a URL does, `scheme://` (`s3://`, `https://`, `gs://`,
+/// ...): a scheme of an ASCII letter then letters, digits, `+`, `-` or `.`.
+fn is_url(text: &str) -> bool {
+    text.split_once("://").is_some_and(|(scheme, _)| {
+        let mut chars = scheme.chars();
+        chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
+}
+
+/// Refuse an input named by a URL: a pack reads local files (and standard input)
+/// only, and a URL taken as a path would fail as a missing file, which misleads.
+pub fn refuse_url_inputs<'a>(
+    inputs: impl IntoIterator<Item = &'a Path>,
+) -> Result<(), TokensError> {
+    match inputs.into_iter().find(|p| p.to_str().is_some_and(is_url)) {
+        Some(input) => Err(TokensError::UrlInput {
+            input: input.display().to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
 impl PackInput {
     /// The file at `path`, opened now (so a missing input fails before anything is
-    /// written), with its size for a progress total.
+    /// written), with its size for a progress total. A URL is refused.
     pub fn open(path: &Path) -> Result<(PackInput, u64), TokensError> {
+        refuse_url_inputs([path])?;
         let io_error = |error| TokensError::Io {
             path: path.to_path_buf(),
             error,
@@ -173,6 +197,21 @@ impl ShardPlan {
         }
     }
 
+    /// Refuse a pack of `tokens` ids in all that would leave this plan's training
+    /// shards empty: a validation split of at least the whole corpus writes only the
+    /// validation shard, which no training run can use.
+    pub fn check_total(&self, tokens: u64) -> Result<(), TokensError> {
+        match self {
+            ShardPlan::ValTrain { val_tokens, .. } if tokens <= *val_tokens => {
+                Err(TokensError::NoTrainTokens {
+                    tokens,
+                    val_tokens: *val_tokens,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Check the shard sizes (1 to `MAX_COUNT` ids).
     pub fn check(&self) -> Result<(), TokensError> {
         let sizes: &[(&str, u64)] = match self {
@@ -204,6 +243,8 @@ pub(super) trait IdSink {
     fn push(&mut self, ids: &[u32]) -> Result<(), TokensError>;
     /// Ids accepted so far.
     fn tokens(&self) -> u64;
+    /// The next id pushed is a document's first (a document of no ids starts nowhere).
+    fn start_document(&mut self) {}
 }
 
 impl IdSink for Sink {
@@ -216,6 +257,20 @@ impl IdSink for Sink {
     fn tokens(&self) -> u64 {
         Sink::tokens(self)
     }
+    fn start_document(&mut self) {
+        if let Some(docs) = &mut self.docs {
+            docs.pending = true;
+        }
+    }
+}
+
+/// The document starts of the shard being written, when the pack records documents.
+#[derive(Default)]
+struct ShardDocs {
+    /// The next id pushed starts a document.
+    pending: bool,
+    /// Offsets within the current shard of the documents started in it.
+    starts: Vec<u64>,
 }
 
 /// Where ids go: the current shard, rotated as the plan says. Each shard is made
@@ -230,11 +285,19 @@ pub(super) struct Sink {
     done: Vec<(PathBuf, ShardHeader)>,
     ready: Vec<Prepared>,
     tokens: u64,
+    /// Document starts, written as each shard's sidecar (docs.rs) when it is prepared.
+    docs: Option<ShardDocs>,
 }
 
 impl Sink {
-    /// A sink writing `plan`'s shards for vocabulary `vocab`.
-    pub(super) fn new(plan: ShardPlan, vocab: u32, layout: Layout) -> Result<Sink, TokensError> {
+    /// A sink writing `plan`'s shards for vocabulary `vocab`; with `documents`, each
+    /// shard gets its document sidecar (docs.rs), prepared and renamed with it.
+    pub(super) fn new(
+        plan: ShardPlan,
+        vocab: u32,
+        layout: Layout,
+        documents: bool,
+    ) -> Result<Sink, TokensError> {
         check_shard_vocab(u64::from(vocab))?;
         plan.check()?;
         Ok(Sink {
@@ -245,6 +308,7 @@ impl Sink {
             done: Vec::new(),
             ready: Vec::new(),
             tokens: 0,
+            docs: documents.then(ShardDocs::default),
         })
     }
 
@@ -269,6 +333,11 @@ impl Sink {
             let (writer, limit) = self.current.insert((writer, limit));
             let limit = *limit;
             let room = usize::try_from(limit.saturating_sub(writer.count())).unwrap_or(usize::MAX);
+            if let Some(docs) = self.docs.as_mut().filter(|d| d.pending) {
+                // The first id of `ids` lands in this shard, at its current count.
+                docs.pending = false;
+                docs.starts.push(writer.count());
+            }
             let (now, later) = ids.split_at(room.min(ids.len()));
             writer.push(now)?;
             self.tokens = self.tokens.saturating_add(now.len() as u64);
@@ -284,8 +353,13 @@ impl Sink {
         if let Some((writer, _)) = self.current.take() {
             let path = writer.path().to_path_buf();
             let (header, ready) = writer.prepare()?;
-            self.done.push((path, header));
             self.ready.push(ready);
+            if let Some(docs) = &mut self.docs {
+                let starts = std::mem::take(&mut docs.starts);
+                self.ready
+                    .push(super::docs::prepare_docs(&path, header.count, &starts)?);
+            }
+            self.done.push((path, header));
         }
         Ok(())
     }
@@ -297,6 +371,10 @@ impl Sink {
         if self.tokens == 0 {
             self.abort();
             return Err(TokensError::Empty);
+        }
+        if let Err(e) = self.plan.check_total(self.tokens) {
+            self.abort();
+            return Err(e);
         }
         if let Err(e) = self.finish_current() {
             self.abort();
@@ -539,7 +617,8 @@ pub fn pack(
         None => ShardPlan::Single(out.to_path_buf()),
     };
     plan.refuse_inputs(inputs.iter().filter_map(|i| i.path.as_deref()))?;
-    let mut sink = Sink::new(plan, opts.vocab, opts.layout)?;
+    // Raw ids carry no document boundaries: a stream finds them with eot=ID.
+    let mut sink = Sink::new(plan, opts.vocab, opts.layout, false)?;
     let mut buf = vec![0u8; READ_CHUNK];
     let mut ids = Vec::with_capacity(READ_CHUNK);
     for mut input in inputs {
@@ -566,6 +645,35 @@ pub fn pack(
 mod tests {
     use super::*;
     use crate::tokens::Shard;
+
+    #[test]
+    fn url_inputs_are_refused_and_local_paths_kept() {
+        for url in [
+            "s3://b/in.jsonl",
+            "https://h/x",
+            "http://h",
+            "gs://b/k",
+            "hf+x.y-z://a",
+        ] {
+            let err = refuse_url_inputs([Path::new(url)]).unwrap_err();
+            assert!(
+                matches!(&err, TokensError::UrlInput { input } if input == url),
+                "{err}"
+            );
+        }
+        for local in [
+            "in.jsonl",
+            "-",
+            "./s3:/b",
+            "dir/a://b",
+            "://x",
+            "1s3://b",
+            "s 3://b",
+            "",
+        ] {
+            assert!(refuse_url_inputs([Path::new(local)]).is_ok(), "{local}");
+        }
+    }
 
     fn input(name: &str, bytes: &[u8]) -> PackInput {
         PackInput {

@@ -27,6 +27,8 @@ use super::corpus::{
     TextPackProgress,
 };
 use super::pack::{pack_input, IdSink, InputFormat, PackInput, PackOptions, ShardPlan, READ_CHUNK};
+pub use super::part_docs::DOCS_FILE;
+use super::part_docs::{MergeDocs, PartDocs};
 use super::shard::{IdDtype, Layout, ShardHeader, MAX_COUNT, U16_VOCAB_LIMIT};
 use super::tokenizer::Tokenizer;
 use super::{CorpusFormat, TokensError};
@@ -44,7 +46,7 @@ pub const MARKER_FILE: &str = "complete.json";
 /// The `format` of a marker.
 pub const MARKER_FORMAT: &str = "tlio-tokens-part";
 /// The marker version this build writes and reads.
-pub const MARKER_VERSION: u32 = 1;
+pub const MARKER_VERSION: u32 = 2;
 /// The largest marker read (it holds the input list).
 pub(crate) const MAX_MARKER_BYTES: u64 = 64 << 20;
 /// Bytes read at a time when looking for a document boundary.
@@ -470,6 +472,21 @@ pub struct InputId {
     pub path: String,
     /// Its size in bytes when the part ran.
     pub size: u64,
+    /// Its modification time when the part ran, in nanoseconds since the Unix epoch
+    /// (negative before it): a file rewritten with the same size between two parts'
+    /// runs has another one, so the two parts do not merge.
+    pub mtime_ns: i64,
+}
+
+/// The modification time of `meta` (of the file at `path`) in nanoseconds since the
+/// Unix epoch, negative before it, saturated at i64's range (the years 1677 to 2262).
+fn mtime_ns(path: &Path, meta: &fs::Metadata) -> Result<i64, PartsError> {
+    let modified = meta.modified().map_err(io_err(path))?;
+    let saturate = |ns: u128| i64::try_from(ns).unwrap_or(i64::MAX);
+    Ok(match modified.duration_since(std::time::UNIX_EPOCH) {
+        Ok(after) => saturate(after.as_nanos()),
+        Err(before) => saturate(before.duration().as_nanos()).saturating_neg(),
+    })
 }
 
 /// Everything that decides a pack's shards but the part number: two parts merge only
@@ -481,7 +498,8 @@ pub struct PartIdentity {
     pub parts: usize,
     /// How inputs are read: text, jsonl, parquet, bytes, ids, u16le, u32le.
     pub format: String,
-    /// The tokenizer (a built-in encoding's name, or a tokenizer.json's digest).
+    /// The tokenizer: a built-in encoding's name, or a tokenizer.json's file name and
+    /// the blake3 of its bytes.
     pub tokenizer: Option<String>,
     /// The JSONL field or Parquet column.
     pub field: Option<String>,
@@ -530,11 +548,14 @@ pub struct PartMarker {
     pub bytes: u64,
     /// blake3 of its ids file, lowercase hex.
     pub blake3: String,
+    /// Document starts in its `docs.bin` (part_docs.rs); absent for id inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doc_starts: Option<u64>,
 }
 
 impl PartIdentity {
     /// The shard files of this identity for output `out`.
-    fn plan(&self, out: &Path) -> Result<ShardPlan, PartsError> {
+    pub(crate) fn plan(&self, out: &Path) -> Result<ShardPlan, PartsError> {
         let bad = |reason: String| PartsError::BadMarker {
             path: part_area(out),
             reason,
@@ -583,24 +604,55 @@ impl PartIdentity {
                 text
             }
         };
-        // The inputs one by one, so the message names the input that differs.
+        // The tokenizer first: its end-of-text id and vocabulary differ with it, and
+        // the tokenizers are what the message must name.
+        if self.tokenizer != other.tokenizer {
+            let name = |t: &Option<String>| t.as_deref().map_or("none".to_string(), quote);
+            return Some((
+                "tokenizer".to_string(),
+                name(&self.tokenizer),
+                name(&other.tokenizer),
+            ));
+        }
         if self.inputs != other.inputs {
-            let i = self
-                .inputs
-                .iter()
-                .zip(&other.inputs)
-                .position(|(x, y)| x != y)
-                .unwrap_or(self.inputs.len().min(other.inputs.len()));
-            let one = |list: &[InputId]| {
-                list.get(i).map_or("nothing".to_string(), |x| {
-                    format!("{:?} of {} bytes", x.path, x.size)
-                })
-            };
-            return Some((format!("input {i}"), one(&self.inputs), one(&other.inputs)));
+            return Some(input_difference(&self.inputs, &other.inputs));
         }
         a.iter()
             .find(|(k, v)| b.get(k.as_str()) != Some(*v))
             .map(|(k, v)| (k.clone(), show(Some(v)), show(b.get(k.as_str()))))
+    }
+}
+
+fn quote(text: &str) -> String {
+    crate::text::quote(text)
+}
+
+/// The first input in which `ours` and `theirs` differ, naming the file and the
+/// property (path, size or modification time), with both values.
+fn input_difference(ours: &[InputId], theirs: &[InputId]) -> (String, String, String) {
+    let i = ours
+        .iter()
+        .zip(theirs)
+        .position(|(x, y)| x != y)
+        .unwrap_or(ours.len().min(theirs.len()));
+    match (ours.get(i), theirs.get(i)) {
+        (Some(x), Some(y)) if x.path != y.path => {
+            (format!("input {i}"), quote(&x.path), quote(&y.path))
+        }
+        (Some(x), Some(y)) if x.size != y.size => (
+            format!("input {i} {} of size", quote(&x.path)),
+            format!("{} bytes", x.size),
+            format!("{} bytes", y.size),
+        ),
+        (Some(x), Some(y)) => (
+            format!("input {i} {} of modification time", quote(&x.path)),
+            format!("{} ns", x.mtime_ns),
+            format!("{} ns", y.mtime_ns),
+        ),
+        (x, y) => {
+            let one = |v: Option<&InputId>| v.map_or("nothing".to_string(), |v| quote(&v.path));
+            (format!("input {i}"), one(x), one(y))
+        }
     }
 }
 
@@ -625,8 +677,9 @@ fn plan_fields(plan: &ShardPlan) -> (&'static str, Option<u64>, Option<u64>) {
 }
 
 /// The identity of a tokenizer loaded from `spec`: the encoding's name for a built-in
-/// one (so `gpt2` and `r50k_base` agree), else the blake3 of the tokenizer.json's bytes
-/// (so the same file at another path on another machine agrees).
+/// one (so `gpt2` and `r50k_base` agree), else the tokenizer.json's file name and the
+/// blake3 of its bytes (so the same file at another directory on another machine
+/// agrees, and an edited one does not).
 pub fn tokenizer_identity(spec: &str, tokenizer: &Tokenizer) -> Result<String, PartsError> {
     if let Some(encoding) = tokenizer.openai_encoding() {
         return Ok(encoding.name().to_string());
@@ -635,10 +688,10 @@ pub fn tokenizer_identity(spec: &str, tokenizer: &Tokenizer) -> Result<String, P
     let mut file = crate::files::open_regular(path).map_err(io_err(path))?;
     let mut hasher = blake3::Hasher::new();
     hasher.update_reader(&mut file).map_err(io_err(path))?;
-    Ok(format!(
-        "tokenizer.json blake3:{}",
-        hasher.finalize().to_hex()
-    ))
+    let name = path
+        .file_name()
+        .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned());
+    Ok(format!("{name} blake3:{}", hasher.finalize().to_hex()))
 }
 
 // ----------------------------------------------------------------------------------
@@ -712,7 +765,7 @@ impl PartJob<'_> {
         }
     }
 
-    fn identity(&self, sizes: &[u64]) -> PartIdentity {
+    fn identity(&self, stats: &[(u64, i64)]) -> PartIdentity {
         let vocab = self.vocab();
         let (shards, shard_tokens, val_tokens) = plan_fields(&self.plan());
         let (format, tokenizer, field, eot, skip_bad) = match &self.source {
@@ -756,10 +809,11 @@ impl PartJob<'_> {
             inputs: self
                 .inputs
                 .iter()
-                .zip(sizes)
-                .map(|(p, &size)| InputId {
+                .zip(stats)
+                .map(|(p, &(size, mtime_ns))| InputId {
                     path: p.display().to_string(),
                     size,
+                    mtime_ns,
                 })
                 .collect(),
         }
@@ -768,9 +822,9 @@ impl PartJob<'_> {
     /// Check the job (before anything is read or written), then its inputs' sizes and
     /// the identity a part of it records.
     pub(crate) fn checked_identity(&self) -> Result<(Vec<u64>, PartIdentity), PartsError> {
-        let sizes = check_job(self)?;
-        let identity = self.identity(&sizes);
-        Ok((sizes, identity))
+        let stats = check_job(self)?;
+        let identity = self.identity(&stats);
+        Ok((stats.iter().map(|&(size, _)| size).collect(), identity))
     }
 
     fn split(&self, path: &Path) -> Split {
@@ -799,6 +853,8 @@ struct PartWriter {
     count: u64,
     hasher: blake3::Hasher,
     buf: Vec<u8>,
+    /// The document starts, for a tokenized pack.
+    docs: Option<PartDocs>,
 }
 
 impl PartWriter {
@@ -812,15 +868,18 @@ impl PartWriter {
             count: 0,
             hasher: blake3::Hasher::new(),
             buf: Vec::new(),
+            docs: None,
         })
     }
 
-    /// Make the ids durable under the final name; returns the count, bytes and digest.
-    fn finish(self) -> Result<(u64, u64, String), PartsError> {
+    /// Make the ids (and document starts) durable under their final names; returns
+    /// the count, bytes, digest and document starts.
+    fn finish(self) -> Result<(u64, u64, String, Option<u64>), PartsError> {
         let bytes = self.count.saturating_mul(self.dtype.itemsize() as u64);
         let digest = self.hasher.finalize().to_hex().to_string();
         self.file.commit()?;
-        Ok((self.count, bytes, digest))
+        let docs = self.docs.map(PartDocs::finish).transpose()?;
+        Ok((self.count, bytes, digest, docs))
     }
 }
 
@@ -837,6 +896,9 @@ impl IdSink for PartWriter {
                 id: u64::from(id),
                 vocab: self.vocab,
             });
+        }
+        if let (Some(docs), false) = (&mut self.docs, ids.is_empty()) {
+            docs.before_push(self.count)?;
         }
         self.buf.clear();
         match self.dtype {
@@ -859,6 +921,12 @@ impl IdSink for PartWriter {
 
     fn tokens(&self) -> u64 {
         self.count
+    }
+
+    fn start_document(&mut self) {
+        if let Some(docs) = &mut self.docs {
+            docs.start();
+        }
     }
 }
 
@@ -939,11 +1007,13 @@ pub(crate) fn check_counts(area: &Path, found: &[usize], count: usize) -> Result
     }
 }
 
-/// Check a part job before anything is read or written; returns the input sizes.
-fn check_job(job: &PartJob<'_>) -> Result<Vec<u64>, PartsError> {
+/// Check a part job before anything is read or written; returns each input's size
+/// and modification time.
+fn check_job(job: &PartJob<'_>) -> Result<Vec<(u64, i64)>, PartsError> {
     if job.inputs.is_empty() || job.inputs.iter().any(|p| p.as_os_str() == "-") {
         return Err(PartsError::Stdin);
     }
+    super::pack::refuse_url_inputs(job.inputs.iter().map(PathBuf::as_path))?;
     if let PartSource::Text {
         tokenizer, opts, ..
     } = &job.source
@@ -953,13 +1023,14 @@ fn check_job(job: &PartJob<'_>) -> Result<Vec<u64>, PartsError> {
     let plan = job.plan();
     plan.check()?;
     plan.refuse_inputs(job.inputs.iter().map(PathBuf::as_path))?;
-    let mut sizes = Vec::with_capacity(job.inputs.len());
+    let mut stats = Vec::with_capacity(job.inputs.len());
     for path in job.inputs {
         let file = crate::files::open_regular(path).map_err(io_err(path))?;
-        sizes.push(file.metadata().map_err(io_err(path))?.len());
+        let meta = file.metadata().map_err(io_err(path))?;
+        stats.push((meta.len(), mtime_ns(path, &meta)?));
     }
     check_count(&part_area(job.out), job.part.count)?;
-    Ok(sizes)
+    Ok(stats)
 }
 
 /// The marker of the complete part in `dir` made with `identity`; `None` when the part
@@ -1070,6 +1141,7 @@ pub fn pack_part(
             tokenizer, opts, ..
         } => {
             let sources = text_sources(job.inputs, &sizes, &segments);
+            writer.docs = Some(PartDocs::create(&dir.join(DOCS_FILE))?);
             tokenize_sources(&sources, tokenizer, opts, &mut writer, progress)?
         }
         PartSource::Ids { opts } => {
@@ -1077,7 +1149,7 @@ pub fn pack_part(
             (0, 0)
         }
     };
-    let (tokens, bytes, blake3) = writer.finish()?;
+    let (tokens, bytes, blake3, doc_starts) = writer.finish()?;
     let marker = PartMarker {
         format: MARKER_FORMAT.to_string(),
         version: MARKER_VERSION,
@@ -1090,6 +1162,7 @@ pub fn pack_part(
         tokens,
         bytes,
         blake3,
+        doc_starts,
     };
     write_marker(&dir, &marker)?;
     Ok(PartOutcome::Packed(marker))
@@ -1310,6 +1383,23 @@ pub(crate) fn check_tiling(area: &Path, parts: &[(PathBuf, PartMarker)]) -> Resu
     Ok(())
 }
 
+/// The ids of all `parts` together, refused before any shard is written when there is
+/// none, or when `plan` would get no training shard from them (a validation shard of
+/// at least the whole corpus).
+pub(crate) fn check_parts_total(
+    plan: &ShardPlan,
+    parts: &[(PathBuf, PartMarker)],
+) -> Result<u64, PartsError> {
+    let tokens = parts
+        .iter()
+        .fold(0u64, |a, (_, m)| a.saturating_add(m.tokens));
+    if tokens == 0 {
+        return Err(TokensError::Empty.into());
+    }
+    plan.check_total(tokens)?;
+    Ok(tokens)
+}
+
 /// Reads the part id files back to back, copying ranges into shards.
 struct Concat<'a> {
     files: &'a [(PathBuf, u64)],
@@ -1397,10 +1487,7 @@ pub fn merge_parts(
     let itemsize = ShardHeader::for_layout(0, vocab, layout)?.dtype.itemsize() as u64;
     let sum =
         |f: fn(&PartMarker) -> u64| parts.iter().fold(0u64, |a, (_, m)| a.saturating_add(f(m)));
-    let tokens = sum(|m| m.tokens);
-    if tokens == 0 {
-        return Err(TokensError::Empty.into());
-    }
+    let tokens = check_parts_total(&plan, &parts)?;
     let files: Vec<(PathBuf, u64)> = parts
         .iter()
         .map(|(dir, m)| (dir.join(IDS_FILE), m.bytes))
@@ -1411,6 +1498,7 @@ pub fn merge_parts(
         offset: 0,
         open: None,
     };
+    let mut docs = MergeDocs::open(&parts)?;
     let mut written: Vec<(PathBuf, ShardHeader)> = Vec::new();
     let mut ready: Vec<Prepared> = Vec::new();
     let mut left = tokens;
@@ -1435,6 +1523,9 @@ pub fn merge_parts(
         w.flush().map_err(write_err)?;
         concat.copy_into(count.saturating_mul(itemsize), w.get_mut(), progress)?;
         ready.push(file.prepare()?);
+        if let Some(docs) = &mut docs {
+            ready.push(docs.prepare_shard(&path, tokens.saturating_sub(left), count)?);
+        }
         written.push((path, header));
         left = left.saturating_sub(count);
     }

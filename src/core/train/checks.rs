@@ -34,8 +34,14 @@ impl RunLock {
         // lock only a regular file.
         let file = checkpoint::fsops::open_lock_file(&path).map_err(io)?;
         match file.try_lock() {
-            Ok(()) => Ok(RunLock { _file: file }),
-            Err(TryLockError::WouldBlock) => Err(TrainError::Locked { path }),
+            Ok(()) => {
+                checkpoint::holder::record(&file);
+                Ok(RunLock { _file: file })
+            }
+            Err(TryLockError::WouldBlock) => Err(TrainError::Locked {
+                holder: checkpoint::holder::read(&file),
+                path,
+            }),
             Err(TryLockError::Error(source)) => Err(TrainError::Io { path, source }),
         }
     }

@@ -183,10 +183,12 @@ pub enum TrainError {
     #[error("no shard records its vocabulary size (header word 3 is 0): give vocab_size")]
     NoVocab,
     /// Another training run holds the run directory.
-    #[error("{} is held by another tlio train run", path.display())]
+    #[error("{} is held by another tlio train run{holder}", path.display())]
     Locked {
         /// The lock file.
         path: PathBuf,
+        /// The process holding it, as the lock file records it.
+        holder: crate::checkpoint::holder::HeldBy,
     },
     /// Without `--resume`, the run directory already holds checkpoints.
     #[error("{} already holds checkpoints: resume that run, or choose another output directory", dir.display())]

@@ -305,7 +305,7 @@ def collective(save: Callable[..., Any], dist: Any, dir: Any, step: Any, args: t
     """The DDP collective save (``tlio._torch_dist``), async: rank 0 stages its replicated
     state in the foreground; in the background every rank checks that all save the same
     step, rank 0 writes and commits, and every rank learns the outcome, all on ``group()``."""
-    from tlio._torch_dist import _failure, _raise
+    from tlio._torch_dist import _raise, record
 
     pg = group()
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -332,13 +332,13 @@ def collective(save: Callable[..., Any], dist: Any, dir: Any, step: Any, args: t
                 except BaseException as e:
                     mine = e
             if mine is not None:
-                outcome = _failure(mine)
+                outcome = ("failed", record(mine))
         box = [outcome]
         dist.broadcast_object_list(box, src=0, group=pg)
         if mine is not None:
             raise mine
         if box[0][0] != "ok":
-            _raise(0, box[0])
+            _raise(0, box[0][1])
         return box[0][1]
 
     return Deferred(job, error, step)

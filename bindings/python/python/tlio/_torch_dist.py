@@ -9,11 +9,13 @@ that verifies) and broadcast it; every other rank reads and checks exactly that 
 an exchange then makes every rank raise when any rank's check failed, before any rank
 applies anything, so no two ranks ever continue from different states.
 
-Invariants: an exception on one rank becomes an exception on every rank (same builtin
-type where there is one, the message prefixed with the rank), never a hang in a
-collective; a single process, or a group of one, runs the wrapped function untouched.
-What travels between ranks is only strings and integers (step numbers, paths, exception
-type names and messages), through ``broadcast_object_list`` / ``all_gather_object``, so
+Invariants: an exception on one rank becomes an exception on every rank, never a hang
+in a collective: the same class when ``CARRIED`` names it (OSError and its subclasses
+with the failing rank's ``errno`` and ``filename``; ValueError, TypeError, ...), else a
+RuntimeError naming the class, the message prefixed with the failing rank.
+A single process, or a group of one, runs the wrapped function untouched. What travels
+between ranks is only strings and integers (step numbers, paths, and a failure as the
+JSON text of ``record``: class name, message, errno, strerror, file name), through ``broadcast_object_list`` / ``all_gather_object``, so
 any backend works; no tensor leaves rank 0 (every rank reads the checkpoint directory
 itself, which must therefore be visible to all of them, as for torch's own distributed
 checkpoint).
@@ -23,14 +25,13 @@ from __future__ import annotations
 
 import builtins
 import functools
-from typing import Any, Callable, List, Optional, Tuple, TypeVar
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: An outcome exchanged between ranks: ``None`` (success) or (exception type name, message).
-Failure = Optional[Tuple[str, str]]
 
 
 def process_group() -> Optional[Any]:
@@ -42,22 +43,92 @@ def process_group() -> Optional[Any]:
     return dist
 
 
-def _failure(e: BaseException) -> Tuple[str, str]:
-    return type(e).__name__, str(e)
+#: An outcome exchanged between ranks: ``None`` (success) or a failure record, the JSON
+#: text ``record`` writes.
+Failure = Optional[str]
+
+#: The exception classes a failure record may name and the receiving ranks recreate:
+#: OSError and each of Python's own subclasses of it (their ``errno``, ``strerror`` and
+#: ``filename`` carried), and the plain errors tlio raises. Any other class is raised as
+#: a RuntimeError naming it: a name from another rank never selects anything else.
+CARRIED: Dict[str, type] = {
+    cls.__name__: cls
+    for cls in (OSError, ValueError, TypeError, RuntimeError, KeyError, IndexError, NotImplementedError)
+}
+CARRIED.update((c.__name__, c) for c in vars(builtins).values()
+               if isinstance(c, type) and issubclass(c, OSError))
+#: The most characters of a message a failure record carries (the rest is cut, and said).
+MESSAGE_LIMIT = 1 << 16
 
 
-def _raise(rank: int, failure: Tuple[str, str]) -> None:
-    """Raise on this rank the failure another rank reported: the builtin exception of that
-    name when there is one (ValueError, FileNotFoundError, OSError...), else RuntimeError."""
-    name, message = failure
-    cls = getattr(builtins, name, None)
-    text = f"on rank {rank}: {message}"
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            raise cls(text)
-        except TypeError:  # a builtin whose constructor wants more (UnicodeDecodeError)
-            pass
-    raise RuntimeError(f"on rank {rank}: {name}: {message}")
+def _text(value: Any) -> Optional[str]:
+    """An OSError attribute as a string for the record (a bytes or PathLike file name
+    decoded as os.fsdecode does), or ``None``."""
+    if value is None:
+        return None
+    try:
+        return os.fsdecode(value)
+    except TypeError:
+        return str(value)
+
+
+def _cut(message: str) -> str:
+    if len(message) <= MESSAGE_LIMIT:
+        return message
+    return f"{message[:MESSAGE_LIMIT]}... ({len(message) - MESSAGE_LIMIT} more characters)"
+
+
+def record(e: BaseException) -> str:
+    """The failure record of ``e``: JSON text holding its class name, message, and for an
+    OSError its ``errno``, ``strerror`` and ``filename``. Only this text travels, never
+    the exception object (nothing from another rank is unpickled into a class)."""
+    doc: Dict[str, Any] = {"type": type(e).__name__, "message": _cut(str(e))}
+    if isinstance(e, OSError):
+        doc["errno"] = e.errno if isinstance(e.errno, int) else None
+        doc["strerror"] = _text(e.strerror)
+        doc["filename"] = _text(e.filename)
+    return json.dumps(doc)
+
+
+def _read_record(failure: Any) -> Dict[str, Any]:
+    """The fields of a failure record, checked; a malformed one reads as a RuntimeError."""
+    try:
+        doc = json.loads(failure) if isinstance(failure, str) else None
+    except ValueError:
+        doc = None
+    if (not isinstance(doc, dict) or not isinstance(doc.get("type"), str)
+            or not isinstance(doc.get("message"), str)):
+        return {"type": "RuntimeError", "message": "it reported a failure this rank cannot read"}
+    for key, kind in (("errno", int), ("strerror", str), ("filename", str)):
+        if not isinstance(doc.get(key), kind) or isinstance(doc.get(key), bool):
+            doc[key] = None
+    return doc
+
+
+def rebuild(rank: int, failure: Any) -> BaseException:
+    """The exception this rank raises for the failure record another rank reported: the
+    same class when ``CARRIED`` names it, else a RuntimeError naming the class. The
+    message is the original one prefixed ``on rank R: ``; an OSError keeps that rank's
+    ``errno`` and ``filename``, its ``strerror`` prefixed so (``[Errno 28] on rank 0:
+    ...``: Python formats an OSError's message from its fields)."""
+    doc = _read_record(failure)
+    name, prefix = doc["type"], f"on rank {rank}: "
+    cls = CARRIED.get(name)
+    if cls is None:
+        return RuntimeError(f"{prefix}{name}: {doc['message']}")
+    if issubclass(cls, OSError) and doc["errno"] is not None and doc["strerror"] is not None:
+        fields = (doc["errno"], prefix + doc["strerror"])
+        # cls itself, not OSError(errno, ...): that would pick a subclass by the errno.
+        return cls(*fields, doc["filename"]) if doc["filename"] is not None else cls(*fields)
+    e = cls(prefix + doc["message"])
+    if isinstance(e, OSError):
+        e.errno = doc["errno"]  # alone it leaves the message as it is
+    return e
+
+
+def _raise(rank: int, failure: Any) -> None:
+    """Raise on this rank the failure another rank reported (``rebuild``)."""
+    raise rebuild(rank, failure)
 
 
 def _broadcast(dist: Any, value: Any) -> Any:
@@ -66,7 +137,7 @@ def _broadcast(dist: Any, value: Any) -> Any:
     return box[0]
 
 
-def _first_failure(dist: Any, mine: Failure) -> Optional[Tuple[int, Tuple[str, str]]]:
+def _first_failure(dist: Any, mine: Failure) -> Optional[Tuple[int, str]]:
     """Every rank's outcome to every rank; the first failure and its rank, or ``None``."""
     outcomes: List[Failure] = [None] * dist.get_world_size()
     dist.all_gather_object(outcomes, mine)
@@ -102,12 +173,12 @@ def collective_save(save: F) -> F:
                 outcome = ("ok", save(dir, step, *args, **kwargs))
             except BaseException as e:  # every rank must hear of it, KeyboardInterrupt included
                 error = e
-                outcome = _failure(e)
+                outcome = ("failed", record(e))
         outcome = _broadcast(dist, outcome)
         if error is not None:
             raise error
         if outcome[0] != "ok":
-            _raise(0, outcome)
+            _raise(0, outcome[1])
         return outcome[1]
 
     return wrapper  # type: ignore[return-value]
@@ -138,24 +209,24 @@ def collective_load(prepare: Callable[..., Tuple[Any, Callable[[], None]]]) -> C
                     chosen: Any = ("ok", ck.step)
                 except BaseException as e:
                     error = e
-                    chosen = _failure(e)
+                    chosen = ("failed", record(e))
             else:
                 chosen = None
             chosen = _broadcast(dist, chosen)
             if error is not None:
                 raise error
             if chosen[0] != "ok":
-                _raise(0, chosen)
+                _raise(0, chosen[1])
             mine: Failure = None
             if rank != 0:
                 try:
                     ck, apply = prepare(dir, *args, step=chosen[1], **kwargs)
                     if ck.step != chosen[1]:
-                        mine = ("RuntimeError", f"step {chosen[1]}, which rank 0 loaded, does not verify here "
-                                f"(this rank would have loaded step {ck.step})")
+                        mine = record(RuntimeError(f"step {chosen[1]}, which rank 0 loaded, does not verify "
+                                                   f"here (this rank would have loaded step {ck.step})"))
                 except BaseException as e:
                     error = e
-                    mine = _failure(e)
+                    mine = record(e)
             # Every rank has checked: apply only when all of them may.
             failed = _first_failure(dist, mine)
             if error is not None:
@@ -167,7 +238,7 @@ def collective_load(prepare: Callable[..., Tuple[Any, Callable[[], None]]]) -> C
                 apply()
             except BaseException as e:  # torch's own hooks, after every check passed
                 error = e
-                mine = _failure(e)
+                mine = record(e)
             failed = _first_failure(dist, mine)
             if error is not None:
                 raise error

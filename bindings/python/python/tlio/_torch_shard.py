@@ -126,11 +126,14 @@ class Group:
         return box[0]
 
 
-Failure = Optional[Tuple[str, str]]
+#: An outcome exchanged between ranks: ``None`` or a failure record (``tlio._torch_dist``).
+Failure = Optional[str]
 
 
-def _failure(e: BaseException) -> Tuple[str, str]:
-    return type(e).__name__, str(e)
+def _failure(e: BaseException) -> str:
+    from tlio._torch_dist import record
+
+    return record(e)
 
 
 def _raise_first(outcomes: Sequence[Failure], rank: int, error: Optional[BaseException]) -> None:
@@ -425,10 +428,10 @@ def _commit(g: Group, dir: Any, step: Any, overwrite: bool, prepare: Callable[[]
             handle = _sharded().begin(os.fspath(dir), _integer("step", step), bool(overwrite))
             outcome = ("ok", handle.tmp_dir, str(step))
         except BaseException as e:
-            error, outcome = e, _failure(e)
+            error, outcome = e, ("failed", _failure(e))
     outcome = g.broadcast(outcome)
     if outcome[0] != "ok":
-        _raise_first([outcome], 0, error)
+        _raise_first([outcome[1]], 0, error)
     tmp_dir = outcome[1]
     try:
         # 2. every rank extracts its chunks; all learn every rank's chunks.
@@ -464,10 +467,10 @@ def _commit(g: Group, dir: Any, step: Any, overwrite: bool, prepare: Callable[[]
                                      prepared["rng"], prepared["config"], prepared["keep"])
                 outcome = ("ok", path)
             except BaseException as e:
-                error, outcome = e, _failure(e)
+                error, outcome = e, ("failed", _failure(e))
         outcome = g.broadcast(outcome)
         if outcome[0] != "ok":
-            _raise_first([outcome], 0, error)
+            _raise_first([outcome[1]], 0, error)
         return outcome[1]
     finally:
         if handle is not None:
@@ -640,10 +643,10 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
                 handle = _open(dir, step, below)
                 chosen = ("ok", handle.step, [list(s) for s in handle.skipped])
             except BaseException as e:
-                error, chosen = e, _failure(e)
+                error, chosen = e, ("failed", _failure(e))
         chosen = g.broadcast(chosen)
         if chosen[0] != "ok":
-            _raise_first([chosen], 0, error)
+            _raise_first([chosen[1]], 0, error)
         n = chosen[1]
         skipped += [tuple(s) for s in chosen[2]]
         kind = None
@@ -656,7 +659,7 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
             wants, tied = _plan(handle, model, optimizer)
             _read(handle, wants)
         except Corrupt as e:
-            kind, error, mine = "corrupt", e, ("ValueError", str(e))
+            kind, error, mine = "corrupt", e, str(e)
         except BaseException as e:
             kind, error, mine = "error", e, _failure(e)
         outcomes = g.all_gather((kind, mine))
@@ -667,7 +670,7 @@ def prepare_load(dir: Any, model: Any, optimizer: Any = None, stream: Any = None
             break
         r, m = bad[0]
         # Which rank found it only matters when there are several.
-        why = f"on rank {r}: {m[1]}" if g.size > 1 else m[1]
+        why = f"on rank {r}: {m}" if g.size > 1 else m
         if handle is not None:
             handle.close()
         if step is not None:  # a named step is that step or an error, never another

@@ -5,7 +5,7 @@ import torch
 from tlio.checkpoint import Checkpoint
 
 F = TypeVar("F", bound=Callable[..., Any])
-Failure = Optional[Tuple[str, str]]
+Failure = Optional[str]
 
 MODEL: str
 OPTIMIZER: str

@@ -73,7 +73,7 @@ from torch.futures import Future
 
 from tlio._tlio import sharded as _core
 
-__all__ = ["Writer", "Reader", "latest", "GROUP", "FORMAT"]
+__all__ = ["Writer", "Reader", "latest", "import_checkpoint", "GROUP", "FORMAT"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -692,3 +692,15 @@ def latest(run_dir: PathLike) -> Optional[str]:
     except FileNotFoundError:
         return None
     return chosen
+
+
+def import_checkpoint(dcp_dir: PathLike, run_dir: PathLike, *, step: Optional[int] = None) -> str:
+    """Convert a checkpoint of DCP's ``FileSystemWriter`` (``.metadata`` and ``*.distcp``)
+    into step ``step`` of the tlio run directory ``run_dir`` (by default the number ending
+    ``dcp_dir``'s name, else 0), as ``tlio ckpt import`` does: the pickled ``.metadata``
+    is read resolving no global outside DCP's metadata classes, tensors with
+    ``torch.load(weights_only=True)``, bytes items copied unread; every byte range is
+    checked against its file first. Returns the committed step directory."""
+    from tlio._dcp_import import import_checkpoint as _import
+
+    return _import(dcp_dir, run_dir, step=step)

@@ -216,6 +216,20 @@ class TokenStream:
     resumes where it was, a new stage of this mixture's weights starts at the next
     global batch). ``next_batch_sources()`` also returns each row's source.
 
+    Document boundaries (packed attention, scale.md section 8):
+    ``next_batch(boundaries=True)`` returns ``(inputs, targets, positions,
+    cu_seqlens)``. ``positions`` (int32 [batch, seq_len]) is each input's distance from
+    the start of its document, or from the window's start when the document began
+    before the window: the ``position_ids`` of transformers'
+    ``DataCollatorWithFlattening``. ``cu_seqlens`` (int32 [batch, seq_len + 1]) is row
+    by row the cumulative lengths ``0, s1, ..., seq_len`` of the window's document
+    pieces (``s_i`` the document starts inside it), padded with -1 to the fixed width
+    ``seq_len + 1`` (a document at every input needs all of it). Documents start where
+    each shard's sidecar ``X.docs`` (written by ``tlio tokens pack --tokenizer``) says,
+    else at each id ``eot`` (the end-of-text id a pack writes before each document);
+    a shard with neither is a ``ValueError`` naming it. Mixtures do not give boundaries
+    yet (``ValueError``).
+
     Thread safety: one stream may be shared by threads; ``cursor()`` or
     ``state_dict()`` called while another thread is in ``next_batch()`` waits for that
     batch and returns the position after it. A long batch stays interruptible: Ctrl-C
@@ -238,6 +252,7 @@ class TokenStream:
         rank: Optional[int] = 0,
         world_size: Optional[int] = 1,
         shuffle: bool = False,
+        eot: Optional[int] = None,
     ) -> None:
         if not isinstance(shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__}")
@@ -258,6 +273,8 @@ class TokenStream:
                 raise ValueError("give shards or sources=[(shards, weight), ...], not both")
             if sources is None:
                 raise ValueError("stages= needs sources=[(shards, weight), ...]")
+            if eot is not None:
+                raise ValueError("eot= is not available for mixtures (sources=) yet")
             named, plan = _mixture_args(sources, stages)
             self._stream = _core.Mixture(
                 named, plan, seq_len, batch, rng, vocab_size, rank, world_size, shuffle
@@ -271,7 +288,15 @@ class TokenStream:
                 "pass [path] for a single shard"
             )
         self._stream = _core.Stream(
-            [os.fspath(p) for p in shards], seq_len, batch, rng, vocab_size, rank, world_size, shuffle
+            [os.fspath(p) for p in shards],
+            seq_len,
+            batch,
+            rng,
+            vocab_size,
+            rank,
+            world_size,
+            shuffle,
+            eot,
         )
 
     @property
@@ -287,15 +312,38 @@ class TokenStream:
         inputs, targets = self._stream.next_batch()
         return inputs, targets, np.zeros(inputs.shape[0], dtype=np.int32)
 
-    def next_batch(self) -> Tuple[np.ndarray, np.ndarray]:
+    def next_batch(self, boundaries: bool = False) -> Any:
         """The next ``batch`` windows: fresh int64 (inputs, targets) of shape [batch, seq_len].
 
-        ``targets[:, t] == inputs[:, t + 1]``; a batch may span passes and shards.
+        ``targets[:, t] == inputs[:, t + 1]``; a batch may span passes and shards. With
+        ``boundaries=True``, also the int32 ``positions`` [batch, seq_len] and
+        ``cu_seqlens`` [batch, seq_len + 1] of the windows' documents (see the class).
         """
+        if not isinstance(boundaries, bool):
+            raise TypeError(f"boundaries must be a bool, got {type(boundaries).__name__}")
+        if boundaries:
+            if self.is_mixture:
+                raise ValueError("boundaries=True is not available for mixtures (sources=) yet")
+            return self._stream.next_batch_boundaries()
         if self.is_mixture:
             inputs, targets, _ = self._stream.next_batch()
             return inputs, targets
         return self._stream.next_batch()
+
+    def skip_batches(self, n: int) -> None:
+        """Move past the next ``n`` batches without reading a token: afterwards the
+        cursor is the one ``n`` calls of ``next_batch()`` would leave (windows are a
+        pure function of the position, so only the passes' phases are drawn). With
+        ranks a batch is a global batch, skipped on every rank alike. A mixture walks
+        its rule over the skipped windows (one step per window, still no token read).
+        This is how ``tlio.torch.TokenDataset``'s worker ``k`` of ``N`` takes batches
+        ``k, k + N, ...``. ``n`` is an int >= 0; Ctrl-C stops a long skip with
+        ``KeyboardInterrupt`` and leaves the stream where it was."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"skip_batches takes an int, got {type(n).__name__}")
+        if not 0 <= n < 2**64:
+            raise ValueError(f"skip_batches takes 0 <= n < 2**64, got {n}")
+        self._stream.skip_batches(int(n))
 
     def cursor(self) -> Dict[str, Any]:
         """The whole position, in the CLI's JSON form.

@@ -1,7 +1,19 @@
 """Type stubs of tlio.tokens: llm.c-style token shards and the resumable token stream."""
 
 import os
-from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Dict,
+    Iterator,
+    List,
+    Literal,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Union,
+    overload,
+)
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +31,9 @@ plus ``"global_batch": int`` when the stream has ranks and ``"epoch_rng"`` (the
 generator at the epoch's start) when its shard order is shuffled."""
 
 Batch = Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+BoundaryBatch = Tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]
+]
 
 __all__: List[str]
 
@@ -45,9 +60,14 @@ class TokenStream:
         rank: Optional[int] = 0,
         world_size: Optional[int] = 1,
         shuffle: bool = False,
+        eot: Optional[int] = None,
     ) -> None: ...
-    def next_batch(self) -> Batch:
+    @overload
+    def next_batch(self, boundaries: Literal[False] = False) -> Batch:
         """Fresh int64 (inputs, targets) of shape [batch, seq_len]."""
+    @overload
+    def next_batch(self, boundaries: Literal[True]) -> BoundaryBatch:
+        """(inputs, targets, positions int32 [B, T], cu_seqlens int32 [B, T + 1], -1 padded)."""
     def next_batch_sources(
         self,
     ) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32]]:
@@ -58,6 +78,8 @@ class TokenStream:
     def source_shards(self) -> List[List[str]]: ...
     @property
     def stages(self) -> List[Tuple[int, List[float]]]: ...
+    def skip_batches(self, n: int) -> None:
+        """Move past the next n batches without reading them (as n next_batch() calls)."""
     def cursor(self) -> Cursor:
         """The whole position, in the CLI's JSON form."""
     def restore(self, cursor: Cursor) -> None:

@@ -63,11 +63,16 @@ def load(
 
 class TokenDataset(IterableDataset):
     """A TokenStream as an endless IterableDataset of int64 (x, y) tensors [batch, seq_len],
-    zero-copy from the stream's arrays; Stateful through the stream's cursor."""
+    zero-copy from the stream's arrays; Stateful through the stream's cursor. Under N > 1
+    DataLoader workers, worker k makes batches k, k + N, ... (the loader yields the
+    batches of num_workers=0) and its state is {"cursor", "worker", "num_workers"}; a
+    state of another num_workers is refused."""
 
     stream: TokenStream
     def __init__(self, stream: TokenStream) -> None: ...
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]: ...
     def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]: ...
-    def state_dict(self) -> Cursor: ...
-    def load_state_dict(self, state_dict: Cursor) -> None: ...
+    def state_dict(self) -> Dict[str, Any]:
+        """The cursor, or in worker k of N > 1 {"cursor", "worker", "num_workers"}."""
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore; a state of another num_workers is a ValueError naming both."""

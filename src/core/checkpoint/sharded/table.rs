@@ -393,7 +393,16 @@ fn validate_tensor(t: &TableTensor, piece_bytes: u64) -> Result<(), ShardedError
         return Err(tensor_err(t, format!("more than {MAX_RANK} dimensions")));
     }
     if byte_len(t.dtype, &t.shape).is_err() {
-        return Err(tensor_err(t, "its byte size overflows 64 bits"));
+        // The safetensors rule counts bits (elements x bits per element) before bytes,
+        // so name what overflows: a BOOL [2^31, 2^31] fits in bytes but not in bits.
+        let what = match crate::safetensors::dtype::numel(&t.shape) {
+            None => "its element count overflows 64 bits".to_string(),
+            Some(_) => format!(
+                "its size in bits (elements x {} bits per element) overflows 64 bits",
+                t.dtype.bits()
+            ),
+        };
+        return Err(tensor_err(t, what));
     }
     if t.chunks.len() > MAX_CHUNKS {
         return Err(tensor_err(t, format!("more than {MAX_CHUNKS} chunks")));

@@ -441,3 +441,38 @@ fn a_table_that_would_take_more_steps_than_its_budget_is_refused_naming_the_rule
     assert!(why.contains("more than 1000 steps"), "{why}");
     assert!(steps <= 1000 + 2 * boxes.len() as u64 * 64, "{steps}");
 }
+
+#[test]
+fn a_tensor_too_large_to_count_is_refused_naming_what_overflows() {
+    use super::table::{Group, ShardsTable, TableTensor};
+    use crate::safetensors::Dtype;
+    use std::collections::BTreeMap;
+    let tensor = |dtype, shape: Vec<u64>| TableTensor {
+        group: Group::Model,
+        name: "w".into(),
+        dtype,
+        shape,
+        chunks: Vec::new(),
+    };
+    // 2^62 elements of one byte: 2^62 bytes fit in 64 bits, 2^65 bits do not.
+    let why = ShardsTable::new(
+        1 << 20,
+        BTreeMap::new(),
+        vec![tensor(Dtype::BOOL, vec![1 << 31, 1 << 31])],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        why.contains("its size in bits (elements x 8 bits per element) overflows 64 bits"),
+        "{why}"
+    );
+    assert!(!why.contains("byte size"), "{why}");
+    let why = ShardsTable::new(
+        1 << 20,
+        BTreeMap::new(),
+        vec![tensor(Dtype::U8, vec![u64::MAX, 2])],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(why.contains("its element count overflows 64 bits"), "{why}");
+}

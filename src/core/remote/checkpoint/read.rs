@@ -76,7 +76,7 @@ fn fetch_manifest(remote: &Remote, step: u64, out: &mut Inspection) -> Option<Re
 pub(crate) fn is_unreachable(err: &S3Error) -> bool {
     match err {
         S3Error::Request { source, .. } => source.kind() != io::ErrorKind::NotFound,
-        S3Error::NotBuilt { .. } | S3Error::Config { .. } => true,
+        S3Error::NotBuilt { .. } | S3Error::Config { .. } | S3Error::BadVariable { .. } => true,
         S3Error::BadUrl { .. } | S3Error::TooLarge { .. } => false,
     }
 }

@@ -458,3 +458,48 @@ fn appending_a_source_keeps_the_others_generators() {
     assert_ne!(a[1], a[2]);
     assert_eq!(source_rng(&rng, 1), a[1]);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Skipping n global batches of a mixture leaves the cursor where reading them
+    /// leaves it, across a stage boundary, on every rank, shuffled or not.
+    #[test]
+    fn skipping_mixture_batches_is_reading_them_without_the_tokens(
+        b in 1usize..4,
+        world in 1usize..3,
+        shuffled in any::<bool>(),
+        before in 0usize..5,
+        n in 0u64..9,
+        boundary in 1u64..6,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = three(dir.path());
+        let stages = [stage(0, &[0.5, 0.3, 0.2]), stage(boundary, &[0.2, 0.2, 0.6])];
+        let order = if shuffled { ShardOrder::Shuffled } else { ShardOrder::InOrder };
+        for rank in 0..world {
+            let ranks = Ranks { rank, world_size: world };
+            let mut read = mixture(&paths, &stages, 3, b, ranks, order).unwrap();
+            let mut skipped = mixture(&paths, &stages, 3, b, ranks, order).unwrap();
+            run(&mut read, before);
+            run(&mut skipped, before);
+            run(&mut read, n as usize);
+            skipped.skip_batches(n, &mut || false).unwrap();
+            prop_assert_eq!(skipped.cursor(), read.cursor());
+            prop_assert_eq!(skipped.next_batch().unwrap(), read.next_batch().unwrap());
+        }
+    }
+}
+
+#[test]
+fn an_interrupted_mixture_skip_moves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = three(dir.path());
+    let stages = [stage(0, &[0.5, 0.3, 0.2])];
+    let mut m = mixture(&paths, &stages, 4, 5, Ranks::SINGLE, ShardOrder::InOrder).unwrap();
+    run(&mut m, 2);
+    let at = m.cursor();
+    let err = m.skip_batches(1 << 20, &mut || true).unwrap_err();
+    assert!(matches!(err, TokensError::Interrupted), "{err}");
+    assert_eq!(m.cursor(), at);
+}

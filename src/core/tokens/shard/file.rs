@@ -245,6 +245,11 @@ impl Shard {
         &self.path
     }
 
+    /// The local file read (absolute): the path itself, or an object's cached copy.
+    pub fn local_path(&self) -> &Path {
+        &self.absolute
+    }
+
     /// The validated header.
     pub fn header(&self) -> &ShardHeader {
         &self.header
