@@ -34,7 +34,7 @@ pub mod read;
 pub mod save;
 pub mod sharded;
 
-pub use choose::{load, load_unless_sharded, pick};
+pub use choose::{load, load_unless_sharded, pick, Wanted};
 pub use gc::gc;
 pub use read::{download_step, inspect_step, survey};
 pub use save::save;
