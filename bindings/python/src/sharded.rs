@@ -381,12 +381,7 @@ fn open_step(
         }
         let opened = py
             .detach(|| match below {
-                Some(b) if !location::is_remote(&dir) => {
-                    core_sharded::open::open_step_below(&dir, b)
-                }
-                // The remote choice of a named step still takes the newest older one
-                // that passes: asking for the step below gives the same candidate.
-                Some(b) => location::sharded_open_step(&dir, Some(b.saturating_sub(1))),
+                Some(b) => location::sharded_open_step_below(&dir, b),
                 None => location::sharded_open_step(&dir, step),
             })
             .map_err(|e| sharded_err(py, e))?;

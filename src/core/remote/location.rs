@@ -311,3 +311,21 @@ pub fn sharded_open_step(
         }
     }
 }
+
+/// `sharded::open::open_step_below` wherever `dir` is: the step a `step=None` choice
+/// picks among those older than `below` (another rank found `below` damaged).
+pub fn sharded_open_step_below(
+    dir: &Path,
+    below: u64,
+) -> Result<crate::checkpoint::sharded::ShardedStep, ShardedError> {
+    match remote_url(dir).map_err(CheckpointError::from)? {
+        None => crate::checkpoint::sharded::open::open_step_below(dir, below),
+        #[cfg(feature = "s3")]
+        Some(url) => remote::sharded::open_step_below(&url, below),
+        #[cfg(not(feature = "s3"))]
+        Some(url) => {
+            let _ = below;
+            Err(not_built(&url).into())
+        }
+    }
+}

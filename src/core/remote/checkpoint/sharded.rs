@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::choose::{choose, Refusal};
+use super::choose::{choose, Refusal, Wanted};
 use super::save::{after_commit, commit, put, refusals, remove_attempt};
 use super::{
     is_attempt_name, list, list_under, manifest_rel, new_attempt, object_rel, Remote,
@@ -421,11 +421,21 @@ pub(crate) fn open_one(
 }
 
 /// Open the step the remote `load` would pick under the prefix `url` (the newest
-/// committed step that passes the light check; with `step`, that one or the newest
-/// older one), sharded or not.
+/// committed step that passes the light check; with `step`, exactly that one or an
+/// error naming why), sharded or not.
 pub fn open_step(url: &S3Url, step: Option<u64>) -> Result<ShardedStep, ShardedError> {
+    open_wanted(url, step.into())
+}
+
+/// Open the step a `step=None` choice picks among those older than `below` (the next
+/// candidate once step `below` was found damaged on another rank).
+pub fn open_step_below(url: &S3Url, below: u64) -> Result<ShardedStep, ShardedError> {
+    open_wanted(url, Wanted::Below(below))
+}
+
+fn open_wanted(url: &S3Url, wanted: Wanted) -> Result<ShardedStep, ShardedError> {
     let remote = Remote::connect(url).map_err(remote_err)?;
-    let (mut opened, picked) = choose(&remote, step, &mut |n, listing| {
+    let (mut opened, picked) = choose(&remote, wanted, &mut |n, listing| {
         open_one(&remote, n, listing).map_err(Refusal::Broken)
     })?;
     opened.skipped = picked.skipped;
