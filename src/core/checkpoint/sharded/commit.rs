@@ -219,7 +219,7 @@ fn commit_target(
         fs,
         tmp,
         SHARDS_NAME,
-        Payload::Bytes(Cow::Owned(table.to_json())),
+        Payload::Bytes(Cow::Owned(table.to_json_checked()?)),
     )?);
     entries.push(put(
         fs,
@@ -272,7 +272,8 @@ pub fn build_table(
             return Err(table_err(format!("rank file {}", f.name), "reported twice"));
         }
     }
-    let mut used: BTreeSet<(String, String)> = BTreeSet::new();
+    // Borrowed from the files' own tables: one entry per chunk, no copy of its names.
+    let mut used: BTreeSet<(&str, &str)> = BTreeSet::new();
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
         let label = format!("tensor {}/{}", t.group, t.name);
@@ -283,9 +284,9 @@ pub fn build_table(
             let file = by_name
                 .get(c.file.as_str())
                 .ok_or_else(|| at(format!("its file {:?} was not written by any rank", c.file)))?;
-            let w = file
+            let (key, w) = file
                 .tensors
-                .get(&c.key)
+                .get_key_value(&c.key)
                 .ok_or_else(|| at(format!("{} holds no key {:?}", c.file, c.key)))?;
             if w.dtype != t.dtype || w.shape != c.sizes {
                 return Err(at(format!(
@@ -293,7 +294,7 @@ pub fn build_table(
                     c.file, c.key, w.dtype, w.shape, t.dtype, c.sizes
                 )));
             }
-            if !used.insert((c.file.clone(), c.key.clone())) {
+            if !used.insert((file.name.as_str(), key.as_str())) {
                 return Err(at(format!("{} key {:?} is claimed twice", c.file, c.key)));
             }
             chunks.push(ChunkEntry {
@@ -318,7 +319,7 @@ pub fn build_table(
         if let Some(key) = f
             .tensors
             .keys()
-            .find(|k| !used.contains(&(f.name.clone(), (*k).clone())))
+            .find(|k| !used.contains(&(f.name.as_str(), k.as_str())))
         {
             return Err(table_err(
                 format!("rank file {}", f.name),

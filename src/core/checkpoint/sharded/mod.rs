@@ -14,6 +14,7 @@
 //! a region read returns was verified against a piece digest (or, for an unsharded
 //! step, against the file's sha256) in the same pass that copied it.
 
+pub mod assign;
 pub mod commit;
 pub mod coverage;
 pub mod dcp;
@@ -36,6 +37,7 @@ use std::path::PathBuf;
 use super::CheckpointError;
 use crate::failure::{Failure, FailureKind};
 
+pub use assign::{assign_writers, chunk_key, rank_file_name, tensor_requests, HeldChunk, Writers};
 pub use commit::{begin, begin_with, ChunkRequest, CommitRequest, ShardedSave, TensorRequest};
 pub use export::{export, ExportReport};
 pub use named::{begin_named, open_step_dir};

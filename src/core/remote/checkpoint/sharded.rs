@@ -151,7 +151,7 @@ impl RemoteSave {
             })
             .collect();
         let small = [
-            (SHARDS_NAME, Some(table.to_json())),
+            (SHARDS_NAME, Some(table.to_json_checked()?)),
             (STATE_NAME, Some(state_json)),
             (CONFIG_NAME, config),
         ];
