@@ -59,6 +59,7 @@ fn opt_count(value: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<u6
 pub struct ShardedSave {
     inner: Mutex<location::ShardedSaveAt>,
     tmp_dir: String,
+    probe: Option<String>,
     step: u64,
 }
 
@@ -88,9 +89,11 @@ impl ShardedSave {
             .tmp_dir()
             .map(|p| p.display().to_string())
             .unwrap_or_default();
+        let probe = save.probe().map(str::to_string);
         ShardedSave {
             inner: Mutex::new(save),
             tmp_dir,
+            probe,
             step,
         }
     }
@@ -219,6 +222,13 @@ impl ShardedSave {
         self.tmp_dir.clone()
     }
 
+    /// The token of the probe every rank checks in a local `tmp_dir` before writing
+    /// (`check_shared`); None on object storage.
+    #[getter]
+    fn probe(&self) -> Option<String> {
+        self.probe.clone()
+    }
+
     /// The step being saved.
     #[getter]
     fn step(&self) -> u64 {
@@ -281,6 +291,17 @@ impl ShardedSave {
             save.abort();
         });
     }
+}
+
+/// Check that `tmp_dir` is the directory rank 0 began with the probe `token` (any
+/// rank, before writing): one a host of its own would be refused naming its parent.
+#[pyfunction]
+fn check_shared(py: Python<'_>, tmp_dir: PathBuf, token: &str) -> PyResult<()> {
+    guard(|| {
+        path_arg(&tmp_dir, "tmp_dir")?;
+        py.detach(|| core_sharded::check_shared(&tmp_dir, token))
+            .map_err(|e| sharded_err(py, e))
+    })
 }
 
 /// A chunk to write: key, dtype name, shape, flat uint8 array.
@@ -614,6 +635,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ShardedStep>()?;
     m.add_function(wrap_pyfunction!(begin, m)?)?;
     m.add_function(wrap_pyfunction!(write_rank_file, m)?)?;
+    m.add_function(wrap_pyfunction!(check_shared, m)?)?;
     m.add_function(wrap_pyfunction!(open_step, m)?)?;
     m.add_function(wrap_pyfunction!(begin_named, m)?)?;
     m.add_function(wrap_pyfunction!(open_step_dir, m)?)?;
