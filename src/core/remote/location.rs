@@ -231,6 +231,16 @@ impl ShardedSaveAt {
         }
     }
 
+    /// The token every rank checks before writing into a local `tmp_dir`
+    /// (`sharded::check_shared`); none on object storage, one store for every host.
+    pub fn probe(&self) -> Option<&str> {
+        match self {
+            ShardedSaveAt::Local(s) => Some(s.probe()),
+            #[cfg(feature = "s3")]
+            ShardedSaveAt::Remote(_) => None,
+        }
+    }
+
     /// Check and commit (see the two protocols).
     pub fn commit(
         &mut self,

@@ -58,6 +58,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::ShardedStep>()?;
     m.add_function(wrap_pyfunction!(save::begin, m)?)?;
     m.add_function(wrap_pyfunction!(save::write_rank_file, m)?)?;
+    m.add_function(wrap_pyfunction!(save::check_shared, m)?)?;
     m.add_function(wrap_pyfunction!(step::open_step, m)?)?;
     m.add_function(wrap_pyfunction!(save::begin_named, m)?)?;
     m.add_function(wrap_pyfunction!(step::open_step_dir, m)?)?;

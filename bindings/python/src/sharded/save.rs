@@ -29,6 +29,7 @@ use crate::tokens::count_arg;
 pub struct ShardedSave {
     inner: Mutex<location::ShardedSaveAt>,
     tmp_dir: String,
+    probe: Option<String>,
     step: u64,
 }
 
@@ -58,9 +59,11 @@ impl ShardedSave {
             .tmp_dir()
             .map(|p| p.display().to_string())
             .unwrap_or_default();
+        let probe = save.probe().map(str::to_string);
         ShardedSave {
             inner: Mutex::new(save),
             tmp_dir,
+            probe,
             step,
         }
     }
@@ -189,6 +192,13 @@ impl ShardedSave {
         self.tmp_dir.clone()
     }
 
+    /// The token of the probe every rank checks in a local `tmp_dir` before writing
+    /// (`check_shared`); None on object storage.
+    #[getter]
+    fn probe(&self) -> Option<String> {
+        self.probe.clone()
+    }
+
     /// The step being saved.
     #[getter]
     fn step(&self) -> u64 {
@@ -251,6 +261,17 @@ impl ShardedSave {
             save.abort();
         });
     }
+}
+
+/// Check that `tmp_dir` is the directory rank 0 began with the probe `token` (any
+/// rank, before writing): one a host of its own would be refused naming its parent.
+#[pyfunction]
+pub(super) fn check_shared(py: Python<'_>, tmp_dir: PathBuf, token: &str) -> PyResult<()> {
+    guard(|| {
+        path_arg(&tmp_dir, "tmp_dir")?;
+        py.detach(|| core_sharded::check_shared(&tmp_dir, token))
+            .map_err(|e| sharded_err(py, e))
+    })
 }
 
 /// A chunk to write: key, dtype name, shape, flat uint8 array.

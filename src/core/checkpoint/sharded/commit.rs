@@ -87,6 +87,8 @@ pub struct ShardedSave {
     /// A directory of the caller's name (`named::begin_named`): published without
     /// LATEST or retention.
     named: bool,
+    /// The token of the probe in the tmp directory (`shared`).
+    probe: String,
 }
 
 /// Start a sharded save of `step` in `dir` with the real file system, waiting up to
@@ -108,24 +110,40 @@ pub fn begin_with(
     fs.create_dir_all(dir).map_err(ck_io_at(dir))?;
     let lock = DirLock::acquire_waiting(dir, lock_wait, SAVE_LOCK_NOTICE, &mut |_| {})?;
     let target = prepare(fs, dir, step, overwrite, false)?;
+    let probe = probe_or_clear(fs, &target.tmp)?;
     Ok(ShardedSave {
         dir: dir.to_path_buf(),
         step,
         target: Some(target),
         lock: Some(lock),
         named: false,
+        probe,
+    })
+}
+
+/// The probe of a fresh `tmp` (`shared::write_probe`); `tmp` removed when it fails.
+pub(crate) fn probe_or_clear(fs: &mut dyn FsOps, tmp: &Path) -> Result<String, ShardedError> {
+    super::shared::write_probe(tmp).inspect_err(|_| {
+        let _ = clear(fs, tmp);
     })
 }
 
 impl ShardedSave {
     /// A save into `target` under `dir`'s lock, published by rename only (no LATEST).
-    pub(crate) fn named(dir: &Path, step: u64, target: Target, lock: DirLock) -> Self {
+    pub(crate) fn named(
+        dir: &Path,
+        step: u64,
+        target: Target,
+        lock: DirLock,
+        probe: String,
+    ) -> Self {
         ShardedSave {
             dir: dir.to_path_buf(),
             step,
             target: Some(target),
             lock: Some(lock),
             named: true,
+            probe,
         }
     }
 }
@@ -139,6 +157,11 @@ impl ShardedSave {
     /// `step-N.tmp/`, where every rank writes its files.
     pub fn tmp_dir(&self) -> Option<&Path> {
         self.target.as_ref().map(|t| t.tmp.as_path())
+    }
+
+    /// The token every rank checks in `tmp_dir` before writing ([`super::check_shared`]).
+    pub fn probe(&self) -> &str {
+        &self.probe
     }
 
     /// Remove the tmp directory and release the lock; nothing is committed. Doing it
@@ -205,6 +228,7 @@ fn commit_target(
     } = req;
     let state_json = state_bytes(step, &mut state, config.as_deref(), keep)?;
     let table = build_table(&files, tensors, meta)?;
+    super::shared::remove_probe(&target.tmp)?;
     check_tmp_files(&target.tmp, &files)?;
     let mut entries: Vec<ManifestEntry> = files
         .iter()

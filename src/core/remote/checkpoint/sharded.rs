@@ -237,6 +237,9 @@ pub fn write_rank_file(
         )));
     }
     crate::checkpoint::sharded::write::check_file_name(name)?;
+    // A test holds a rank here (`sleep`), before anything of its file is sent, to kill
+    // its host in the middle of a save; `return` is a crash at that instant.
+    fail::fail_point!("s3/rank-file", |_| std::process::abort());
     let store = crate::s3::connect(&url).map_err(remote_err)?;
     let key = url.child_key(name);
     let object = format!("{url}/{name}");
