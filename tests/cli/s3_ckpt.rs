@@ -353,13 +353,18 @@ fn a_corrupted_object_fails_verify_and_latest_falls_back() {
     // never answered with step 1.
     let out_dir = tmp.path().join("export");
     let out = tlio_s3()
-        .args(["ckpt", "export", &format!("{remote}/step-000002")])
+        .args([
+            "ckpt",
+            "export",
+            &format!("{remote}/step-000002"),
+            "--output",
+        ])
         .arg(&out_dir)
         .assert()
         .failure();
     let text = stderr_of(&out);
     assert!(
-        text.contains("step-000002") && text.contains("model.safetensors sha256 mismatch"),
+        text.contains("step-000002/") && text.contains("model.safetensors: 122 bytes with sha256"),
         "{text}"
     );
     assert!(!out_dir.exists());
