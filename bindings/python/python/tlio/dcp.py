@@ -203,7 +203,40 @@ def _properties_from_json(doc: dict) -> TensorProperties:
     return props
 
 
-def _document(metadata: Metadata, bytes_names: Sequence[str]) -> str:
+def _hf_export_arg(value: Any) -> Optional[List[Tuple[str, str, Optional[int]]]]:
+    """``hf_export=``: (Hugging Face name, flattened DCP key, rotary heads or None) rows,
+    returned sorted by name."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"hf_export must be a list of (name, key, rotary_heads) tuples, got {type(value).__name__}")
+    rows = []
+    for row in value:
+        if not (isinstance(row, (list, tuple)) and len(row) == 3 and isinstance(row[0], str)
+                and isinstance(row[1], str)):
+            raise TypeError(f"hf_export rows are (name, key, rotary_heads) tuples, got {row!r}")
+        rows.append((row[0], row[1], _count_arg(row[2], "an hf_export row's rotary_heads", 1)))
+    rows.sort()
+    if any(a[0] == b[0] for a, b in zip(rows, rows[1:])):
+        raise ValueError("hf_export names a Hugging Face tensor twice")
+    return rows
+
+
+def _config_arg(value: Any) -> Optional[bytes]:
+    """``config=``: the model's Hugging Face ``config.json`` as text, bytes or a dict."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes):
+        return value
+    raise TypeError(f"config must be a dict, str or bytes of JSON, got {type(value).__name__}")
+
+
+def _document(metadata: Metadata, bytes_names: Sequence[str],
+              hf_export: Optional[List[Tuple[str, str, Optional[int]]]] = None) -> str:
     tensors = {
         fqn: _properties_json(md.properties)
         for fqn, md in sorted(metadata.state_dict_metadata.items())
@@ -217,6 +250,10 @@ def _document(metadata: Metadata, bytes_names: Sequence[str]) -> str:
         "tensors": tensors,
         "planner_data": _planner_data_json(metadata.planner_data),
     }
+    if hf_export is not None:
+        doc["hf_export"] = {"tensors": [
+            {"name": name, "from": key, **({} if heads is None else {"rotary_heads": heads})}
+            for name, key, heads in hf_export]}
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -228,6 +265,33 @@ def _parse_document(text: str) -> dict:
 # ---------------------------------------------------------------------------------------
 # Writer
 # ---------------------------------------------------------------------------------------
+
+
+class _Location:
+    """What Writer and Reader share: the checked path or URL and step they point at, and
+    DCP's ``checkpoint_id`` (which names a step directory, as with FileSystemWriter)."""
+
+    _path: str
+    _step: Optional[int]
+
+    def _locate(self, path_or_url: Any, step: Any) -> None:
+        self._path = _path_arg(path_or_url, "path_or_url")
+        self._step = _count_arg(step, "step")
+
+    def _relocate(self, checkpoint_id: Any) -> None:
+        """``reset(checkpoint_id)``: a given id replaces the path and drops the step."""
+        if checkpoint_id:
+            self._path = _path_arg(checkpoint_id, "checkpoint_id")
+            self._step = None
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The step directory (or run directory) this writes or reads."""
+        return self._path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike)) and bool(os.fspath(checkpoint_id))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +316,7 @@ class _Stored:
     table: Optional[dict] = None
 
 
-class Writer(StorageWriter):
+class Writer(_Location, StorageWriter):
     """A ``torch.distributed.checkpoint.StorageWriter`` that writes a verified tlio sharded step.
 
     ``Writer(step_dir)`` writes the step directory ``step_dir`` (any name, e.g.
@@ -264,17 +328,24 @@ class Writer(StorageWriter):
 
     ``s3://bucket/prefix`` works for a run directory with ``step=``, or a step URL with a
     canonical ``step-NNNNNN`` name (docs/object-storage.md).
+
+    For ``tlio ckpt export``: ``config`` (the model's Hugging Face ``config.json``, a dict
+    or JSON text) is stored as the step's ``config.json``, and ``hf_export`` (rows of
+    (Hugging Face name, flattened DCP key, rotary heads or None)) is the rule by which the
+    export names the model's tensors; rotary heads reorder a projection's rows per head
+    from interleaved rotary pairs to halves. ``tlio.torchtitan``'s manager passes both.
     """
 
     def __init__(self, path_or_url: PathLike, *, step: Optional[int] = None, keep: Optional[int] = None,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, config: Any = None, hf_export: Any = None) -> None:
         super().__init__()
-        self._path = _path_arg(path_or_url, "path_or_url")
-        self._step = _count_arg(step, "step")
+        self._locate(path_or_url, step)
         self._keep = _count_arg(keep, "keep", 1)
         if not isinstance(overwrite, bool):
             raise TypeError(f"overwrite must be a bool, got {type(overwrite).__name__}")
         self._overwrite = overwrite
+        self._config = _config_arg(config)
+        self._hf_export = _hf_export_arg(hf_export)
         if self._keep is not None and self._step is None and _canonical_step(_split(self._path)[1]) is None:
             raise ValueError("keep needs a run directory and step= (retention counts tlio's step-NNNNNN steps)")
         self._save_id = str(uuid.uuid4())
@@ -302,23 +373,12 @@ class Writer(StorageWriter):
         if pending is not None:
             pending.abort()
 
-    @property
-    def checkpoint_id(self) -> str:
-        """The step directory (or run directory) this writer writes."""
-        return self._path
-
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self._path, save_id=self._save_id)
 
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike)) and bool(os.fspath(checkpoint_id))
-
     def reset(self, checkpoint_id: Any = None) -> None:
         self.abort()
-        if checkpoint_id:
-            self._path = _path_arg(checkpoint_id, "checkpoint_id")
-            self._step = None
+        self._relocate(checkpoint_id)
         self._save_id = str(uuid.uuid4())
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -422,9 +482,9 @@ class Writer(StorageWriter):
             raise ValueError("tlio.dcp.Writer.finish: no save in progress on this coordinator")
         try:
             files, tensors, bytes_names = _commit_tables(metadata, results)
-            doc = _document(metadata, bytes_names)
+            doc = _document(metadata, bytes_names, self._hf_export)
             state_json = json.dumps({"step": save.step})
-            path = save.commit(files, tensors, {GROUP: {META_KEY: doc}}, state_json, None, None, self._keep)
+            path = save.commit(files, tensors, {GROUP: {META_KEY: doc}}, state_json, None, self._config, self._keep)
         except BaseException:
             save.abort()
             raise
@@ -502,7 +562,7 @@ def _looks_like_step_dir(path: str) -> bool:
             or _canonical_step(os.path.basename(os.path.normpath(path))) is not None)
 
 
-class Reader(StorageReader):
+class Reader(_Location, StorageReader):
     """A ``torch.distributed.checkpoint.StorageReader`` of tlio steps, verifying every byte it reads.
 
     ``Reader(step_dir)`` loads that step directory (any name); ``Reader(run_dir, step=N)``
@@ -514,8 +574,7 @@ class Reader(StorageReader):
 
     def __init__(self, path_or_url: PathLike, *, step: Optional[int] = None) -> None:
         super().__init__()
-        self._path = _path_arg(path_or_url, "path_or_url")
-        self._step = _count_arg(step, "step")
+        self._locate(path_or_url, step)
         self._opened: Any = None
         self._load_id = str(uuid.uuid4())
         #: The step directory loaded (after ``read_metadata``).
@@ -530,19 +589,9 @@ class Reader(StorageReader):
         state["_opened"] = None
         return state
 
-    @property
-    def checkpoint_id(self) -> str:
-        return self._path
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike)) and bool(os.fspath(checkpoint_id))
-
     def reset(self, checkpoint_id: Any = None) -> None:
         self._close()
-        if checkpoint_id:
-            self._path = _path_arg(checkpoint_id, "checkpoint_id")
-            self._step = None
+        self._relocate(checkpoint_id)
         self._load_id = str(uuid.uuid4())
 
     def _close(self) -> None:

@@ -1,6 +1,6 @@
 import os
 from torch.futures import Future
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
@@ -20,7 +20,8 @@ FILE_DIGITS: int
 class Writer(StorageWriter):
     committed: Optional[str]
     def __init__(self, path_or_url: PathLike, *, step: Optional[int] = ..., keep: Optional[int] = ...,
-                 overwrite: bool = ...) -> None: ...
+                 overwrite: bool = ..., config: Union[dict, str, bytes, None] = ...,
+                 hf_export: Optional[Sequence[Tuple[str, str, Optional[int]]]] = ...) -> None: ...
     def abort(self) -> None: ...
     @property
     def checkpoint_id(self) -> str: ...

@@ -19,6 +19,14 @@ changes:
 - "find the latest step" takes the newest ``step-N`` directory that verifies whole
   (``tlio.checkpoint.verify_step_dir``), passing over damaged or uncommitted ones with a
   warning, instead of the newest one that merely holds a ``.metadata`` file.
+
+``tlio ckpt export {folder}/step-N -o DIR`` writes a Hugging Face model directory from
+such a step when the trainer's state dict adapter is torchtitan's llama3 one
+(``Llama3StateDictAdapter``): each save records the export rule (``hf_export_rule``:
+the adapter's own llama -> Hugging Face names, its weight tying, and its rotary reorder
+of the query and key projections, which the CLI applies head by head) and the model's
+``config.json`` from the adapter's ``hf_assets_path``, when it holds one. Other models'
+steps save and load as before; their export is refused, saying why.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import re
 import warnings
 from typing import Any, List, Optional, Tuple
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import StagingOptions  # noqa: F401  (torchtitan's stager)
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
@@ -42,9 +51,47 @@ from torchtitan.tools.utils import GarbageCollection
 import tlio.dcp
 from tlio.checkpoint import verify_step_dir
 
-__all__ = ["CheckpointManager", "find_load_step"]
+__all__ = ["CheckpointManager", "find_load_step", "hf_export_rule"]
 
 _TITAN_STEP = re.compile(r"^step-(\d+)$")
+#: The projections Llama3StateDictAdapter.to_hf reorders (its ``_permute``), and which of
+#: the attention config's head counts each is reordered by.
+_ROTARY = {"layers.{}.attention.qkv_linear.wq.weight": "n_heads",
+           "layers.{}.attention.qkv_linear.wk.weight": "n_kv_heads"}
+
+
+def hf_export_rule(sd_adapter: Any, model_state: dict) -> Optional[List[Tuple[str, str, Optional[int]]]]:
+    """The ``hf_export`` rule of ``tlio.dcp.Writer`` for torchtitan's llama3 adapter, as
+    (Hugging Face name, state-dict key, rotary heads or None) rows; ``None`` for any
+    other adapter. The names are the adapter's own: its ``to_hf`` run on a meta tensor
+    of each entry's shape (so weight tying drops ``lm_head.weight`` as it does there)."""
+    try:
+        from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+    except ImportError:  # pragma: no cover - torchtitan without its llama3 model
+        return None
+    if not isinstance(sd_adapter, Llama3StateDictAdapter):
+        return None
+    attn = sd_adapter.model_config.layers[0].attention
+    heads = {"n_heads": attn.n_heads, "n_kv_heads": attn.n_kv_heads or attn.n_heads}
+    rule = []
+    for key, value in model_state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        abstract = re.sub(r"(\d+)", "{}", key, count=1)
+        count = heads[_ROTARY[abstract]] if abstract in _ROTARY else None
+        for name in sd_adapter.to_hf({key: torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")}):
+            rule.append((name, key, count))
+    return sorted(rule)
+
+
+def _hf_config(sd_adapter: Any) -> Optional[bytes]:
+    """The model's ``config.json`` from the adapter's ``hf_assets_path``, if it holds one."""
+    assets = getattr(sd_adapter, "hf_assets_path", None)
+    path = os.path.join(assets, "config.json") if assets else None
+    if path is None or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def find_load_step(folder: str) -> Tuple[int, List[Tuple[str, str]]]:
@@ -83,7 +130,7 @@ class CheckpointManager(_TitanManager):
         if to_hf:
             return _TitanManager.dcp_save(self, state_dict, checkpoint_id, async_mode,
                                           enable_garbage_collection, to_hf)
-        writer = tlio.dcp.Writer(checkpoint_id)
+        writer = tlio.dcp.Writer(checkpoint_id, **self._export_args())
         if async_mode == AsyncMode.ASYNC:
             ret = dcp.async_save(state_dict, storage_writer=writer, process_group=self.pg)
         elif async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM:
@@ -95,6 +142,17 @@ class CheckpointManager(_TitanManager):
         if enable_garbage_collection:
             GarbageCollection.collect("GC collection invoked by checkpointer.")
         return ret
+
+    def _export_args(self) -> dict:
+        """The export rule and config.json every save records (computed once)."""
+        cached = getattr(self, "_tlio_export", None)
+        if cached is None:
+            rule = None
+            if self.sd_adapter is not None and MODEL in self.states:
+                rule = hf_export_rule(self.sd_adapter, self.states[MODEL].state_dict())
+            cached = {"hf_export": rule, "config": _hf_config(self.sd_adapter) if rule else None}
+            self._tlio_export = cached
+        return cached
 
     def dcp_load(self, state_dict: dict, checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
         plain_dcp = (os.path.isfile(os.path.join(checkpoint_id, ".metadata"))

@@ -1,11 +1,12 @@
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from torchtitan.components.checkpointer.dcp import AsyncMode
 from torchtitan.components.checkpointer.dcp import CheckpointManager as _TitanManager
 
-__all__ = ["CheckpointManager", "find_load_step"]
+__all__ = ["CheckpointManager", "find_load_step", "hf_export_rule"]
 
 def find_load_step(folder: str) -> Tuple[int, List[Tuple[str, str]]]: ...
+def hf_export_rule(sd_adapter: Any, model_state: dict) -> Optional[List[Tuple[str, str, Optional[int]]]]: ...
 
 class CheckpointManager(_TitanManager):
     class Config(_TitanManager.Config): ...

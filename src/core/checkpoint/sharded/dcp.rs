@@ -77,6 +77,31 @@ pub struct PlannerData {
     pub mappings: Vec<(String, Vec<PathElem>)>,
 }
 
+/// One tensor of a Hugging Face export ([`HfExport`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HfTensor {
+    /// The tensor's name in the Hugging Face model directory.
+    pub name: String,
+    /// The flattened DCP key of the stored tensor it is.
+    pub from: String,
+    /// For a 2-D projection whose rows hold rotary pairs interleaved per head (Meta's
+    /// llama layout): the number of heads. `ckpt export` reorders each head's rows from
+    /// (pair, 2) to (2, pair), the layout of Hugging Face's rotate-half rotary embedding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotary_heads: Option<u64>,
+}
+
+/// The rule `ckpt export` applies to a DCP state dict: written at save time by the
+/// integration that knows the model (`tlio.torchtitan`), so this crate knows no
+/// framework's names. Tensors sorted by name without duplicates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HfExport {
+    /// The exported tensors.
+    pub tensors: Vec<HfTensor>,
+}
+
 /// The document that replaces DCP's pickled `Metadata`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,6 +118,10 @@ pub struct DcpDocument {
     pub tensors: BTreeMap<String, TensorProperties>,
     /// The planner's data, or none.
     pub planner_data: Option<PlannerData>,
+    /// How `ckpt export` writes the model as a Hugging Face directory, when the saver
+    /// said (absent from documents without one, which stay byte for byte as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_export: Option<HfExport>,
 }
 
 fn doc_err(reason: impl Into<String>) -> ShardedError {
@@ -187,6 +216,9 @@ pub fn check(doc: &DcpDocument, table: &ShardsTable) -> Result<(), ShardedError>
             "properties of {name:?}, which is no tensor of the table"
         )));
     }
+    if let Some(hf) = &doc.hf_export {
+        check_hf_export(hf, doc, table)?;
+    }
     if let Some(pd) = &doc.planner_data {
         if pd.mappings.windows(2).any(|w| {
             let (a, b) = (w.first().map(|m| &m.0), w.get(1).map(|m| &m.0));
@@ -200,6 +232,49 @@ pub fn check(doc: &DcpDocument, table: &ShardsTable) -> Result<(), ShardedError>
             return Err(doc_err(format!(
                 "the planner path of {key:?} has more than {MAX_PATH_ELEMS} elements"
             )));
+        }
+    }
+    Ok(())
+}
+
+/// The rules of [`HfExport`]: names sorted and unique, each source a tensor (not a
+/// bytes item) of the group, each rotary source 2-D with rows a multiple of twice its
+/// (non-zero) heads.
+fn check_hf_export(
+    hf: &HfExport,
+    doc: &DcpDocument,
+    table: &ShardsTable,
+) -> Result<(), ShardedError> {
+    if hf
+        .tensors
+        .windows(2)
+        .any(|w| w.first().map(|t| &t.name) >= w.get(1).map(|t| &t.name))
+    {
+        return Err(doc_err(
+            "hf_export tensors are not sorted by name without duplicates",
+        ));
+    }
+    for t in &hf.tensors {
+        let src = table
+            .get(Group::Dcp, &t.from)
+            .filter(|_| doc.bytes.binary_search(&t.from).is_err())
+            .ok_or_else(|| {
+                doc_err(format!(
+                    "hf_export {:?} is made of {:?}, which is no tensor of the table",
+                    t.name, t.from
+                ))
+            })?;
+        if let Some(heads) = t.rotary_heads {
+            let rows = src.shape.first().copied().unwrap_or(0);
+            let fits = heads > 0
+                && src.shape.len() == 2
+                && heads.checked_mul(2).is_some_and(|h2| rows % h2 == 0);
+            if !fits {
+                return Err(doc_err(format!(
+                    "hf_export {:?}: {:?} of shape {:?} is not 2-D with rows a multiple of 2 x {heads} rotary heads",
+                    t.name, t.from, src.shape
+                )));
+            }
         }
     }
     Ok(())
@@ -252,6 +327,7 @@ mod tests {
                     ("optim.g.0".into(), vec![PathElem::Index(0)]),
                 ],
             }),
+            hf_export: None,
         }
     }
 
@@ -318,6 +394,42 @@ mod tests {
         assert!(err.to_string().contains("version 9"), "{err}");
         let err = DcpDocument::from_json(r#"{"format":"tlio-dcp","pickle":1}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+
+    fn hf(name: &str, from: &str, rotary_heads: Option<u64>) -> HfTensor {
+        HfTensor {
+            name: name.into(),
+            from: from.into(),
+            rotary_heads,
+        }
+    }
+
+    #[test]
+    fn an_hf_export_rule_is_kept_and_checked_against_the_table() {
+        let mut d = doc();
+        d.hf_export = Some(HfExport {
+            tensors: vec![hf("model.embed.weight", "model.w", None)],
+        });
+        let t = table(&d).unwrap();
+        let back = document(&t).unwrap().unwrap();
+        assert_eq!(back.hf_export, d.hf_export);
+        // A document without a rule serialises with no hf_export key at all.
+        assert!(!doc().to_json().contains("hf_export"));
+        for (tensors, word) in [
+            (vec![hf("a", "model.gone", None)], "model.gone"),
+            (vec![hf("a", "extra.epoch", None)], "extra.epoch"),
+            (
+                vec![hf("b", "model.w", None), hf("a", "model.w", None)],
+                "sorted",
+            ),
+            (vec![hf("a", "model.w", Some(1))], "rotary heads"),
+            (vec![hf("a", "model.w", Some(0))], "rotary heads"),
+        ] {
+            let mut bad = doc();
+            bad.hf_export = Some(HfExport { tensors });
+            let err = table(&bad).map(|_| ()).unwrap_err();
+            assert!(err.to_string().contains(word), "{err}");
+        }
     }
 
     proptest::proptest! {

@@ -5,8 +5,13 @@
 //! place with a positioned write. Tied names (the model meta's `tied`) are not written
 //! again: the one stored tensor stands for them, as transformers saves tied weights.
 //!
-//! Invariants: memory is one slab plus one piece buffer per thread, never a tensor or
-//! the model; the output directory appears whole or not at all (`OutDir`); a step that
+//! A step saved through `tlio.dcp` has no model group: its model is what the DCP
+//! document's `hf_export` rule names (written at save time by the integration that knows
+//! the model, e.g. `tlio.torchtitan`), each stored tensor under its Hugging Face name,
+//! with the rule's rotary projections' rows reordered per head ([`write_rotary`]).
+//!
+//! Invariants: memory is one slab plus one piece buffer per thread (for a rotary
+//! projection, one head's rows twice), never a tensor or the model; the output directory appears whole or not at all (`OutDir`); a step that
 //! does not verify (any file, the optimizer's too) is refused before anything is
 //! written; every byte written was verified (piece digests, or the file's sha256 for an
 //! unsharded step);
@@ -70,12 +75,16 @@ pub fn export(
         Ok(_) => {}
         Err(source) => return Err(super::io_at(step_dir)(source)),
     }
-    let step = dir_step(step_dir).ok_or_else(|| {
-        ShardedError::Request(format!(
-            "{} is not a step directory (step-NNNNNN); `tlio ckpt latest DIR` names the one to export",
-            step_dir.display()
-        ))
-    })?;
+    // A step of another name (torchtitan's `step-100`, written through `tlio.dcp`) is
+    // one whose manifest says which step it holds.
+    let step = dir_step(step_dir)
+        .or_else(|| super::named::manifest_step(step_dir))
+        .ok_or_else(|| {
+            ShardedError::Request(format!(
+                "{} is not a step directory (step-NNNNNN); `tlio ckpt latest DIR` names the one to export",
+                step_dir.display()
+            ))
+        })?;
     // Every file of the step is checked as `ckpt verify` checks it, the optimizer's
     // too, though the export reads only the model: a model taken from a step that
     // does not verify would carry a damage nobody was told about.
@@ -89,11 +98,7 @@ pub fn export(
         dir: step_dir.to_path_buf(),
         reasons: vec![(crate::checkpoint::step_name(step), why)],
     })?;
-    let model: Vec<&StepTensor> = opened
-        .tensors
-        .iter()
-        .filter(|t| t.group == Group::Model)
-        .collect();
+    let model = model_tensors(&opened)?;
     let tied = tied_names(&opened, &model)?;
     let shards = plan_shards(&model, max_shard_bytes);
     let out = OutDir::create(out_dir, Some(step_dir))?;
@@ -138,6 +143,70 @@ pub fn export(
     Ok(report)
 }
 
+/// The exported tensors: the model group's, else those of a DCP step's export rule.
+fn model_tensors(opened: &ShardedStep) -> Result<Vec<OutTensor<'_>>, ShardedError> {
+    let model: Vec<OutTensor<'_>> = opened
+        .tensors
+        .iter()
+        .filter(|t| t.group == Group::Model)
+        .map(|t| OutTensor {
+            name: t.name.clone(),
+            src: t,
+            rotary_heads: None,
+        })
+        .collect();
+    if model.is_empty() {
+        dcp_model(opened)
+    } else {
+        Ok(model)
+    }
+}
+
+/// One tensor of the exported model: its name there and the stored tensor it is.
+struct OutTensor<'t> {
+    name: String,
+    src: &'t StepTensor,
+    /// Rows reordered per head from interleaved rotary pairs to halves
+    /// ([`super::dcp::HfTensor::rotary_heads`]).
+    rotary_heads: Option<u64>,
+}
+
+/// The model of a step saved through `tlio.dcp`: the tensors of its document's
+/// `hf_export` rule, sorted by name (the rule was checked when the step was opened).
+fn dcp_model(step: &ShardedStep) -> Result<Vec<OutTensor<'_>>, ShardedError> {
+    let Some(text) = step
+        .meta
+        .get(&Group::Dcp)
+        .and_then(|m| m.get(super::dcp::DCP_META_KEY))
+    else {
+        return Ok(Vec::new());
+    };
+    let doc = super::dcp::DcpDocument::from_json(text)?;
+    let rule = doc.hf_export.ok_or_else(|| {
+        ShardedError::Request(format!(
+            "{} holds a DCP state dict without a Hugging Face export rule, so its model's names are \
+             unknown (tlio.torchtitan's checkpoint manager writes one for a model with a state dict adapter)",
+            step.path.display()
+        ))
+    })?;
+    rule.tensors
+        .into_iter()
+        .map(|t| {
+            let src = step.tensor(Group::Dcp, &t.from).ok_or_else(|| {
+                super::table_err(
+                    format!("hf_export {:?}", t.name),
+                    format!("{:?} is not stored", t.from),
+                )
+            })?;
+            Ok(OutTensor {
+                name: t.name,
+                src,
+                rotary_heads: t.rotary_heads,
+            })
+        })
+        .collect()
+}
+
 /// JSON as transformers writes it: two-space indent, sorted keys, a final newline.
 fn pretty(value: &serde_json::Value) -> Vec<u8> {
     // Serialising a Value into a Vec cannot fail.
@@ -150,7 +219,7 @@ fn pretty(value: &serde_json::Value) -> Vec<u8> {
 /// and tied to one that is stored.
 fn tied_names(
     step: &ShardedStep,
-    model: &[&StepTensor],
+    model: &[OutTensor<'_>],
 ) -> Result<BTreeMap<String, String>, ShardedError> {
     let Some(text) = step.meta.get(&Group::Model).and_then(|m| m.get(TIED_KEY)) else {
         return Ok(BTreeMap::new());
@@ -174,11 +243,14 @@ fn tied_names(
 
 /// The model's tensors (sorted by name) in shards of at most `max` data bytes, a new
 /// shard when the next tensor would not fit (a tensor larger than `max` alone).
-fn plan_shards<'t>(model: &[&'t StepTensor], max: Option<u64>) -> Vec<Vec<&'t StepTensor>> {
-    let mut shards: Vec<Vec<&StepTensor>> = vec![Vec::new()];
+fn plan_shards<'m, 't>(
+    model: &'m [OutTensor<'t>],
+    max: Option<u64>,
+) -> Vec<Vec<&'m OutTensor<'t>>> {
+    let mut shards: Vec<Vec<&OutTensor<'t>>> = vec![Vec::new()];
     let mut used = 0u64;
-    for &t in model {
-        let n = t.byte_len();
+    for t in model {
+        let n = t.src.byte_len();
         if let (Some(max), Some(last)) = (max, shards.last()) {
             if !last.is_empty() && used.saturating_add(n) > max {
                 shards.push(Vec::new());
@@ -197,12 +269,12 @@ fn plan_shards<'t>(model: &[&'t StepTensor], max: Option<u64>) -> Vec<Vec<&'t St
 /// positioned writes; fsynced. Returns its data bytes.
 fn write_shard(
     step: &ShardedStep,
-    tensors: &[&StepTensor],
+    tensors: &[&OutTensor<'_>],
     path: &Path,
 ) -> Result<u64, ShardedError> {
     let specs: Vec<TensorSpec<'_>> = tensors
         .iter()
-        .map(|t| TensorSpec::new(&t.name, t.dtype, &t.shape))
+        .map(|t| TensorSpec::new(&t.name, t.src.dtype, &t.src.shape))
         .collect();
     let meta = BTreeMap::from([(PT_FORMAT.0.to_string(), PT_FORMAT.1.to_string())]);
     let layout = canonical_header(&specs, &meta).map_err(|source| ShardedError::Safetensors {
@@ -222,7 +294,11 @@ fn write_shard(
     let start = layout.header.len() as u64;
     let mut slab = Vec::new();
     for (t, &(b, _)) in tensors.iter().zip(&layout.offsets) {
-        write_tensor(step, t, &file, path, start.saturating_add(b), &mut slab)?;
+        let at = start.saturating_add(b);
+        match t.rotary_heads {
+            Some(heads) => write_rotary(step, t.src, heads, &file, path, at, &mut slab)?,
+            None => write_tensor(step, t.src, &file, path, at, &mut slab)?,
+        }
     }
     file.sync_all().map_err(io)?;
     Ok(layout.data_len)
@@ -294,6 +370,82 @@ fn write_tensor(
             file.write_all_at(slab, pos).map_err(super::io_at(path))?;
             r0 += k;
         }
+    }
+    Ok(())
+}
+
+/// A 2-D projection whose rows hold each head's rotary pairs interleaved (row `2i + j`
+/// of a head is element `j` of pair `i`), written with each head's rows as two halves
+/// (row `j * half + i`), one head at a time: the slab is one head's rows and the
+/// reordered copy beside it. The step table's rule was checked on open (2-D, rows a
+/// multiple of twice the heads).
+fn write_rotary(
+    step: &ShardedStep,
+    t: &StepTensor,
+    heads: u64,
+    file: &File,
+    path: &Path,
+    at: u64,
+    slab: &mut Vec<u8>,
+) -> Result<(), ShardedError> {
+    let elem = t.dtype.size().map_or(1, |s| s as u64);
+    let (rows, cols) = match t.shape.as_slice() {
+        [r, c] => (*r, *c),
+        _ => {
+            return Err(super::table_err(
+                t.label(),
+                "a rotary reorder needs a 2-D tensor".to_string(),
+            ))
+        }
+    };
+    let block = rows
+        .checked_div(heads)
+        .filter(|b| b % 2 == 0 && b.checked_mul(heads) == Some(rows));
+    let Some(block) = block else {
+        return Err(super::table_err(
+            t.label(),
+            format!("{rows} rows are no multiple of 2 x {heads} heads"),
+        ));
+    };
+    if t.byte_len() == 0 {
+        return Ok(());
+    }
+    let half = block / 2;
+    let row_bytes = usize::try_from(cols.saturating_mul(elem)).unwrap_or(usize::MAX);
+    let too_big = || {
+        super::table_err(
+            t.label(),
+            "one head's rows do not fit in memory".to_string(),
+        )
+    };
+    let block_bytes = usize::try_from(block)
+        .ok()
+        .and_then(|b| b.checked_mul(row_bytes))
+        .ok_or_else(too_big)?;
+    slab.resize(block_bytes, 0);
+    let mut out = vec![0u8; block_bytes];
+    for h in 0..heads {
+        step.read(
+            t.group,
+            &t.name,
+            &[h.saturating_mul(block), 0],
+            &[block, cols],
+            slab,
+        )?;
+        for (src_row, chunk) in slab.chunks_exact(row_bytes.max(1)).enumerate() {
+            let src_row = src_row as u64;
+            let dst_row = (src_row % 2)
+                .saturating_mul(half)
+                .saturating_add(src_row / 2);
+            let dst = usize::try_from(dst_row)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(row_bytes);
+            if let Some(d) = out.get_mut(dst..dst.saturating_add(row_bytes)) {
+                d.copy_from_slice(chunk);
+            }
+        }
+        let pos = at.saturating_add(h.saturating_mul(block_bytes as u64));
+        file.write_all_at(&out, pos).map_err(super::io_at(path))?;
     }
     Ok(())
 }

@@ -141,6 +141,14 @@ pub fn open_step_dir(step_dir: &Path) -> Result<ShardedStep, ShardedError> {
     open_dir(step_dir, manifest.step, false).map_err(fail)
 }
 
+/// The step number that the committed step directory `step_dir`, of any name, records in
+/// its manifest; `None` when it has no readable manifest.
+pub(crate) fn manifest_step(step_dir: &Path) -> Option<u64> {
+    let bytes =
+        crate::files::read_limited(&step_dir.join(MANIFEST_NAME), MAX_MANIFEST_BYTES).ok()?;
+    Manifest::from_json(&bytes).ok().map(|m| m.step)
+}
+
 impl ShardedStep {
     /// The chunks (offsets, sizes) of the global tensor `group/name`, sorted by
     /// offsets, as its table gives them (an unsharded step: one chunk, the whole tensor).
