@@ -11,7 +11,7 @@
 //! digests were computed while they were written), only their headers are checked.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -289,15 +289,18 @@ pub fn build_table(
     tensors: Vec<TensorRequest>,
     meta: BTreeMap<Group, BTreeMap<String, String>>,
 ) -> Result<ShardsTable, ShardedError> {
-    let mut by_name: BTreeMap<&str, &RankFile> = BTreeMap::new();
-    for f in files {
+    // Hashed, not ordered: one lookup per chunk, and the names of thousands of rank
+    // files share their long prefix (an ordered map compared it ~log2(N) times each).
+    let mut by_name: HashMap<&str, (usize, &RankFile)> = HashMap::with_capacity(files.len());
+    for (i, f) in files.iter().enumerate() {
         super::write::check_file_name(&f.name)?;
-        if by_name.insert(f.name.as_str(), f).is_some() {
+        if by_name.insert(f.name.as_str(), (i, f)).is_some() {
             return Err(table_err(format!("rank file {}", f.name), "reported twice"));
         }
     }
-    // Borrowed from the files' own tables: one entry per chunk, no copy of its names.
-    let mut used: BTreeSet<(&str, &str)> = BTreeSet::new();
+    // (file index, key) borrowed from the files' own tables: one entry per chunk, no
+    // copy of its names.
+    let mut used: HashSet<(usize, &str)> = HashSet::new();
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
         let label = format!("tensor {}/{}", t.group, t.name);
@@ -305,7 +308,7 @@ pub fn build_table(
         for c in t.chunks {
             let at =
                 |reason: String| table_err(format!("{label}: chunk at {:?}", c.offsets), reason);
-            let file = by_name
+            let &(fi, file) = by_name
                 .get(c.file.as_str())
                 .ok_or_else(|| at(format!("its file {:?} was not written by any rank", c.file)))?;
             let (key, w) = file
@@ -318,7 +321,7 @@ pub fn build_table(
                     c.file, c.key, w.dtype, w.shape, t.dtype, c.sizes
                 )));
             }
-            if !used.insert((file.name.as_str(), key.as_str())) {
+            if !used.insert((fi, key.as_str())) {
                 return Err(at(format!("{} key {:?} is claimed twice", c.file, c.key)));
             }
             chunks.push(ChunkEntry {
@@ -339,12 +342,8 @@ pub fn build_table(
             chunks,
         });
     }
-    for f in files {
-        if let Some(key) = f
-            .tensors
-            .keys()
-            .find(|k| !used.contains(&(f.name.as_str(), k.as_str())))
-        {
+    for (fi, f) in files.iter().enumerate() {
+        if let Some(key) = f.tensors.keys().find(|k| !used.contains(&(fi, k.as_str()))) {
             return Err(table_err(
                 format!("rank file {}", f.name),
                 format!("holds {key:?}, which no chunk of the table names"),

@@ -361,7 +361,9 @@ impl ShardsTable {
                 }
             }
         }
-        let mut keys = BTreeSet::new();
+        // Hashed (SipHash, keyed per process: a crafted table cannot make it slow), one
+        // entry per chunk; the names share long prefixes, which an ordered set compares.
+        let mut keys = std::collections::HashSet::with_capacity(self.chunk_count());
         for t in &self.tensors {
             validate_tensor(t, self.piece_bytes)?;
             for c in &t.chunks {
