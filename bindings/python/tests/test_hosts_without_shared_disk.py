@@ -38,7 +38,7 @@ EXAMPLE = ROOT / "examples" / "train_fsdp.py"
 #: Windows per global batch: every layout of these tests sees the same batches.
 GLOBAL_BATCH = 8
 EVERY = 2
-STEPS = 6
+STEPS = 4
 
 
 def unshare() -> list:
@@ -205,13 +205,13 @@ def test_two_hosts_save_to_object_storage_and_resume_at_other_layouts(tmp_path, 
 
 
 def test_a_directory_of_each_host_fails_the_save_at_once_naming_it(tmp_path, s3, hosts):
-    """Both hosts name SCRATCH/ckpt, each its own: the first save fails on every rank of
-    both hosts, the error naming the directory as not shared, and commits nothing."""
+    """2 hosts x 1 rank, both naming SCRATCH/ckpt, each its own: the first save fails on
+    both ranks, the error naming the directory as not shared, and commits nothing."""
     shard = s3.url("data/train.bin")
     tlio("-q", "tokens", "pack", str(ROOT / "assets" / "demo_corpus.txt"), "--tokenizer", "gpt2", "-o", shard)
     out = hosts / "ckpt"
     t0 = time.monotonic()
-    job = Job(tmp_path, hosts, "unshared", 2, 2,
+    job = Job(tmp_path, hosts, "unshared", 2, 1,
               ["--shard", shard, "--layout", "fsdp", "--steps", str(STEPS), "--every", str(EVERY), "--out", str(out)])
     codes = job.wait()
     assert codes[0] != 0 and codes[1] != 0, job.why()

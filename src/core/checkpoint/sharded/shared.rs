@@ -138,7 +138,7 @@ mod tests {
             "{e}"
         );
         assert!(
-            e.contains("step-000001.tmp/, which does not exist here"),
+            e.contains("created step-000001.tmp/ in it, which does not exist here"),
             "{e}"
         );
         // A directory of this host's own by the same name: empty, or another save's.
