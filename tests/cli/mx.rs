@@ -315,3 +315,120 @@ fn st_dequantize_of_a_gpt_oss_directory_rewrites_index_and_config() {
     let (code, text) = verify(&out);
     assert_eq!(code, 0, "{text}");
 }
+
+fn f32_tensor(name: &'static str, shape: Vec<u64>, vals: &[f32]) -> Raw {
+    let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    (name, Dtype::F32, shape, bytes)
+}
+
+/// `st quantize --mx fp4` writes pairs that verify and dequantize back to the weights'
+/// own names and shapes (values of the E2M1 grid come back exactly); `--int4` with
+/// `--mx`, `--group` with `--mx`, and neither are usage errors (exit 2); a NaN weight
+/// is refused naming the tensor, nothing written.
+#[test]
+fn st_quantize_mx_round_trips_and_refuses_bad_input() {
+    use tlio_core::safetensors::MappedFile;
+    let d = tmp();
+    // Values on the E2M1 grid times 2^-3: each block's amax is 6 * 2^-3, X = 2^-3.
+    let grid = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let vals: Vec<f32> = (0..2 * 64 * 32)
+        .map(|i| grid[i % 8] * if i % 3 == 0 { -0.125 } else { 0.125 })
+        .collect();
+    let mut vals = vals;
+    for b in vals.chunks_mut(32) {
+        b[0] = 0.75;
+    }
+    let src = write(
+        &d.path().join("w.safetensors"),
+        &[
+            f32_tensor("m.experts.down_proj", vec![2, 64, 32], &vals),
+            f32_tensor("norm.weight", vec![4], &[1.0; 4]),
+        ],
+        None,
+    );
+    let q = d.path().join("q.safetensors");
+    let o = tlio()
+        .args(["st", "quantize"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&q)
+        .args(["--mx", "fp4"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", super::stderr_text(&o));
+    assert!(super::stderr_text(&o).contains("quantized 1 tensors to mxfp4, copied 1"));
+    let (code, text) = verify(&q);
+    assert_eq!(code, 0, "{text}");
+    let m = MappedFile::open(&q).unwrap();
+    let mut names: Vec<&str> = m
+        .header()
+        .tensors()
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "m.experts.down_proj_blocks",
+            "m.experts.down_proj_scales",
+            "norm.weight"
+        ]
+    );
+    let back = d.path().join("back.safetensors");
+    let o = tlio()
+        .args(["st", "dequantize"])
+        .arg(&q)
+        .arg("-o")
+        .arg(&back)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", super::stderr_text(&o));
+    let m = MappedFile::open(&back).unwrap();
+    assert_eq!(f32s(m.tensor_bytes("m.experts.down_proj").unwrap()), vals);
+    for (args, want) in [
+        (vec!["--int4", "--mx", "fp4"], "cannot be used with"),
+        (vec!["--mx", "fp8", "--group", "64"], "cannot be used with"),
+        (vec![], "--int4"),
+        (vec!["--mx", "fp6"], "invalid value"),
+    ] {
+        let o = tlio()
+            .args(["st", "quantize"])
+            .arg(&src)
+            .arg("-o")
+            .arg(d.path().join("x.safetensors"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(
+            super::stderr_text(&o).contains(want),
+            "{args:?}: {}",
+            super::stderr_text(&o)
+        );
+    }
+    vals[64 * 32 + 7] = f32::NAN;
+    let bad = write(
+        &d.path().join("nan.safetensors"),
+        &[f32_tensor("m.experts.down_proj", vec![2, 64, 32], &vals)],
+        None,
+    );
+    let out = d.path().join("nan-q.safetensors");
+    let o = tlio()
+        .args(["st", "quantize"])
+        .arg(&bad)
+        .arg("-o")
+        .arg(&out)
+        .args(["--mx", "fp4"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = super::stderr_text(&o);
+    assert!(
+        err.contains(
+            "tensor \"m.experts.down_proj\": row 64, column 7: the weight NaN is not finite"
+        ),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

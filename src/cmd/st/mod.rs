@@ -98,16 +98,17 @@ pub enum StCommand {
     /// numbers differs.
     #[command(after_help = DIFF_EXAMPLES)]
     Diff(DiffArgs),
-    /// Quantize the selected 2-D float weights to int4-gG-sym pairs (`<name>.qweight`
-    /// U8 + `<name>.scales` F16), copying the rest: file in, file out; index or
-    /// directory in, directory out.
+    /// Quantize the selected float weights to int4-gG-sym pairs (`<name>.qweight` U8 +
+    /// `<name>.scales` F16) or to MX block-scaled pairs (MXFP4, MXFP8), copying the rest:
+    /// file in, file out; index or directory in, directory out.
     #[command(
         after_help = QUANTIZE_EXAMPLES,
-        override_usage = "tlio st quantize [OPTIONS] <MODEL> -o <OUT> --int4"
+        override_usage = "tlio st quantize [OPTIONS] <MODEL> -o <OUT> --int4|--mx <FORMAT>"
     )]
     Quantize(QuantizeArgs),
-    /// Turn every int4 pair back into one tensor of the requested dtype, removing the
-    /// `quant` metadata: file in, file out; index or directory in, directory out.
+    /// Turn every int4 and MX pair (MXFP4, MXFP8) back into one tensor of the requested
+    /// dtype, removing the `quant` metadata (and config.json's `quantization_config`):
+    /// file in, file out; index or directory in, directory out.
     #[command(
         after_help = DEQUANTIZE_EXAMPLES,
         override_usage = "tlio st dequantize [OPTIONS] <MODEL> -o <OUT>"
@@ -147,12 +148,14 @@ const QUANTIZE_EXAMPLES: &str = "\
 Examples:
   tlio st quantize model.safetensors -o model-int4.safetensors --int4
   tlio st quantize path/to/model-dir -o model-dir-int4 --int4 --group 64
-  tlio st quantize model.safetensors -o q.safetensors --int4 --exclude 'down_proj'";
+  tlio st quantize gpt-oss-dir -o gpt-oss-mxfp4 --mx fp4 --only 'experts\\.'
+  tlio st quantize model.safetensors -o model-mxfp8.safetensors --mx fp8";
 
 const DEQUANTIZE_EXAMPLES: &str = "\
 Examples:
   tlio st dequantize model-int4.safetensors -o model.safetensors
-  tlio st dequantize model-dir-int4 -o model-dir-bf16 --dtype bf16";
+  tlio st dequantize model-dir-int4 -o model-dir-bf16 --dtype bf16
+  tlio st dequantize gpt-oss-20b -o gpt-oss-20b-bf16 --dtype bf16";
 
 /// Arguments of `st inspect`.
 #[derive(Debug, Args)]
@@ -246,16 +249,23 @@ pub struct QuantizeArgs {
     /// The output as a second positional (the spelling of the spec), also accepted.
     #[arg(value_name = "OUTPUT", hide = true, conflicts_with = "output")]
     pub legacy_output: Option<PathBuf>,
-    /// Quantize to int4-gG-sym (the only scheme; required so the command says what it
-    /// does).
-    #[arg(long, required = true)]
+    /// Quantize to int4-gG-sym pairs (one of --int4 and --mx is required, so the
+    /// command says what it does).
+    #[arg(long, required_unless_present = "mx", conflicts_with = "mx")]
     pub int4: bool,
-    /// Group size G: an even number that divides each selected weight's columns.
-    #[arg(long, value_name = "G", default_value_t = DEFAULT_GROUP,
+    /// Quantize to MX block-scaled pairs (OCP Microscaling v1.0, one E8M0 scale per 32
+    /// values): fp4 writes gpt-oss's MXFP4 layout (`NAME_blocks` + `NAME_scales`), fp8
+    /// MXFP8 (`NAME.weight` F8_E4M3 + `NAME.weight_scale` F8_E8M0).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub mx: Option<MxArg>,
+    /// Group size G: an even number that divides each selected weight's columns
+    /// (int4 only).
+    #[arg(long, value_name = "G", default_value_t = DEFAULT_GROUP, conflicts_with = "mx",
           value_parser = clap::value_parser!(u64).range(MIN_GROUP..))]
     pub group: u64,
-    /// Quantize only 2-D float tensors whose name matches this regular expression
-    /// (default: names ending in `_proj.weight`).
+    /// Quantize only float tensors whose name matches this regular expression (default:
+    /// names ending in `_proj.weight`, and for --mx fp4 also gpt-oss experts' `_proj`).
+    /// int4 takes 2-D tensors, MX tensors of rank 2 or more.
     #[arg(long, value_name = "REGEX")]
     pub only: Option<String>,
     /// Do not quantize tensors whose name matches this regular expression.
@@ -269,7 +279,7 @@ pub struct QuantizeArgs {
 /// Arguments of `st dequantize`.
 #[derive(Debug, Args)]
 pub struct DequantizeArgs {
-    /// Input model with int4 pairs: a file, an index or a model directory.
+    /// Input model with int4 or MX pairs: a file, an index or a model directory.
     #[arg(value_name = "MODEL")]
     pub input: PathBuf,
     /// Output: a file for a file, a new directory otherwise (written atomically).
@@ -293,6 +303,18 @@ pub struct DequantizeArgs {
 
 /// The default selection of `st quantize`: the linear projections.
 const DEFAULT_QUANTIZE: &str = "_proj\\.weight$";
+/// The default selection of `st quantize --mx fp4`: the linear projections and the
+/// gpt-oss experts (`...experts.gate_up_proj`, `...experts.down_proj`, rank 3).
+const DEFAULT_QUANTIZE_FP4: &str = "_proj(\\.weight)?$";
+
+/// The MX element format of `st quantize --mx`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MxArg {
+    /// MXFP4: E2M1 elements, two a byte.
+    Fp4,
+    /// MXFP8: E4M3 elements.
+    Fp8,
+}
 /// `--jobs` is at least one worker, checked when parsing.
 fn jobs_parser() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(1..)

@@ -8,8 +8,11 @@
 use std::path::{Path, PathBuf};
 
 use super::super::Outcome;
-use super::{jobs, ConvertArgs, DequantizeArgs, QuantizeArgs, DEFAULT_QUANTIZE};
+use super::{
+    jobs, ConvertArgs, DequantizeArgs, MxArg, QuantizeArgs, DEFAULT_QUANTIZE, DEFAULT_QUANTIZE_FP4,
+};
 use crate::output::Printer;
+use tlio_core::model::mx::MxFormat;
 use tlio_core::model::transform::{self, Op, Report as TransformReport};
 use tlio_core::model::{Kind, Model};
 use tlio_core::safetensors::Dtype;
@@ -131,15 +134,31 @@ fn dir_text(report: &TransformReport, output: &Path) -> String {
 
 pub(super) fn run_quantize(args: &QuantizeArgs, printer: &Printer) -> anyhow::Result<Outcome> {
     let output = output_of(&args.output, &args.legacy_output)?;
-    let only = Some(
-        args.only
-            .clone()
-            .unwrap_or_else(|| DEFAULT_QUANTIZE.to_string()),
-    );
+    let default = match args.mx {
+        Some(MxArg::Fp4) => DEFAULT_QUANTIZE_FP4,
+        _ => DEFAULT_QUANTIZE,
+    };
+    let only = Some(args.only.clone().unwrap_or_else(|| default.to_string()));
     let select = selector(&only, &args.exclude)?;
-    let op = Op::Quantize {
-        group: args.group,
-        select: &select,
+    let (op, scheme) = match args.mx {
+        Some(mx) => {
+            let fmt = match mx {
+                MxArg::Fp4 => MxFormat::Fp4,
+                MxArg::Fp8 => MxFormat::Fp8,
+            };
+            let op = Op::MxQuantize {
+                fmt,
+                select: &select,
+            };
+            (op, fmt.quant_name().to_string())
+        }
+        None => {
+            let op = Op::Quantize {
+                group: args.group,
+                select: &select,
+            };
+            (op, format!("int4-g{}-sym", args.group))
+        }
     };
     let (_, report) = transform_model(
         &args.input,
@@ -153,9 +172,8 @@ pub(super) fn run_quantize(args: &QuantizeArgs, printer: &Printer) -> anyhow::Re
         printer,
         &report,
         format!(
-            "quantized {} tensors to int4-g{}-sym, copied {}: {} -> {} bytes{}",
+            "quantized {} tensors to {scheme}, copied {}: {} -> {} bytes{}",
             report.transformed,
-            args.group,
             report.copied,
             report.bytes_in,
             report.bytes_out,

@@ -518,4 +518,6 @@ pub fn torch_name(d: Dtype) -> Option<&'static str> {
 #[cfg(test)]
 mod mx_model_tests;
 #[cfg(test)]
+mod mx_quant_tests;
+#[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@
 //! directory.
 
 mod mx;
+mod mx_quant;
 mod out;
 mod plan;
 mod quant;
@@ -28,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::int4::parse_quant;
+use super::mx::MxFormat;
 use super::outdir::OutDir;
 use super::{Kind, Model, ModelError};
 use crate::atomic::{same_file, AtomicError};
@@ -62,7 +64,14 @@ pub enum Op<'a> {
         /// Which tensors.
         select: &'a (dyn Fn(&str) -> bool + Sync),
     },
-    /// Turn every int4 pair back into one tensor of dtype `target`.
+    /// Quantize the selected float tensors of rank >= 2 to MX pairs of `fmt`.
+    MxQuantize {
+        /// The element format.
+        fmt: MxFormat,
+        /// Which tensors.
+        select: &'a (dyn Fn(&str) -> bool + Sync),
+    },
+    /// Turn every int4 and MX pair back into one tensor of dtype `target`.
     Dequantize {
         /// Target dtype.
         target: Dtype,
@@ -194,6 +203,7 @@ fn check_op(model: &Model, op: &Op<'_>) -> Result<(), ModelError> {
                 }));
             }
         }
+        Op::MxQuantize { fmt, select } => check_mx_quantize(model, *fmt, *select)?,
         Op::Quantize { group, .. } => {
             if *group < 2 || group % 2 != 0 || *group > MAX_GROUP {
                 return Err(ModelError::BadGroup { group: *group });
@@ -208,6 +218,36 @@ fn check_op(model: &Model, op: &Op<'_>) -> Result<(), ModelError> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// MX quantizing adds pairs of one format to a model holding no other quantization,
+/// and picks at least one tensor (a `quant` without pairs would be malformed).
+fn check_mx_quantize(
+    model: &Model,
+    fmt: MxFormat,
+    select: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<(), ModelError> {
+    if let Some(q) = model.quant.as_deref().filter(|q| *q != fmt.quant_name()) {
+        return Err(ModelError::Usage {
+            detail: format!(
+                "the model is already quantized as {q}; quantizing more tensors as {} would mix formats",
+                fmt.quant_name()
+            ),
+        });
+    }
+    let paired = plan::paired_entries(model);
+    let any = model
+        .entries
+        .iter()
+        .zip(&paired)
+        .any(|(e, &p)| plan::mx_pick(&e.info, p, select));
+    if !any {
+        return Err(ModelError::Usage {
+            detail: "no float tensor of rank 2 or more matches the selection: nothing to quantize"
+                .to_string(),
+        });
     }
     Ok(())
 }

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use super::super::int4::{quant_name, QUANT_KEY, QWEIGHT_SUFFIX, SCALES_SUFFIX};
-use super::super::mx::MxFormat;
-use super::super::mx_pairs::transposed;
+use super::super::mx::{MxFormat, BLOCK, WEIGHT_SUFFIX};
+use super::super::mx_pairs::{suffixes, transposed};
 use super::super::{Logical, Model, ModelError, Storage};
 use super::{Op, ShardResult};
 use crate::safetensors::write::Layout;
@@ -28,6 +28,29 @@ pub(super) enum Plan {
     Dequant(usize, usize, u64),
     /// Dequantize the MX pair to the tensor's dtype.
     MxDequant(MxDequant),
+    /// The E8M0 scales of MX-quantizing a source tensor.
+    MxScales(MxQuant),
+    /// The elements of MX-quantizing a source tensor.
+    MxElems(MxQuant),
+}
+
+/// A source tensor to MX-quantize, with what planning checked: an F32, F16 or BF16
+/// tensor of rank >= 2 whose blocked axis is a multiple of 32.
+#[derive(Clone, Debug)]
+pub(super) struct MxQuant {
+    /// Its entry.
+    pub(super) entry: usize,
+    /// Its dtype (F32, F16 or BF16).
+    pub(super) dtype: Dtype,
+    /// Bytes per source element.
+    pub(super) size: usize,
+    /// The element format.
+    pub(super) fmt: MxFormat,
+    /// The source shape.
+    pub(super) shape: Vec<u64>,
+    /// Whether it is stored with its last two axes swapped (gpt-oss experts), so that
+    /// the blocks run along the source's second-to-last axis.
+    pub(super) transposed: bool,
 }
 
 /// An MX pair to dequantize: its entries, its format and its logical `[..., n]`.
@@ -72,7 +95,7 @@ pub(super) fn planned_result(tensors: &[OutTensor], layout: &Layout) -> ShardRes
             .filter(|t| {
                 matches!(
                     t.plan,
-                    Plan::Qweight(_) | Plan::Dequant(..) | Plan::MxDequant(_)
+                    Plan::Qweight(_) | Plan::Dequant(..) | Plan::MxDequant(_) | Plan::MxElems(_)
                 )
             })
             .count() as u64,
@@ -111,6 +134,11 @@ pub(super) fn plan_shard(
         Op::Dequantize { target } => {
             metadata.remove(QUANT_KEY);
             plan_dequantize(model, si, *target)
+        }
+        Op::MxQuantize { fmt, select } => {
+            let out = plan_mx_quantize(model, si, *fmt, *select)?;
+            metadata.insert(QUANT_KEY.to_string(), fmt.quant_name().to_string());
+            out
         }
     };
     Ok((out, metadata))
@@ -191,6 +219,151 @@ fn quant_pair(i: usize, t: &TensorInfo, group: u64) -> Result<Vec<OutTensor>, Mo
             plan: Plan::Qweight(q),
         },
     ])
+}
+
+/// Whether entry `t` is picked by an MX quantize: a float tensor of rank >= 2 that is
+/// selected and not already half of a pair (`paired`).
+pub(super) fn mx_pick(
+    t: &TensorInfo,
+    paired: bool,
+    select: &(dyn Fn(&str) -> bool + Sync),
+) -> bool {
+    !paired && t.shape.len() >= 2 && t.dtype.is_float() && select(&t.name)
+}
+
+/// Which entries of `model` are halves of its int4 and MX pairs.
+pub(super) fn paired_entries(model: &Model) -> Vec<bool> {
+    let mut paired = vec![false; model.entries.len()];
+    for k in model
+        .logical
+        .iter()
+        .filter_map(|l| l.storage.pair())
+        .flatten()
+    {
+        if let Some(p) = paired.get_mut(k) {
+            *p = true;
+        }
+    }
+    paired
+}
+
+/// MX quantize: each picked tensor of shard `si` (see [`mx_pick`]) becomes an MX pair,
+/// every other one is copied.
+fn plan_mx_quantize(
+    model: &Model,
+    si: usize,
+    fmt: MxFormat,
+    select: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<Vec<OutTensor>, ModelError> {
+    let paired = paired_entries(model);
+    let mut out = Vec::new();
+    for (i, e) in model.entries.iter().enumerate() {
+        if e.shard != si {
+            continue;
+        }
+        let t = &e.info;
+        if mx_pick(t, paired.get(i).copied().unwrap_or(false), select) {
+            out.extend(mx_pair(i, t, fmt)?);
+        } else {
+            out.push(OutTensor {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                plan: Plan::Copy(i),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The scales and elements tensors of MX-quantizing entry `i` (`t`, a picked tensor),
+/// after checking it can be: its dtype, its blocked axis and its name.
+fn mx_pair(i: usize, t: &TensorInfo, fmt: MxFormat) -> Result<Vec<OutTensor>, ModelError> {
+    let cannot = |detail: String| ModelError::CannotQuantize {
+        tensor: t.name.clone(),
+        detail,
+    };
+    let size = match t.dtype {
+        Dtype::F32 => 4,
+        Dtype::F16 | Dtype::BF16 => 2,
+        _ => {
+            return Err(cannot(format!(
+                "{} weights cannot be MX-quantized (F32, F16 and BF16 are read exactly)",
+                t.dtype
+            )))
+        }
+    };
+    let rank = t.shape.len();
+    let swap = transposed(fmt, rank);
+    let mut stored = t.shape.clone();
+    if swap {
+        stored.swap(rank - 2, rank - 1);
+    }
+    let n = stored.last().copied().unwrap_or(0);
+    if n % BLOCK as u64 != 0 {
+        return Err(cannot(format!(
+            "the blocked axis has {n} values, not a multiple of {BLOCK} (one scale per {BLOCK})"
+        )));
+    }
+    let (elems_name, scales_name) = mx_names(&t.name, fmt, rank).map_err(cannot)?;
+    let mut scales_shape = stored.clone();
+    if let Some(last) = scales_shape.last_mut() {
+        *last = n / BLOCK as u64;
+    }
+    let (elems_dtype, scales_dtype, elems_shape) = match fmt {
+        MxFormat::Fp4 => {
+            let mut s = scales_shape.clone();
+            s.push((BLOCK / 2) as u64);
+            (Dtype::U8, Dtype::U8, s)
+        }
+        MxFormat::Fp8 => (Dtype::F8_E4M3, Dtype::F8_E8M0, stored),
+    };
+    let q = MxQuant {
+        entry: i,
+        dtype: t.dtype,
+        size,
+        fmt,
+        shape: t.shape.clone(),
+        transposed: swap,
+    };
+    Ok(vec![
+        OutTensor {
+            name: scales_name,
+            dtype: scales_dtype,
+            shape: scales_shape,
+            plan: Plan::MxScales(q.clone()),
+        },
+        OutTensor {
+            name: elems_name,
+            dtype: elems_dtype,
+            shape: elems_shape,
+            plan: Plan::MxElems(q),
+        },
+    ])
+}
+
+/// The (elements, scales) names of MX-quantizing tensor `name` of rank `rank`: the
+/// inverse of [`logical_name`](super::super::mx_pairs::logical_name), so dequantizing
+/// gives the name back.
+fn mx_names(name: &str, fmt: MxFormat, rank: usize) -> Result<(String, String), String> {
+    let (elem_suffix, scale_suffix) = suffixes(fmt);
+    let base = name.strip_suffix(WEIGHT_SUFFIX);
+    match (fmt, base) {
+        (MxFormat::Fp4, None) if rank >= 3 => Ok((
+            format!("{name}{elem_suffix}"),
+            format!("{name}{scale_suffix}"),
+        )),
+        (MxFormat::Fp4, Some(_)) if rank >= 3 => Err(format!(
+            "an MXFP4 tensor of rank {rank} is stored as gpt-oss experts are, named without {WEIGHT_SUFFIX}"
+        )),
+        (_, Some(base)) if rank == 2 || fmt == MxFormat::Fp8 => Ok((
+            format!("{base}{elem_suffix}"),
+            format!("{base}{scale_suffix}"),
+        )),
+        _ => Err(format!(
+            "an MX weight of rank {rank} must be named NAME{WEIGHT_SUFFIX} (its pair's names come from it)"
+        )),
+    }
 }
 
 /// Dequantize: each int4 or MX pair whose first half is in shard `si` becomes one

@@ -10,6 +10,7 @@ use std::ffi::OsString;
 
 use serde_json::Value;
 
+use super::super::mx::{MxFormat, MXFP4};
 use super::super::mx_pairs::QUANTIZATION_CONFIG;
 use super::super::outdir::OutDir;
 use super::super::{torch_name, Model, ModelError, CONFIG_NAME, INDEX_NAME, SINGLE_NAME};
@@ -95,6 +96,16 @@ pub(super) fn write_config(model: &Model, out: &OutDir, op: &Op<'_>) -> Result<(
             Op::Dequantize { .. } if config.contains_key(QUANTIZATION_CONFIG) => {
                 let mut c = config.clone();
                 c.remove(QUANTIZATION_CONFIG);
+                out.write_file(CONFIG_NAME, &pretty(&Value::Object(c))?)?;
+            }
+            // transformers loads MXFP4 through its MXFP4 path when the config says so
+            // (gpt-oss ships it so); MXFP8 has no such entry there.
+            Op::MxQuantize {
+                fmt: MxFormat::Fp4, ..
+            } => {
+                let mut c = config.clone();
+                let q = serde_json::json!({ "quant_method": MXFP4 });
+                c.insert(QUANTIZATION_CONFIG.to_string(), q);
                 out.write_file(CONFIG_NAME, &pretty(&Value::Object(c))?)?;
             }
             _ => out.copy_file(CONFIG_NAME, &config_path)?,

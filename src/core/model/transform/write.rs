@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 
 use super::super::{Model, ModelError};
 use super::mx::dequantize_mx;
+use super::mx_quant::quantize_mx;
 use super::out::{write_err, Out, QuantOuts, Target};
 use super::plan::{plan_shard, planned_result, OutTensor, Plan};
 use super::quant::{dequantize_pair, quantize_entry};
@@ -209,9 +210,11 @@ fn write_tensors(
     // The output tensors of each quantized source entry: (scales, qweight).
     let mut halves: HashMap<usize, (Option<usize>, Option<usize>)> = HashMap::new();
     for (i, t) in tensors.iter().enumerate() {
-        match t.plan {
+        match &t.plan {
             Plan::Scales(q) => halves.entry(q.entry).or_default().0 = Some(i),
             Plan::Qweight(q) => halves.entry(q.entry).or_default().1 = Some(i),
+            Plan::MxScales(q) => halves.entry(q.entry).or_default().0 = Some(i),
+            Plan::MxElems(q) => halves.entry(q.entry).or_default().1 = Some(i),
             Plan::Copy(_) | Plan::Dequant(..) | Plan::MxDequant(_) => {}
         }
     }
@@ -228,17 +231,13 @@ fn write_tensors(
                 dequantize_pair(files, t, (q, s, group), t.dtype, place(i)?, tick)?
             }
             &Plan::Scales(q) | &Plan::Qweight(q) => {
-                let (s, w) = halves.get(&q.entry).copied().unwrap_or_default();
-                let outs = QuantOuts {
-                    scales: s.map(place).transpose()?,
-                    packed: w.map(place).transpose()?,
-                };
-                for k in [s, w].into_iter().flatten() {
-                    if let Some(d) = written.get_mut(k) {
-                        *d = true;
-                    }
-                }
+                let outs = both_halves(&halves, q.entry, &place, &mut written)?;
                 quantize_entry(model, files, q, outs, tick)?;
+            }
+            Plan::MxScales(q) | Plan::MxElems(q) => {
+                let outs = both_halves(&halves, q.entry, &place, &mut written)?;
+                let name = entry(model, q.entry)?.info.name.as_str();
+                quantize_mx(files, name, q, outs, tick)?;
             }
         }
         if let Some(d) = written.get_mut(i) {
@@ -246,6 +245,26 @@ fn write_tensors(
         }
     }
     Ok(())
+}
+
+/// The places of both output halves of quantizing source entry `source`, marked as
+/// written (one pass fills both).
+fn both_halves<'s>(
+    halves: &HashMap<usize, (Option<usize>, Option<usize>)>,
+    source: usize,
+    place: &dyn Fn(usize) -> Result<Out<'s>, ModelError>,
+    written: &mut [bool],
+) -> Result<QuantOuts<'s>, ModelError> {
+    let (s, w) = halves.get(&source).copied().unwrap_or_default();
+    for k in [s, w].into_iter().flatten() {
+        if let Some(d) = written.get_mut(k) {
+            *d = true;
+        }
+    }
+    Ok(QuantOuts {
+        scales: s.map(place).transpose()?,
+        packed: w.map(place).transpose()?,
+    })
 }
 
 /// Copy entry `i`'s bytes in chunks.
