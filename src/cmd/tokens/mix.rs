@@ -1,7 +1,6 @@
-//! The flags of a mixture (`--mix SRC:W`, `--stage B:W,...`, `--allow-new-mixture`),
-//! shared by `tokens windows` and `train bigram`, turned into
-//! core's sources and stages by the rules Python's `TokenStream(sources=, stages=)`
-//! applies; and the report of `tokens windows --mix --report` (core's
+//! The flags of a mixture (`--mix SRC:W`, `--stage B:W,...`, `--allow-new-mixture`)
+//! of `tokens windows`, turned into core's sources and stages by the rules Python's
+//! `TokenStream(sources=, stages=)` applies; and the report of `tokens windows --mix --report` (core's
 //! `Mixture::report`) printed.
 //!
 //! Invariants: a flag that cannot be read is an error naming it before any shard is
