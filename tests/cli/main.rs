@@ -29,6 +29,7 @@ mod generate;
 mod grammar;
 mod hardening;
 mod inputs;
+mod mixture;
 mod models;
 mod mx;
 mod output;

@@ -119,6 +119,7 @@ fn runs(dir: &Path) -> Vec<(&'static str, Vec<OsString>)> {
     let shard = dir.join("s.bin");
     let gpt2 = dir.join("g.bin");
     let q = dir.join("q.safetensors");
+    let mix_a = format!("{}:0.5", shard.display());
     let (sharded_step, _, _) = crate::sharded::sharded_step(&dir.join("sharded"), 3);
     vec![
         ("st inspect", os(&[&"st", &"inspect", &sharded_step])),
@@ -318,6 +319,39 @@ fn runs(dir: &Path) -> Vec<(&'static str, Vec<OsString>)> {
                 &"2",
                 &"--batches",
                 &"2",
+            ]),
+        ),
+        (
+            "tokens windows",
+            os(&[
+                &"tokens",
+                &"windows",
+                &"--mix",
+                &mix_a,
+                &"--mix",
+                &mix_a,
+                &"--seq-len",
+                &"4",
+                &"--batch",
+                &"2",
+            ]),
+        ),
+        (
+            "tokens windows",
+            os(&[
+                &"tokens",
+                &"windows",
+                &"--report",
+                &"--mix",
+                &mix_a,
+                &"--mix",
+                &mix_a,
+                &"--seq-len",
+                &"4",
+                &"--batch",
+                &"2",
+                &"--batches",
+                &"3",
             ]),
         ),
         (

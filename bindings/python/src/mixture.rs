@@ -15,8 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tlio_core::remote;
 use tlio_core::tokens::{
-    expand_source, Mixture as CoreMixture, MixtureCursor, MixtureOptions, MixtureSource, Ranks,
-    ShardOrder, Stage, TokensError,
+    Mixture as CoreMixture, MixtureCursor, MixtureOptions, Ranks, ShardOrder, Stage, TokensError,
 };
 
 use crate::args::path_arg;
@@ -63,27 +62,6 @@ fn stages_arg(stages: &Bound<'_, PyAny>) -> PyResult<Vec<Stage>> {
         .collect()
 }
 
-/// Open each source: local `*` patterns expanded, `s3://` sources fetched through the
-/// verified cache, every shard validated.
-fn open_sources(
-    sources: &[(String, Vec<PathBuf>)],
-    vocab: Option<u32>,
-) -> Result<Vec<MixtureSource>, remote::RemoteError> {
-    let mut out = Vec::with_capacity(sources.len());
-    for (name, entries) in sources {
-        let mut paths = Vec::new();
-        for entry in entries {
-            paths.extend(expand_source(entry)?);
-        }
-        let shards = remote::open_shards(&paths, vocab)?;
-        out.push(MixtureSource {
-            name: name.clone(),
-            shards,
-        });
-    }
-    Ok(out)
-}
-
 #[pymethods]
 impl Mixture {
     #[new]
@@ -125,13 +103,7 @@ impl Mixture {
             let inner = py
                 .detach(|| {
                     // Shape, ranks and weights are checked before any shard is read.
-                    tlio_core::tokens::check_batch_shape(seq_len, batch)?;
-                    tlio_core::tokens::check_ranks(batch, ranks)?;
-                    tlio_core::tokens::check_stages(&stages, sources.len())?;
-                    let opened = open_sources(&sources, vocab)?;
-                    Ok::<_, remote::RemoteError>(CoreMixture::new(
-                        opened, &stages, seq_len, batch, rng, vocab, options,
-                    )?)
+                    remote::open_mixture(&sources, &stages, (seq_len, batch), rng, vocab, options)
                 })
                 .map_err(remote_err)?;
             let absolute = sources

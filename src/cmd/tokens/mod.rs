@@ -2,8 +2,8 @@
 //! bytes, id text or raw arrays, or from text, JSONL or Parquet documents through a real
 //! tokenizer, whole or one part of N), `merge` (the shards of a pack made in parts),
 //! `windows` (print what the token stream yields, from a seed or a saved
-//! cursor), `decode` (the text of a shard's ids). Each command is one core call plus
-//! printing.
+//! cursor, of one list of shards or a mixture of sources), `decode` (the text of a
+//! shard's ids). Each command is one core call plus printing.
 
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -14,6 +14,7 @@ use serde::Serialize;
 
 mod decode;
 mod header;
+pub(crate) mod mix;
 mod pack;
 mod parts;
 mod windows;
@@ -29,9 +30,9 @@ use crate::output::Printer;
 use tlio_core::pcg::{Pcg32, DEFAULT_SEQ};
 use tlio_core::text::escape;
 use tlio_core::tokens::{
-    self, CorpusFormat, Cursor, CursorSession, HeaderReport, InputFormat, Layout, PackInput,
-    PackOptions, Ranks, Shard, ShardOrder, ShardPlan, StreamOptions, TextPackOptions,
-    TextPackProgress, Tokenizer, TokensError, BYTES_VOCAB, DEFAULT_SHARD_TOKENS,
+    self, CorpusFormat, CursorSession, HeaderReport, InputFormat, Layout, PackInput, PackOptions,
+    Ranks, Shard, ShardOrder, ShardPlan, StreamOptions, TextPackOptions, TextPackProgress,
+    Tokenizer, TokensError, BYTES_VOCAB, DEFAULT_SHARD_TOKENS,
 };
 use tlio_core::{Failure, FailureKind};
 
@@ -49,8 +50,12 @@ pub enum TokensCommand {
     /// one pack of the same inputs; exit 1 naming the parts missing or incomplete.
     #[command(after_help = MERGE_EXAMPLES)]
     Merge(MergeArgs),
-    /// Print the batches the token stream yields, one JSON line per batch.
-    #[command(after_help = WINDOWS_EXAMPLES)]
+    /// Print the batches the token stream yields, one JSON line per batch (or, with
+    /// --mix --report, where a mixture's windows come from).
+    #[command(
+        after_help = WINDOWS_EXAMPLES,
+        override_usage = "tlio tokens windows [OPTIONS] (--mix <SRC:W>)... | <SHARD>..."
+    )]
     Windows(WindowsArgs),
     /// Print the text of a shard's ids (what a run trains on), through a tokenizer.
     #[command(after_help = DECODE_EXAMPLES)]
@@ -83,9 +88,10 @@ Examples:
 
 const WINDOWS_EXAMPLES: &str = "\
 Examples:
-  tlio tokens windows corpus.bin --seq-len 8 --batch 2
   tlio tokens windows corpus.bin --seq-len 8 --batch 2 --batches 2 --seed 7 --save-cursor c.json
-  tlio tokens windows corpus.bin --seq-len 8 --batch 2 --cursor c.json";
+  tlio tokens windows corpus.bin --seq-len 8 --batch 2 --cursor c.json
+  tlio tokens windows --mix 'web/*.bin:0.6' --mix 'code/*.bin:0.4' --seq-len 8 --batch 4
+  tlio tokens windows --mix web.bin:0.7 --mix code.bin:0.3 --seq-len 64 --batch 8 --report";
 
 /// Arguments of `tokens header`.
 #[derive(Debug, Args)]
@@ -218,9 +224,16 @@ pub struct DecodeArgs {
 /// Arguments of `tokens windows`.
 #[derive(Debug, Args)]
 pub struct WindowsArgs {
-    /// The shards, in stream order.
-    #[arg(required = true, value_name = "SHARD")]
+    /// The shards, in stream order (or a mixture's sources with --mix).
+    #[arg(
+        value_name = "SHARD",
+        required_unless_present = "mix",
+        conflicts_with = "mix"
+    )]
     pub shards: Vec<PathBuf>,
+    /// A mixture of sources instead of SHARDs: each line then holds every row's source.
+    #[command(flatten)]
+    pub mix: mix::MixArgs,
     /// T: inputs per window.
     #[arg(long, value_name = "T")]
     pub seq_len: usize,
@@ -253,9 +266,15 @@ pub struct WindowsArgs {
     #[arg(long, value_name = "V")]
     pub vocab_size: Option<u64>,
     /// Visit the shards in a new order each epoch, drawn from the generator at the
-    /// epoch's start (passes within a shard are unchanged).
+    /// epoch's start (passes within a shard are unchanged); of a mixture, each source's.
     #[arg(long)]
     pub shuffle: bool,
+    /// With --mix: instead of the windows, report over the --batches global batches
+    /// each source's windows and share beside the share its weights ask for, the worst
+    /// gap within one global batch, and the passes and epochs it went through (reads
+    /// no token; the saved cursor is the one after those batches).
+    #[arg(long)]
+    pub report: bool,
 }
 
 /// `--vocab-size V` checked: 1 to 2^31 - 1.

@@ -21,11 +21,13 @@ pub mod create;
 #[cfg(feature = "s3")]
 pub(crate) mod header;
 pub mod location;
+pub mod mixture;
 pub mod pack;
 pub mod parts;
 pub mod shards;
 pub mod verify;
 
+pub use mixture::{open_mixture, NamedSource};
 pub use shards::{absolute_source, open_shards, open_stream, read_shard_header};
 
 use crate::failure::{Failure, FailureKind};

@@ -13,6 +13,7 @@
 
 mod cursor;
 mod pattern;
+mod report;
 mod rule;
 mod skip;
 
@@ -21,6 +22,7 @@ use std::ops::Range;
 
 pub use cursor::{source_digest, MixtureCursor, SourceCursor, StageRecord};
 pub use pattern::expand_source;
+pub use report::{MixReport, SourceReport};
 pub use rule::{
     check_stages, check_weights, choose as choose_source, sources_of, stage_at, Rule, Stage,
     MAX_SOURCES, WEIGHT_SUM_TOLERANCE,

@@ -59,8 +59,9 @@ pub use corpus::{
 pub use manifest::{manifest_source, Manifest, ManifestShard, Split};
 pub use mixture::{
     check_stages, check_weights, choose_source, expand_source, source_digest, sources_of, stage_at,
-    Mixture, MixtureBatch, MixtureCursor, MixtureOptions, MixtureSource, Rule, SourceCursor, Stage,
-    StageRecord, WindowOrigin, MAX_SOURCES, WEIGHT_SUM_TOLERANCE,
+    MixReport, Mixture, MixtureBatch, MixtureCursor, MixtureOptions, MixtureSource, Rule,
+    SourceCursor, SourceReport, Stage, StageRecord, WindowOrigin, MAX_SOURCES,
+    WEIGHT_SUM_TOLERANCE,
 };
 pub use pack::{
     output_name, pack, refuse_url_inputs, InputFormat, PackInput, PackOptions, PackSummary,
@@ -70,7 +71,7 @@ pub use parts::{
     merge_parts, pack_part, part_area, tokenizer_identity, MergeSummary, Part, PartJob, PartMarker,
     PartOutcome, PartSource, PartsError,
 };
-pub use session::{read_cursor, CursorSession};
+pub use session::{read_cursor, CursorSession, Resumable};
 pub use shard::{
     inspect_header, read_shard_header, report_from_bytes, HeaderReport, IdDtype, Layout, Shard,
     ShardHeader, ShardWriter, HEADER_BYTES, LLAMA3_MAGIC, MAGIC, MAX_COUNT, U16_VOCAB_LIMIT,
