@@ -479,6 +479,9 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             load: Option<String>,
             steps: &'a [StepJson],
             stale: &'a [String],
+            // Only where there are some: a local directory never has any.
+            #[serde(skip_serializing_if = "<[String]>::is_empty")]
+            foreign: &'a [String],
         }
         printer.json_line(&Out {
             ok,
@@ -487,6 +490,7 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
             load: survey.pick.map(step_name),
             steps: &steps,
             stale: &stale,
+            foreign: &survey.foreign,
         })?;
         return Ok(());
     }
@@ -524,8 +528,20 @@ fn print_survey(survey: &Survey, ok: bool, printer: &Printer) -> anyhow::Result<
     if let Some(p) = &latest_problem {
         writeln!(out, "{}", escape(p))?;
     }
-    for s in &stale {
+    print_leftovers(&mut out, survey, &stale)
+}
+
+/// The lines below the table: leftovers, foreign keys and `load`'s choice.
+fn print_leftovers(out: &mut impl Write, survey: &Survey, stale: &[String]) -> anyhow::Result<()> {
+    for s in stale {
         writeln!(out, "stale: {} (removed by the next save or gc)", escape(s))?;
+    }
+    for f in &survey.foreign {
+        writeln!(
+            out,
+            "ignored: {} (not a key of the checkpoint protocol: no object-store path names it)",
+            escape(f)
+        )?;
     }
     match survey.pick {
         Some(n) => writeln!(out, "load picks {}", step_name(n))?,

@@ -24,6 +24,7 @@ pub const KNOWN: &[&str] = &[
     "ckpt/rename",
     "model/before-commit",
     "s3/commit",
+    "s3/rank-file",
     "tokens/part-commit",
     "tokens/part-marker",
     "train/after-step",

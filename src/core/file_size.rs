@@ -22,7 +22,6 @@ mod tests {
         "checkpoint/sharded/open.rs",
         "checkpoint/verify.rs",
         "tokens/pack.rs",
-        "tokens/parts.rs",
     ];
 
     fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -41,6 +41,7 @@ mod s3_ckpt;
 mod s3_config;
 mod s3_data;
 mod s3_faults;
+mod s3_foreign_keys;
 mod shapes;
 mod sharded;
 mod snapshots;

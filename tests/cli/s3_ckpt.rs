@@ -349,6 +349,20 @@ fn a_corrupted_object_fails_verify_and_latest_falls_back() {
     let v = verify_json(&remote, true);
     assert_eq!(v["ok"], false, "{v}");
     assert_eq!(v["load"], "step-000001", "{v}");
+    // A step named by its URL is that step: exporting it is refused naming why,
+    // never answered with step 1.
+    let out_dir = tmp.path().join("export");
+    let out = tlio_s3()
+        .args(["ckpt", "export", &format!("{remote}/step-000002")])
+        .arg(&out_dir)
+        .assert()
+        .failure();
+    let text = stderr_of(&out);
+    assert!(
+        text.contains("step-000002") && text.contains("model.safetensors sha256 mismatch"),
+        "{text}"
+    );
+    assert!(!out_dir.exists());
     let out = tlio_s3()
         .args(["ckpt", "latest", &remote])
         .assert()

@@ -52,11 +52,11 @@ class Net(torch.nn.Module):
     """Embedding tied to the head, an MLP (the tensor-parallel part), a LayerNorm and a
     persistent buffer: odd sizes, so that shards are uneven."""
 
-    def __init__(self):
+    def __init__(self, hidden=3 * DIM + 1):
         super().__init__()
         self.emb = torch.nn.Embedding(VOCAB, DIM)
-        self.up = torch.nn.Linear(DIM, 3 * DIM + 1)
-        self.down = torch.nn.Linear(3 * DIM + 1, DIM)
+        self.up = torch.nn.Linear(DIM, hidden)
+        self.down = torch.nn.Linear(hidden, DIM)
         self.norm = torch.nn.LayerNorm(DIM)
         self.head = torch.nn.Linear(DIM, VOCAB, bias=False)
         self.head.weight = self.emb.weight
@@ -78,10 +78,10 @@ def _replicated_norm(norm, mesh):
     )
 
 
-def build(layout: str, seed: int, mesh_shape=None):
+def build(layout: str, seed: int, mesh_shape=None, hidden=3 * DIM + 1):
     """The net in ``layout`` over the default group and an AdamW over its parameters."""
     torch.manual_seed(seed)
-    net = Net()
+    net = Net(hidden)
     world = dist.get_world_size()
     if layout == "fsdp":
         mesh = init_device_mesh("cpu", (world,))

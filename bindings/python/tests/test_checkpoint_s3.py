@@ -123,6 +123,47 @@ def test_an_existing_step_needs_overwrite_and_a_corrupted_object_is_skipped(tmp_
     assert ck.skipped == [("step-000002", problems[0])]
 
 
+def test_a_named_step_that_fails_is_an_error_naming_it_never_another_step(s3):
+    import tlio.sharded as sh
+
+    m, opt = odd_setup(0)
+    root = s3.url("named")
+    for step in (1, 2, 3):
+        odd_step(m, opt, step)
+        tt.save(root, step, m, opt)
+    # Step 2's trainer state changed behind its manifest (same size, one byte).
+    manifest, files = objects(s3, "named/step-000002")
+    key = f"named/step-000002/{manifest['attempt']}/trainer_state.json"
+    flipped = bytearray(files["trainer_state.json"])
+    flipped[-1] ^= 1
+    s3.client.put_object(Bucket=s3.name, Key=key, Body=bytes(flipped))
+    why = r"step-000002: trainer_state\.json sha256 mismatch"
+    m2, opt2 = odd_setup(1)
+    for call in (
+        lambda: load_checkpoint(root, step=2),
+        lambda: tt.load(root, m2, opt2, step=2),
+        lambda: sh.open_step(root, step=2),
+    ):
+        with pytest.raises(FileNotFoundError, match=why):
+            call()
+    # A step that does not exist is named as such, not answered with step 1.
+    with pytest.raises(FileNotFoundError, match="step-000009: does not exist"):
+        load_checkpoint(root, step=9)
+    assert load_checkpoint(root, step=1).step == 1
+    # Below step 3 (another rank found it damaged): past step 2 to step 1.
+    assert sh.open_step(root, below=3).step == 1
+    # No named step: the fallback past damaged steps still works.
+    assert load_checkpoint(root).step == 3
+    manifest, files = objects(s3, "named/step-000003")
+    key = f"named/step-000003/{manifest['attempt']}/model.safetensors"
+    flipped = bytearray(files["model.safetensors"])
+    flipped[-1] ^= 1
+    s3.client.put_object(Bucket=s3.name, Key=key, Body=bytes(flipped))
+    ck = load_checkpoint(root)
+    assert ck.step == 1 and [s[0] for s in ck.skipped] == ["step-000003", "step-000002"]
+    assert tt.load(root, m2, opt2).step == 1
+
+
 def test_torch_save_and_load_on_s3_round_trip_bit_for_bit(tmp_path, s3):
     m, opt = odd_setup(0)
     for s in range(3):

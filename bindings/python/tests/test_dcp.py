@@ -320,3 +320,32 @@ def test_a_damaged_dcp_checkpoint_is_refused_by_import_naming_the_file_and_nothi
               env={**os.environ, "TLIO_PYTHON": sys.executable})
     assert out.returncode == (2 if how == "delete" else 1), out.stderr
     assert out.stdout == "" and out.stderr.startswith("tlio: error: ") and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_import_opens_each_source_file_once_for_all_its_items(tmp_path, monkeypatch):
+    import builtins
+
+    state = {"model": {f"t{i}": torch.full((3, i + 1), float(i)) for i in range(6)}, "extra": {"epoch": 3}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path / "fs"), no_dist=True)
+    opened = []
+    real_os_open, real_open = os.open, builtins.open
+
+    def counting_os_open(path, *a, **k):
+        opened.append(os.fspath(path))
+        return real_os_open(path, *a, **k)
+
+    def counting_open(file, *a, **k):
+        if isinstance(file, (str, os.PathLike)):
+            opened.append(os.fspath(file))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(os, "open", counting_os_open)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    path = tlio.dcp.import_checkpoint(tmp_path / "fs", tmp_path / "run", step=1)
+    monkeypatch.undo()
+    sources = [p for p in opened if p.endswith(".distcp")]
+    assert sources and len(sources) == len(set(sources)), sources  # seven items, one open per file
+    back = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}, "extra": {"epoch": 0}}
+    dcp.load(back, storage_reader=tlio.dcp.Reader(path), no_dist=True)
+    assert back["extra"] == {"epoch": 3}
+    assert all(torch.equal(back["model"][k], v) for k, v in state["model"].items())

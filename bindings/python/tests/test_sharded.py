@@ -236,6 +236,32 @@ def test_a_second_writer_waits_for_the_lock_and_abort_commits_nothing(tmp_path):
     again.abort()
 
 
+def test_a_rank_that_does_not_see_rank_0s_directory_is_refused_before_writing(tmp_path):
+    """The probe of begin: the directory rank 0 made passes; another host's view of the
+    same path (missing, a directory of its own, another save's) is a ValueError naming
+    the checkpoint directory as not shared; a committed step holds no probe."""
+    ckpt, elsewhere = tmp_path / "ckpt", tmp_path / "other-host" / "ckpt"
+    save = sh.begin(ckpt, 1)
+    assert isinstance(save.probe, str) and len(save.probe) == 32
+    sh.check_shared(save.tmp_dir, save.probe)
+    mirror = str(elsewhere / Path(save.tmp_dir).name)  # the same path, seen from a host of its own
+    with pytest.raises(ValueError, match="which does not exist here") as e:
+        sh.check_shared(mirror, save.probe)
+    assert str(e.value).startswith(f"{elsewhere} is not shared between the hosts of this save: ")
+    own = sh.begin(elsewhere, 1)  # that host's own step-000001.tmp, holding its own probe
+    with pytest.raises(ValueError, match="is another save's, not rank 0's"):
+        sh.check_shared(own.tmp_dir, save.probe)
+    os.remove(os.path.join(own.tmp_dir, ".shared-probe"))
+    with pytest.raises(ValueError, match="holds no .shared-probe"):
+        sh.check_shared(own.tmp_dir, save.probe)
+    own.abort()
+    save.abort()
+    path = save_sharded(ckpt, 2, {("model", "w"): np.arange(6, dtype=np.float32)}, ranks=2, split=row_chunks)
+    assert sorted(os.listdir(path)) == ["MANIFEST.json", "model-rank00000.safetensors",
+                                        "model-rank00001.safetensors", "shards.json", "trainer_state.json"]
+    assert tlio.checkpoint.verify_step_dir(path) == []
+
+
 def test_rank_file_is_canonical_safetensors_with_its_sha256(tmp_path):
     save = sh.begin(tmp_path, 1)
     a = np.arange(6, dtype=np.float32).reshape(2, 3)

@@ -369,6 +369,11 @@ pub struct Survey {
     pub tmps: Vec<String>,
     /// Whether a leftover `LATEST.tmp` exists.
     pub latest_tmp: bool,
+    /// Names below the directory that no protocol owns and the storage cannot even
+    /// address one by one (on object storage: keys with an empty segment, `.` or
+    /// `..`, such as `run//notes.txt`), as URLs: ignored by every operation, named by
+    /// `verify`. Always empty for a local directory.
+    pub foreign: Vec<String>,
 }
 
 impl SurveyRow {
@@ -479,5 +484,6 @@ pub fn survey_with(
         pick,
         tmps: listing.tmps,
         latest_tmp: listing.latest_tmp,
+        foreign: Vec::new(),
     })
 }

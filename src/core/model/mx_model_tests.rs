@@ -149,3 +149,93 @@ fn a_partial_block_is_refused() {
     assert_eq!(r[0].0, "mx-pair", "{r:?}");
     assert!(r[0].1.contains("multiple of 32"), "{r:?}");
 }
+
+/// The f32 values of entry `name` of `path` (an F32 tensor).
+fn f32_values(path: &Path, name: &str) -> (Vec<u64>, Vec<f32>) {
+    let v = ModelView::open(path).unwrap();
+    let i = v
+        .model
+        .entries
+        .iter()
+        .position(|e| e.info.name == name)
+        .unwrap();
+    let shape = v.model.entries[i].info.shape.clone();
+    let bytes = v.entry_bytes(i).unwrap();
+    let vals = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (shape, vals)
+}
+
+/// Dequantizing writes each pair as `X * element` exactly: gpt-oss experts `[E, out,
+/// n]` come out `[E, n, out]` without `_blocks`, a 2-D MXFP4 pair and an MXFP8 pair as
+/// `NAME.weight`, plain tensors copied, `quant` gone; more rows than one step holds
+/// cross step boundaries inside a matrix.
+#[test]
+fn dequantize_writes_each_pair_as_its_exact_values() {
+    use super::transform::{run, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let (e, rows, n) = (3u64, 5u64, 96u64);
+    let experts = values(e * rows, n, 40.0);
+    let linear = values(4, 64, 0.01);
+    let mut t = pair(
+        "x.experts.down_proj",
+        &[e, rows, n],
+        &experts,
+        MxFormat::Fp4,
+    );
+    t.extend(pair("lin", &[4, 64], &linear, MxFormat::Fp4));
+    t.push(("norm.weight".into(), Dtype::F32, vec![2], vec![0; 8]));
+    let src = dir.path().join("m.safetensors");
+    write_raw(&src, &t, Some("mxfp4"));
+    let out = dir.path().join("d.safetensors");
+    let r = run(
+        &Model::open(&src).unwrap(),
+        &out,
+        &Op::Dequantize { target: Dtype::F32 },
+        1,
+        &|_, _| {},
+    )
+    .unwrap();
+    assert_eq!((r.transformed, r.copied), (2, 1));
+    let exact = |pair: &[Raw]| {
+        let mut v = Vec::new();
+        mx::dequantize(&pair[0].3, &pair[1].3, MxFormat::Fp4, &mut v).unwrap();
+        v
+    };
+    let want = exact(&t[0..2]);
+    let (shape, got) = f32_values(&out, "x.experts.down_proj");
+    assert_eq!(shape, vec![e, n, rows]);
+    for k in 0..e {
+        for r in 0..rows {
+            for j in 0..n {
+                let w = want[((k * rows + r) * n + j) as usize];
+                let g = got[((k * n + j) * rows + r) as usize];
+                assert_eq!(w.to_bits(), g.to_bits(), "[{k}, {r}, {j}]");
+            }
+        }
+    }
+    let (shape, got) = f32_values(&out, "lin.weight");
+    assert_eq!(shape, vec![4, 64]);
+    assert_eq!(got, exact(&t[2..4]));
+    let m = Model::open(&out).unwrap();
+    assert!(m.quant.is_none());
+    assert_eq!(m.logical.len(), 3);
+    // MXFP8 keeps its `.weight` name and shape.
+    let t8 = pair("l", &[2, 64], &linear[..128], MxFormat::Fp8);
+    let src8 = dir.path().join("m8.safetensors");
+    write_raw(&src8, &t8, Some("mxfp8"));
+    let out8 = dir.path().join("d8.safetensors");
+    run(
+        &Model::open(&src8).unwrap(),
+        &out8,
+        &Op::Dequantize { target: Dtype::F32 },
+        1,
+        &|_, _| {},
+    )
+    .unwrap();
+    let mut want = Vec::new();
+    mx::dequantize(&t8[0].3, &t8[1].3, MxFormat::Fp8, &mut want).unwrap();
+    assert_eq!(f32_values(&out8, "l.weight"), (vec![2, 64], want));
+}

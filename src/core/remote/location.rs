@@ -231,6 +231,16 @@ impl ShardedSaveAt {
         }
     }
 
+    /// The token every rank checks before writing into a local `tmp_dir`
+    /// (`sharded::check_shared`); none on object storage, one store for every host.
+    pub fn probe(&self) -> Option<&str> {
+        match self {
+            ShardedSaveAt::Local(s) => Some(s.probe()),
+            #[cfg(feature = "s3")]
+            ShardedSaveAt::Remote(_) => None,
+        }
+    }
+
     /// Check and commit (see the two protocols).
     pub fn commit(
         &mut self,
@@ -307,6 +317,24 @@ pub fn sharded_open_step(
         #[cfg(not(feature = "s3"))]
         Some(url) => {
             let _ = step;
+            Err(not_built(&url).into())
+        }
+    }
+}
+
+/// `sharded::open::open_step_below` wherever `dir` is: the step a `step=None` choice
+/// picks among those older than `below` (another rank found `below` damaged).
+pub fn sharded_open_step_below(
+    dir: &Path,
+    below: u64,
+) -> Result<crate::checkpoint::sharded::ShardedStep, ShardedError> {
+    match remote_url(dir).map_err(CheckpointError::from)? {
+        None => crate::checkpoint::sharded::open::open_step_below(dir, below),
+        #[cfg(feature = "s3")]
+        Some(url) => remote::sharded::open_step_below(&url, below),
+        #[cfg(not(feature = "s3"))]
+        Some(url) => {
+            let _ = below;
             Err(not_built(&url).into())
         }
     }

@@ -25,8 +25,10 @@ use object_store::{
 use super::{Conditional, Config, ObjectInfo, S3Error, S3Url};
 
 mod classify;
+mod listing;
 mod transfer;
 use classify::classify;
+pub use listing::{is_nameable, Listed};
 pub use transfer::ObjectWriter;
 
 /// How long establishing a connection may take (a server that is down fails at once on
@@ -66,8 +68,18 @@ pub struct Store {
     store: Arc<AmazonS3>,
     /// The same store with no retries, for conditional puts (see [`Store::put_if`]).
     once: Arc<AmazonS3>,
+    /// Listings, sent by tlio itself (see [`listing`]).
+    lister: listing::Lister,
     runtime: tokio::runtime::Runtime,
 }
+
+/// The retry schedule of a listing: the one the store's other requests follow.
+const LIST_RETRY: listing::Retry = listing::Retry {
+    max_retries: MAX_RETRIES,
+    retry_timeout: RETRY_TIMEOUT,
+    init_backoff: INIT_BACKOFF,
+    max_backoff: MAX_BACKOFF,
+};
 
 impl Store {
     /// A client for the bucket of `url` configured by `config`; no request is sent yet.
@@ -142,6 +154,13 @@ impl Store {
         // A few worker threads: the parts of an upload go out while the caller
         // produces the next ones (a current-thread runtime would only send while the
         // caller waits).
+        let timeouts = listing::Timeouts {
+            connect: CONNECT_TIMEOUT,
+            read: READ_TIMEOUT,
+            request: REQUEST_TIMEOUT,
+        };
+        let lister =
+            listing::Lister::new(config, &endpoint, url.bucket(), &timeouts).map_err(config_err)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(RUNTIME_THREADS)
             .thread_name("tlio-s3")
@@ -153,6 +172,7 @@ impl Store {
             endpoint,
             store: Arc::new(store),
             once: Arc::new(once),
+            lister,
             runtime,
         })
     }
@@ -227,7 +247,7 @@ impl Store {
 
     /// A missing object in a missing bucket is the bucket's error, not the object's.
     async fn check_bucket(&self, key: &str) -> Result<(), S3Error> {
-        let probe = self.store.list_with_delimiter(None).await;
+        let probe = self.lister.list("", true, Some(1), &LIST_RETRY, "").await;
         match probe {
             Ok(_) => Ok(()),
             Err(e) => Err(self.fail(key, &e)),
@@ -472,41 +492,58 @@ impl Store {
     }
 
     /// Every object whose key starts with `prefix/` (all of the bucket for an empty
-    /// prefix), in key order.
+    /// prefix), in key order; keys no object-store path names are left out (see
+    /// [`Store::list_all`]).
     pub fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, S3Error> {
-        let path = self.key_or_root(prefix)?;
+        self.list_all(prefix).map(|l| l.objects)
+    }
+
+    /// [`Store::list`] with the keys it leaves out: those no object-store path names
+    /// (an empty segment, `.` or `..`), which no request of this client can address,
+    /// so no protocol owns them. Both in key order.
+    pub fn list_all(&self, prefix: &str) -> Result<Listed, S3Error> {
+        let below = self.below(prefix)?;
         self.runtime.block_on(async {
-            let mut found: Vec<ObjectInfo> = self
-                .store
-                .list(path.as_ref())
-                .map_ok(info)
-                .try_collect()
+            let mut listed = self
+                .lister
+                .list(&below, false, None, &LIST_RETRY, prefix)
                 .await
                 .map_err(|e| self.fail(prefix, &e))?;
-            found.sort_by(|a, b| a.key.cmp(&b.key));
-            Ok(found)
+            listed.objects.sort_by(|a, b| a.key.cmp(&b.key));
+            listed.foreign.sort();
+            Ok(listed)
         })
     }
 
     /// The names one level below `prefix/`: the "directories" (common prefixes) and
-    /// the objects, each as its last segment, sorted.
+    /// the objects, each as its last segment, sorted (names no object-store path
+    /// names left out).
     pub fn list_dir(&self, prefix: &str) -> Result<(Vec<String>, Vec<ObjectInfo>), S3Error> {
-        let path = self.key_or_root(prefix)?;
+        let below = self.below(prefix)?;
         self.runtime.block_on(async {
             let listed = self
-                .store
-                .list_with_delimiter(path.as_ref())
+                .lister
+                .list(&below, true, None, &LIST_RETRY, prefix)
                 .await
                 .map_err(|e| self.fail(prefix, &e))?;
             let mut dirs: Vec<String> = listed
-                .common_prefixes
+                .prefixes
                 .iter()
-                .filter_map(|p| p.filename().map(str::to_string))
+                .filter_map(|p| p.rsplit('/').next().map(str::to_string))
                 .collect();
             dirs.sort();
-            let mut objects: Vec<ObjectInfo> = listed.objects.into_iter().map(info).collect();
+            let mut objects = listed.objects;
             objects.sort_by(|a, b| a.key.cmp(&b.key));
             Ok((dirs, objects))
+        })
+    }
+
+    /// The listing prefix of `prefix`: `prefix/`, or empty for the whole bucket (the
+    /// prefix itself must be a valid key).
+    fn below(&self, prefix: &str) -> Result<String, S3Error> {
+        Ok(match self.key_or_root(prefix)? {
+            Some(key) => format!("{key}/"),
+            None => String::new(),
         })
     }
 

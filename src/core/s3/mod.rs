@@ -18,7 +18,7 @@ mod url;
 pub use url::{is_s3_url, S3Url, MAX_KEY_BYTES, URL_SCHEME};
 
 #[cfg(feature = "s3")]
-pub use client::{ObjectWriter, Store, MULTIPART_THRESHOLD};
+pub use client::{is_nameable, Listed, ObjectWriter, Store, MULTIPART_THRESHOLD};
 
 /// The standard AWS variables this module reads (and nothing else).
 pub const ENV_VARS: [&str; 6] = [

@@ -116,20 +116,38 @@ def _ranges(dcp_dir: str, metadata: Metadata) -> Dict[str, List[Tuple[MetadataIn
 
 class _SourcePlanner:
     """What ``tlio.dcp.Writer.write_data`` asks of a planner: the data of each write item,
-    read from the source file's byte range."""
+    read from the source file's byte range. The file is opened once, for all its items
+    (a context manager: closed on exit)."""
 
     def __init__(self, dcp_dir: str, name: str, infos: Dict[MetadataIndex, _StorageInfo]):
         self.path = os.path.join(dcp_dir, name)
         self.infos = infos
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> "_SourcePlanner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _slice(self, index: MetadataIndex) -> bytes:
         info = self.infos[index]
-        with open(self.path, "rb") as f:
-            f.seek(int(info.offset))
-            data = f.read(int(info.length))
-        if len(data) != int(info.length):
-            raise ValueError(f"{self.path}: {index.fqn!r} ends past the file (it shrank while read)")
-        return data
+        offset, length = int(info.offset), int(info.length)
+        parts = []
+        got = 0
+        while got < length:
+            # pread returns at most about 2 GiB at once on Linux; 0 is the file's end.
+            part = os.pread(self._fd, length - got, offset + got)
+            if not part:
+                raise ValueError(f"{self.path}: {index.fqn!r} ends past the file (it shrank while read)")
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
 
     def resolve_data(self, item: WriteItem) -> Any:
         data = self._slice(item.index)
@@ -209,8 +227,8 @@ def import_checkpoint(dcp_dir: tlio.dcp.PathLike, run_dir: tlio.dcp.PathLike, *,
         plans = writer.prepare_global_plan([writer.prepare_local_plan(p) for p in plans])
         results = []
         for name, plan in zip(sorted(per_file), plans):
-            planner = _SourcePlanner(src, name, dict(per_file[name]))
-            results.append(writer.write_data(plan, planner).wait())
+            with _SourcePlanner(src, name, dict(per_file[name])) as planner:
+                results.append(writer.write_data(plan, planner).wait())
         target = Metadata(state_dict_metadata=metadata.state_dict_metadata, planner_data=metadata.planner_data)
         writer.finish(target, results)
     except BaseException:

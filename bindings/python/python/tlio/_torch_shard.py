@@ -3,11 +3,13 @@ state holds ``DTensor``s (FSDP2 ``fully_shard``, ``parallelize_module``, 2-D mes
 HSDP) is saved by every rank and loaded, resharded, into any layout.
 
 Save, on every rank of the group: rank 0 ``begin``s the step (lock, refusals, a fresh
-``step-N.tmp/``) and broadcasts its path; every rank extracts its local chunks (global
-offsets and sizes from each DTensor's mesh and placements; a plain tensor is a chunk
-covering the whole tensor) and all ranks exchange the small chunk lists; every chunk is
-then given to exactly one of the ranks that hold it (a replicated one to the least
-loaded of its holders, by bytes), and each rank writes its chunks into files of its own
+``step-N.tmp/`` holding a probe) and broadcasts its path and the probe's token; every
+rank checks that it sees that probe (a directory local to rank 0's host fails the save
+at once on every rank, naming it as not shared, before any file is written), extracts
+its local chunks (global offsets and sizes from each DTensor's mesh and placements; a
+plain tensor is a chunk covering the whole tensor) and all ranks exchange the small
+chunk lists; every chunk is then given to exactly one of the ranks that hold it (a
+replicated one to the least loaded of its holders, by bytes), and each rank writes its chunks into files of its own
 (``model-rankNNNNN.safetensors``, ``optimizer-rankNNNNN.safetensors``), hashed while
 written, by the core; rank 0 gathers the small tables and commits (coverage checked,
 shards.json and MANIFEST.json written, renames, LATEST) or aborts. An async save
@@ -426,18 +428,21 @@ def _commit(g: Group, dir: Any, step: Any, overwrite: bool, prepare: Callable[[]
             from tlio.checkpoint import _integer
 
             handle = _sharded().begin(os.fspath(dir), _integer("step", step), bool(overwrite))
-            outcome = ("ok", handle.tmp_dir, str(step))
+            outcome = ("ok", handle.tmp_dir, str(step), handle.probe)
         except BaseException as e:
             error, outcome = e, ("failed", _failure(e))
     outcome = g.broadcast(outcome)
     if outcome[0] != "ok":
         _raise_first([outcome[1]], 0, error)
-    tmp_dir = outcome[1]
+    tmp_dir, probe = outcome[1], outcome[3]
     try:
-        # 2. every rank extracts its chunks; all learn every rank's chunks.
+        # 2. every rank sees rank 0's directory (not one of its host's own), extracts its
+        # chunks; all learn every rank's chunks.
         prepared: Optional[dict] = None
         mine: Failure = None
         try:
+            if probe is not None:
+                _sharded().check_shared(tmp_dir, probe)
             if str(step) != outcome[2]:
                 raise ValueError(f"tlio.torch.save: this rank saves step {step}, rank 0 step {outcome[2]}")
             prepared = prepare()

@@ -237,6 +237,9 @@ class _Target:
     tmp_dir: str
     file: str
     step: int
+    #: The token of the probe a local tmp_dir holds (None on object storage): every rank
+    #: checks it before writing, so a directory not shared between hosts fails at once.
+    probe: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,13 +355,16 @@ class Writer(StorageWriter):
         self.abort()
         _abandon_pending()
         self._pending = _THREAD.pending = self._begin()
-        tmp, step = self._pending.tmp_dir, self._pending.step
-        return [dataclasses.replace(p, storage_data=_Target(tmp, _file_name(i), step)) for i, p in enumerate(plans)]
+        tmp, step, probe = self._pending.tmp_dir, self._pending.step, self._pending.probe
+        return [dataclasses.replace(p, storage_data=_Target(tmp, _file_name(i), step, probe))
+                for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[WriteResult]]":
         target = plan.storage_data
         if not isinstance(target, _Target):
             raise ValueError("the save plan carries no tlio target (was the plan cached by the planner?)")
+        if target.probe is not None:
+            _core.check_shared(target.tmp_dir, target.probe)
         known = _dtypes()
         chunks: List[tuple] = []
         keep_alive: List[Any] = []

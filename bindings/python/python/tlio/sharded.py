@@ -9,7 +9,12 @@ and key holding it, its byte range, BLAKE3 digests of its 1 MiB pieces).
 Saving, in three calls:
 
 - rank 0: ``save = begin(dir, step, overwrite=False)`` takes the checkpoint lock and
-  creates ``save.tmp_dir`` (broadcast it);
+  creates ``save.tmp_dir`` holding a probe file whose token is ``save.probe``
+  (broadcast both);
+- every rank, before writing: ``check_shared(tmp_dir, probe)`` reads the probe back, so
+  a directory that is not shared between the hosts of the job (node-local disk) is
+  refused at once with an error naming it, before any file is written (on object
+  storage ``probe`` is None: there is nothing to check);
 - every rank: ``table = write_rank_file(save.tmp_dir, "model-rank00003.safetensors",
   [(key, dtype, shape, uint8_array), ...])`` writes one canonical safetensors file,
   hashing while writing, and returns a small JSON-able dict (gather it to rank 0);
@@ -45,12 +50,14 @@ from tlio._tlio.sharded import (
     ShardedSave,
     ShardedStep,
     begin,
+    check_shared,
     open_step,
     write_rank_file,
 )
 
 __all__ = [
     "begin",
+    "check_shared",
     "write_rank_file",
     "open_step",
     "ShardedSave",

@@ -32,6 +32,10 @@ class ShardedSave:
     def tmp_dir(self) -> str:
         """``step-N.tmp`` (on object storage the attempt's URL), where every rank writes its files."""
     @property
+    def probe(self) -> Optional[str]:
+        """The token of the probe in a local ``tmp_dir`` that every rank checks with
+        ``check_shared`` before writing; None on object storage."""
+    @property
     def step(self) -> int:
         """The step being saved."""
     def commit(
@@ -51,6 +55,11 @@ class ShardedSave:
 def begin(dir: PathLike, step: int, overwrite: bool = False) -> ShardedSave:
     """Start a sharded save (rank 0 only): lock, refusals, a fresh ``step-N.tmp`` (on an
     ``s3://`` prefix: refusals from one listing, a fresh attempt)."""
+
+def check_shared(tmp_dir: PathLike, token: str) -> None:
+    """Check (any rank, before writing) that ``tmp_dir`` is the directory rank 0 began,
+    holding its probe ``token``; a directory this host sees on its own raises a
+    ``ValueError`` naming the checkpoint directory as not shared between the hosts."""
 
 def write_rank_file(
     tmp_dir: PathLike, file_name: str, chunks: Sequence[Chunk], durable: bool = True

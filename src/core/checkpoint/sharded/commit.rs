@@ -87,6 +87,8 @@ pub struct ShardedSave {
     /// A directory of the caller's name (`named::begin_named`): published without
     /// LATEST or retention.
     named: bool,
+    /// The token of the probe in the tmp directory (`shared`).
+    probe: String,
 }
 
 /// Start a sharded save of `step` in `dir` with the real file system, waiting up to
@@ -108,24 +110,40 @@ pub fn begin_with(
     fs.create_dir_all(dir).map_err(ck_io_at(dir))?;
     let lock = DirLock::acquire_waiting(dir, lock_wait, SAVE_LOCK_NOTICE, &mut |_| {})?;
     let target = prepare(fs, dir, step, overwrite, false)?;
+    let probe = probe_or_clear(fs, &target.tmp)?;
     Ok(ShardedSave {
         dir: dir.to_path_buf(),
         step,
         target: Some(target),
         lock: Some(lock),
         named: false,
+        probe,
+    })
+}
+
+/// The probe of a fresh `tmp` (`shared::write_probe`); `tmp` removed when it fails.
+pub(crate) fn probe_or_clear(fs: &mut dyn FsOps, tmp: &Path) -> Result<String, ShardedError> {
+    super::shared::write_probe(tmp).inspect_err(|_| {
+        let _ = clear(fs, tmp);
     })
 }
 
 impl ShardedSave {
     /// A save into `target` under `dir`'s lock, published by rename only (no LATEST).
-    pub(crate) fn named(dir: &Path, step: u64, target: Target, lock: DirLock) -> Self {
+    pub(crate) fn named(
+        dir: &Path,
+        step: u64,
+        target: Target,
+        lock: DirLock,
+        probe: String,
+    ) -> Self {
         ShardedSave {
             dir: dir.to_path_buf(),
             step,
             target: Some(target),
             lock: Some(lock),
             named: true,
+            probe,
         }
     }
 }
@@ -139,6 +157,11 @@ impl ShardedSave {
     /// `step-N.tmp/`, where every rank writes its files.
     pub fn tmp_dir(&self) -> Option<&Path> {
         self.target.as_ref().map(|t| t.tmp.as_path())
+    }
+
+    /// The token every rank checks in `tmp_dir` before writing ([`super::check_shared`]).
+    pub fn probe(&self) -> &str {
+        &self.probe
     }
 
     /// Remove the tmp directory and release the lock; nothing is committed. Doing it
@@ -205,6 +228,7 @@ fn commit_target(
     } = req;
     let state_json = state_bytes(step, &mut state, config.as_deref(), keep)?;
     let table = build_table(&files, tensors, meta)?;
+    super::shared::remove_probe(&target.tmp)?;
     check_tmp_files(&target.tmp, &files)?;
     let mut entries: Vec<ManifestEntry> = files
         .iter()
@@ -219,7 +243,7 @@ fn commit_target(
         fs,
         tmp,
         SHARDS_NAME,
-        Payload::Bytes(Cow::Owned(table.to_json())),
+        Payload::Bytes(Cow::Owned(table.to_json_checked()?)),
     )?);
     entries.push(put(
         fs,
@@ -272,7 +296,8 @@ pub fn build_table(
             return Err(table_err(format!("rank file {}", f.name), "reported twice"));
         }
     }
-    let mut used: BTreeSet<(String, String)> = BTreeSet::new();
+    // Borrowed from the files' own tables: one entry per chunk, no copy of its names.
+    let mut used: BTreeSet<(&str, &str)> = BTreeSet::new();
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
         let label = format!("tensor {}/{}", t.group, t.name);
@@ -283,9 +308,9 @@ pub fn build_table(
             let file = by_name
                 .get(c.file.as_str())
                 .ok_or_else(|| at(format!("its file {:?} was not written by any rank", c.file)))?;
-            let w = file
+            let (key, w) = file
                 .tensors
-                .get(&c.key)
+                .get_key_value(&c.key)
                 .ok_or_else(|| at(format!("{} holds no key {:?}", c.file, c.key)))?;
             if w.dtype != t.dtype || w.shape != c.sizes {
                 return Err(at(format!(
@@ -293,7 +318,7 @@ pub fn build_table(
                     c.file, c.key, w.dtype, w.shape, t.dtype, c.sizes
                 )));
             }
-            if !used.insert((c.file.clone(), c.key.clone())) {
+            if !used.insert((file.name.as_str(), key.as_str())) {
                 return Err(at(format!("{} key {:?} is claimed twice", c.file, c.key)));
             }
             chunks.push(ChunkEntry {
@@ -318,7 +343,7 @@ pub fn build_table(
         if let Some(key) = f
             .tensors
             .keys()
-            .find(|k| !used.contains(&(f.name.clone(), (*k).clone())))
+            .find(|k| !used.contains(&(f.name.as_str(), k.as_str())))
         {
             return Err(table_err(
                 format!("rank file {}", f.name),

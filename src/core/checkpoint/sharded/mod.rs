@@ -14,6 +14,7 @@
 //! a region read returns was verified against a piece digest (or, for an unsharded
 //! step, against the file's sha256) in the same pass that copied it.
 
+pub mod assign;
 pub mod commit;
 pub mod coverage;
 pub mod dcp;
@@ -23,6 +24,7 @@ pub mod open;
 pub mod piece;
 pub mod plan;
 pub mod read;
+pub mod shared;
 pub mod table;
 pub mod verify;
 pub mod write;
@@ -36,11 +38,13 @@ use std::path::PathBuf;
 use super::CheckpointError;
 use crate::failure::{Failure, FailureKind};
 
+pub use assign::{assign_writers, chunk_key, rank_file_name, tensor_requests, HeldChunk, Writers};
 pub use commit::{begin, begin_with, ChunkRequest, CommitRequest, ShardedSave, TensorRequest};
 pub use export::{export, ExportReport};
 pub use named::{begin_named, open_step_dir};
 pub use open::{open_step, ShardedStep};
 pub use read::ReadRequest;
+pub use shared::check_shared;
 pub use table::{ChunkEntry, Group, ShardsTable, TableTensor};
 pub use write::{write_rank_file, ChunkData, RankFile, WrittenChunk};
 
@@ -90,6 +94,14 @@ pub enum ShardedError {
     /// A region read asked for something the step cannot give.
     #[error("{0}")]
     Request(String),
+    /// A rank does not see the directory rank 0 created for the save (`shared`).
+    #[error("{} is not shared between the hosts of this save: {seen} (a sharded save from several hosts needs a directory every host sees: a shared file system, or an s3:// prefix)", dir.display())]
+    NotShared {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// What this rank found instead of rank 0's probe.
+        seen: String,
+    },
     /// A file operation failed.
     #[error("{}", path.display())]
     Io {
@@ -120,6 +132,8 @@ impl Failure for ShardedError {
             ShardedError::Table { .. } | ShardedError::Digest { .. } | ShardedError::Request(_) => {
                 FailureKind::Invalid
             }
+            // Where the files go, not what they hold: the job's storage is wrong.
+            ShardedError::NotShared { .. } => FailureKind::Operational,
             ShardedError::Io { source, .. } => match source.kind() {
                 io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => FailureKind::Invalid,
                 _ => FailureKind::Operational,

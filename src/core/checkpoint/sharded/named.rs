@@ -86,12 +86,13 @@ pub fn begin_named(
     }
     clear(fs, &tmp)?;
     fs.create_dir(&tmp).map_err(ck_io_at(&tmp))?;
+    let probe = super::commit::probe_or_clear(fs, &tmp)?;
     let target = Target {
         final_path,
         tmp,
         exists,
     };
-    Ok(ShardedSave::named(&parent, step, target, lock))
+    Ok(ShardedSave::named(&parent, step, target, lock, probe))
 }
 
 /// Step 3 of the protocol for a named step: the rename (an exchange when something was

@@ -81,6 +81,15 @@ pub(crate) struct StepChunk {
     pub pieces: Vec<[u8; 32]>,
 }
 
+impl super::plan::ChunkBox for StepChunk {
+    fn chunk_box(&self) -> super::plan::Region<'_> {
+        super::plan::Region {
+            offsets: &self.offsets,
+            sizes: &self.sizes,
+        }
+    }
+}
+
 /// One global tensor of an opened step.
 #[derive(Debug, Clone)]
 pub(crate) struct StepTensor {
@@ -89,6 +98,9 @@ pub(crate) struct StepTensor {
     pub dtype: Dtype,
     pub shape: Vec<u64>,
     pub chunks: Vec<StepChunk>,
+    /// The longest extent of a chunk along dimension 0 (`plan::longest_extent`), which
+    /// bounds a region's search for its chunks.
+    pub longest: u64,
 }
 
 impl StepTensor {
@@ -569,6 +581,7 @@ fn open_unsharded(
                 name: t.name.clone(),
                 dtype: t.dtype,
                 shape: t.shape.clone(),
+                longest: t.shape.first().copied().unwrap_or(0),
                 chunks: vec![StepChunk {
                     offsets: vec![0; t.shape.len()],
                     sizes: t.shape.clone(),

@@ -219,6 +219,88 @@ impl Iterator for Segments<'_> {
     }
 }
 
+/// The longest extent along dimension 0 of these chunk shapes (0 for none, or for
+/// scalars): what [`candidates`] needs to bound its search.
+pub fn longest_extent<'a>(sizes: impl Iterator<Item = &'a [u64]>) -> u64 {
+    sizes.filter_map(|s| s.first().copied()).max().unwrap_or(0)
+}
+
+/// The chunks that may meet `region`, among `chunks` sorted by offsets (so by their
+/// start along dimension 0) whose extents along dimension 0 are at most `longest`:
+/// those that start within `(region start - longest, region end)` along dimension 0.
+/// Two binary searches, so a rank reading one shard of a tensor saved as R chunks
+/// visits the few chunks near its rows, not all R (which made a resharded load plan
+/// O(R) per tensor).
+pub fn candidates<T: ChunkBox>(
+    chunks: &[T],
+    longest: u64,
+    region: Region<'_>,
+) -> std::ops::Range<usize> {
+    let (Some(&lo), Some(&len)) = (region.offsets.first(), region.sizes.first()) else {
+        return 0..chunks.len();
+    };
+    let hi = lo.saturating_add(len);
+    let start = |c: &T| c.chunk_box().offsets.first().copied().unwrap_or(0);
+    // A chunk that starts at or before `lo - longest` ends at or before `lo`.
+    let first = chunks.partition_point(|c| start(c).saturating_add(longest) <= lo);
+    let end = chunks.partition_point(|c| start(c) < hi).max(first);
+    first..end
+}
+
+/// A chunk of a tensor, as the read planner sees it: its box in the global tensor.
+pub trait ChunkBox {
+    /// Its offsets and sizes.
+    fn chunk_box(&self) -> Region<'_>;
+}
+
+impl ChunkBox for super::table::ChunkEntry {
+    fn chunk_box(&self) -> Region<'_> {
+        Region {
+            offsets: &self.offsets,
+            sizes: &self.sizes,
+        }
+    }
+}
+
+/// One chunk's part of a region read: the chunk's index, its runs inside the region,
+/// and the pieces those runs touch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkRead {
+    /// The chunk's index among the tensor's chunks.
+    pub chunk: usize,
+    /// Its runs inside the region.
+    pub runs: Runs,
+    /// The pieces (of the step's piece size) the runs touch, ascending.
+    pub pieces: Vec<u64>,
+}
+
+/// The read plan of `region` of a tensor of `elem`-byte elements: for each chunk (of
+/// `chunks`, sorted by offsets, dimension-0 extents at most `longest`) that meets the
+/// region, its runs and pieces. Also
+/// returns how many chunks were intersected (the work, which the tests count).
+pub fn plan_region<T: ChunkBox>(
+    elem: u64,
+    piece_bytes: u64,
+    chunks: &[T],
+    longest: u64,
+    region: Region<'_>,
+) -> (Vec<ChunkRead>, usize) {
+    let range = candidates(chunks, longest, region);
+    let visited = range.len();
+    let mut out = Vec::new();
+    for (i, c) in chunks.iter().enumerate().skip(range.start).take(visited) {
+        if let Some(runs) = intersect(elem, c.chunk_box(), region) {
+            let pieces = runs.pieces(piece_bytes);
+            out.push(ChunkRead {
+                chunk: i,
+                runs,
+                pieces,
+            });
+        }
+    }
+    (out, visited)
+}
+
 /// Bytes `[at, at + len)` of data file `file` that a read needs (one piece).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use super::open::{DataFile, ShardedStep, Source, StepChunk, StepTensor};
 use super::piece::{piece_digest_bytes, DIGEST_NAME};
-use super::plan::{check_region, intersect, Region, Runs};
+use super::plan::{check_region, plan_region, Region, Runs};
 use super::table::Group;
 use super::ShardedError;
 
@@ -184,15 +184,13 @@ impl ShardedStep {
                 want.map_or_else(|| "overflows".to_string(), |w| format!("{w} bytes"))
             )));
         }
-        for c in &t.chunks {
-            let chunk = Region {
-                offsets: &c.offsets,
-                sizes: &c.sizes,
-            };
-            let Some(rn) = intersect(elem, chunk, region) else {
-                continue;
-            };
-            for piece in rn.pieces(self.piece_bytes) {
+        let (reads, _) = plan_region(elem, self.piece_bytes, &t.chunks, t.longest, region);
+        for read in reads {
+            let c = t
+                .chunks
+                .get(read.chunk)
+                .ok_or_else(|| internal("a planned chunk"))?;
+            for piece in read.pieces {
                 jobs.push(Job {
                     req: i,
                     tensor: t,
@@ -201,7 +199,7 @@ impl ShardedStep {
                     piece,
                 });
             }
-            runs.push(rn);
+            runs.push(read.runs);
         }
         Ok(())
     }

@@ -307,6 +307,18 @@ impl ShardsTable {
         bytes
     }
 
+    /// [`Self::to_json`], refused when it is larger than [`MAX_TABLE_BYTES`]: a step
+    /// whose table no reader takes must never be committed (a save of a very large
+    /// layout fails, naming the size, instead of leaving a step nothing can load).
+    pub fn to_json_checked(&self) -> Result<Vec<u8>, ShardedError> {
+        within_limit(self.to_json(), MAX_TABLE_BYTES, self.chunk_count())
+    }
+
+    /// Chunks of every tensor together.
+    pub fn chunk_count(&self) -> usize {
+        self.tensors.iter().map(|t| t.chunks.len()).sum()
+    }
+
     /// The tensor of `group` named `name`.
     pub fn get(&self, group: Group, name: &str) -> Option<&TableTensor> {
         self.tensors
@@ -364,6 +376,25 @@ impl ShardsTable {
         super::dcp::document(self)?;
         Ok(())
     }
+}
+
+/// `bytes` of a table of `chunks` chunks, or the error saying it exceeds `limit`.
+pub(crate) fn within_limit(
+    bytes: Vec<u8>,
+    limit: u64,
+    chunks: usize,
+) -> Result<Vec<u8>, ShardedError> {
+    if bytes.len() as u64 > limit {
+        return Err(table_err(
+            SHARDS_NAME,
+            format!(
+                "{} bytes for {chunks} chunks, more than the {limit} bytes a reader takes \
+                 (fewer chunks per tensor, from fewer shards, keep it smaller)",
+                bytes.len()
+            ),
+        ));
+    }
+    Ok(bytes)
 }
 
 fn tensor_err(t: &TableTensor, reason: impl Into<String>) -> ShardedError {

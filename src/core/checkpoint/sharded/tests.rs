@@ -194,6 +194,7 @@ fn one_file_step(file_len: u64, chunks: &[(u64, u64)], piece_bytes: u64) -> supe
                 name: format!("t{i}"),
                 dtype: crate::safetensors::Dtype::U8,
                 shape: vec![len],
+                longest: len,
                 chunks: vec![StepChunk {
                     offsets: vec![0],
                     sizes: vec![len],
@@ -475,4 +476,89 @@ fn a_tensor_too_large_to_count_is_refused_naming_what_overflows() {
     .unwrap_err()
     .to_string();
     assert!(why.contains("its element count overflows 64 bits"), "{why}");
+}
+
+/// Boxes as table chunks (the planner's input), sorted by offsets as a table holds them.
+fn as_entries(boxes: &[(Vec<u64>, Vec<u64>)]) -> Vec<super::table::ChunkEntry> {
+    let mut out: Vec<super::table::ChunkEntry> = boxes
+        .iter()
+        .map(|(o, s)| super::table::ChunkEntry {
+            offsets: o.clone(),
+            sizes: s.clone(),
+            file: "f.safetensors".into(),
+            key: "k".into(),
+            begin: 0,
+            end: 0,
+            pieces: Vec::new(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.offsets.cmp(&b.offsets));
+    out
+}
+
+proptest! {
+    #[test]
+    fn the_planner_finds_every_chunk_a_full_scan_finds(
+        shape in proptest::collection::vec(1u64..9, 1..4),
+        cuts in proptest::collection::vec(0u64..1000, 64),
+        corner in proptest::collection::vec(0u64..9, 3),
+        extent in proptest::collection::vec(1u64..9, 3),
+    ) {
+        let mut boxes = Vec::new();
+        tile(vec![0; shape.len()], shape.clone(), &mut cuts.into_iter(), &mut boxes);
+        let chunks = as_entries(&boxes);
+        let o: Vec<u64> = shape.iter().zip(&corner).map(|(&d, &c)| c % d).collect();
+        let s: Vec<u64> = shape.iter().zip(&o).zip(&extent).map(|((&d, &o), &e)| 1 + (e - 1) % (d - o)).collect();
+        let region = Region { offsets: &o, sizes: &s };
+        let longest = super::plan::longest_extent(chunks.iter().map(|c| c.sizes.as_slice()));
+        let (reads, _) = super::plan::plan_region(2, 4096, &chunks, longest, region);
+        let planned: Vec<usize> = reads.iter().map(|r| r.chunk).collect();
+        let scanned: Vec<usize> = chunks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| intersect(2, Region { offsets: &c.offsets, sizes: &c.sizes }, region).is_some())
+            .map(|(i, _)| i)
+            .collect();
+        prop_assert_eq!(planned, scanned);
+    }
+}
+
+#[test]
+fn a_resharded_rank_plans_against_the_chunks_near_its_rows_not_all_of_them() {
+    // A [32768, 4] tensor saved by 4,096 ranks (8 rows each, FSDP), read by one rank of
+    // 512 (64 rows), and a 2-D grid (FSDP x TP) read by rows: a full scan would
+    // intersect every chunk (4,096 of them).
+    let rows: Vec<(Vec<u64>, Vec<u64>)> = (0..4096).map(|r| (vec![r * 8, 0], vec![8, 4])).collect();
+    let grid: Vec<(Vec<u64>, Vec<u64>)> = (0..512)
+        .flat_map(|r| (0..8).map(move |c| (vec![r * 64, c], vec![64, 1])))
+        .collect();
+    for (boxes, most) in [(rows, 9), (grid, 16)] {
+        let chunks = as_entries(&boxes);
+        let longest = super::plan::longest_extent(chunks.iter().map(|c| c.sizes.as_slice()));
+        let (o, s) = (vec![64 * 300, 0], vec![64, 4]);
+        let region = Region {
+            offsets: &o,
+            sizes: &s,
+        };
+        let (reads, visited) = super::plan::plan_region(2, 4096, &chunks, longest, region);
+        let bytes: u64 = reads.iter().map(|r| r.runs.len * r.runs.count).sum();
+        assert_eq!(bytes, 2 * 64 * 4);
+        assert!(visited <= most, "{visited} chunks visited");
+    }
+}
+
+#[test]
+fn a_table_larger_than_a_reader_takes_is_refused_at_commit() {
+    let bytes = vec![b' '; 100];
+    let e = super::table::within_limit(bytes.clone(), 99, 7)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("100 bytes for 7 chunks, more than the 99 bytes a reader takes"),
+        "{e}"
+    );
+    assert_eq!(
+        super::table::within_limit(bytes, 100, 7).unwrap().len(),
+        100
+    );
 }

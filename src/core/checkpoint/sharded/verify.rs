@@ -81,6 +81,7 @@ pub(crate) fn step_tensors(
             name: t.name.clone(),
             dtype: t.dtype,
             shape: t.shape.clone(),
+            longest: super::plan::longest_extent(chunks.iter().map(|c| c.sizes.as_slice())),
             chunks,
         });
     }

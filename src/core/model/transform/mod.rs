@@ -15,6 +15,7 @@
 //! `quant` the int4 passes and `rewrite` the index, config and other files of a
 //! directory.
 
+mod mx;
 mod out;
 mod plan;
 mod quant;

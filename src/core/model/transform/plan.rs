@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 
 use super::super::int4::{quant_name, QUANT_KEY, QWEIGHT_SUFFIX, SCALES_SUFFIX};
-use super::super::{Model, ModelError, Storage};
+use super::super::mx::MxFormat;
+use super::super::mx_pairs::transposed;
+use super::super::{Logical, Model, ModelError, Storage};
 use super::{Op, ShardResult};
 use crate::safetensors::write::Layout;
 use crate::safetensors::{Dtype, TensorInfo};
@@ -24,6 +26,20 @@ pub(super) enum Plan {
     /// Dequantize the pair (qweight entry, scales entry, group) to the tensor's dtype
     /// (the target).
     Dequant(usize, usize, u64),
+    /// Dequantize the MX pair to the tensor's dtype.
+    MxDequant(MxDequant),
+}
+
+/// An MX pair to dequantize: its entries, its format and its logical `[..., n]`.
+#[derive(Clone, Debug)]
+pub(super) struct MxDequant {
+    pub(super) elems: usize,
+    pub(super) scales: usize,
+    pub(super) fmt: MxFormat,
+    /// The logical shape as stored (`[..., n]`).
+    pub(super) shape: Vec<u64>,
+    /// Whether the output swaps the last two axes (gpt-oss experts).
+    pub(super) transposed: bool,
 }
 
 /// A source tensor to quantize, with what planning checked: a 2-D F32, F16 or BF16
@@ -53,7 +69,12 @@ pub(super) fn planned_result(tensors: &[OutTensor], layout: &Layout) -> ShardRes
     ShardResult {
         transformed: tensors
             .iter()
-            .filter(|t| matches!(t.plan, Plan::Qweight(_) | Plan::Dequant(..)))
+            .filter(|t| {
+                matches!(
+                    t.plan,
+                    Plan::Qweight(_) | Plan::Dequant(..) | Plan::MxDequant(_)
+                )
+            })
             .count() as u64,
         copied: tensors
             .iter()
@@ -172,32 +193,23 @@ fn quant_pair(i: usize, t: &TensorInfo, group: u64) -> Result<Vec<OutTensor>, Mo
     ])
 }
 
-/// Dequantize: each int4 pair whose qweight is in shard `si` becomes one tensor of
-/// `target`; every entry of the shard that is not half of a pair is copied.
+/// Dequantize: each int4 or MX pair whose first half is in shard `si` becomes one
+/// tensor of `target`; every entry of the shard that is not half of a pair is copied.
 fn plan_dequantize(model: &Model, si: usize, target: Dtype) -> Vec<OutTensor> {
     let here = |i: usize| model.entry(i).is_some_and(|e| e.shard == si);
     let mut out = Vec::new();
     let mut paired = vec![false; model.entries.len()];
     for l in &model.logical {
-        if let Storage::Int4 {
-            qweight,
-            scales,
-            group,
-        } = l.storage
-        {
-            for k in [qweight, scales] {
-                if let Some(p) = paired.get_mut(k) {
-                    *p = true;
-                }
+        let Some(halves) = l.storage.pair() else {
+            continue;
+        };
+        for k in halves {
+            if let Some(p) = paired.get_mut(k) {
+                *p = true;
             }
-            if here(qweight) {
-                out.push(OutTensor {
-                    name: l.name.clone(),
-                    dtype: target,
-                    shape: l.shape.clone(),
-                    plan: Plan::Dequant(qweight, scales, group),
-                });
-            }
+        }
+        if here(l.storage.first_entry()) {
+            out.extend(dequant_tensor(l, target));
         }
     }
     for (i, e) in model.entries.iter().enumerate() {
@@ -211,4 +223,38 @@ fn plan_dequantize(model: &Model, si: usize, target: Dtype) -> Vec<OutTensor> {
         }
     }
     out
+}
+
+/// The output tensor of dequantizing the pair `l` to `target`.
+fn dequant_tensor(l: &Logical, target: Dtype) -> Option<OutTensor> {
+    let (shape, plan) = match l.storage {
+        Storage::Plain(_) => return None,
+        Storage::Int4 {
+            qweight,
+            scales,
+            group,
+        } => (l.shape.clone(), Plan::Dequant(qweight, scales, group)),
+        Storage::Mx { elems, scales, fmt } => {
+            let t = transposed(fmt, l.shape.len());
+            let mut shape = l.shape.clone();
+            if t {
+                let r = shape.len();
+                shape.swap(r - 2, r - 1);
+            }
+            let m = MxDequant {
+                elems,
+                scales,
+                fmt,
+                shape: l.shape.clone(),
+                transposed: t,
+            };
+            (shape, Plan::MxDequant(m))
+        }
+    };
+    Some(OutTensor {
+        name: l.name.clone(),
+        dtype: target,
+        shape,
+        plan,
+    })
 }

@@ -298,7 +298,7 @@ fn read_scales(
 
 /// The error for a value of output tensor `tensor` (chunk starting at element `at`)
 /// that `target` cannot hold.
-fn encode_error(tensor: &str, target: Dtype, at: u64, e: &EncodeError) -> ModelError {
+pub(super) fn encode_error(tensor: &str, target: Dtype, at: u64, e: &EncodeError) -> ModelError {
     let index = at + e.index as u64;
     let tensor = tensor.to_string();
     let source = match e.failure {

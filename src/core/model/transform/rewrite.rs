@@ -10,6 +10,7 @@ use std::ffi::OsString;
 
 use serde_json::Value;
 
+use super::super::mx_pairs::QUANTIZATION_CONFIG;
 use super::super::outdir::OutDir;
 use super::super::{torch_name, Model, ModelError, CONFIG_NAME, INDEX_NAME, SINGLE_NAME};
 use super::{Op, Report, ShardResult};
@@ -87,6 +88,13 @@ pub(super) fn write_config(model: &Model, out: &OutDir, op: &Op<'_>) -> Result<(
                         c.insert("dtype".to_string(), Value::from(name));
                     }
                 }
+                out.write_file(CONFIG_NAME, &pretty(&Value::Object(c))?)?;
+            }
+            // A dequantized model is no longer quantized: transformers must load it as
+            // the plain model.
+            Op::Dequantize { .. } if config.contains_key(QUANTIZATION_CONFIG) => {
+                let mut c = config.clone();
+                c.remove(QUANTIZATION_CONFIG);
                 out.write_file(CONFIG_NAME, &pretty(&Value::Object(c))?)?;
             }
             _ => out.copy_file(CONFIG_NAME, &config_path)?,

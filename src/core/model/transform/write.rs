@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use super::super::{Model, ModelError};
+use super::mx::dequantize_mx;
 use super::out::{write_err, Out, QuantOuts, Target};
 use super::plan::{plan_shard, planned_result, OutTensor, Plan};
 use super::quant::{dequantize_pair, quantize_entry};
@@ -211,7 +212,7 @@ fn write_tensors(
         match t.plan {
             Plan::Scales(q) => halves.entry(q.entry).or_default().0 = Some(i),
             Plan::Qweight(q) => halves.entry(q.entry).or_default().1 = Some(i),
-            Plan::Copy(_) | Plan::Dequant(..) => {}
+            Plan::Copy(_) | Plan::Dequant(..) | Plan::MxDequant(_) => {}
         }
     }
     let mut written = vec![false; tensors.len()];
@@ -219,13 +220,14 @@ fn write_tensors(
         let (Some(t), Some(false)) = (tensors.get(i), written.get(i).copied()) else {
             continue;
         };
-        match t.plan {
-            Plan::Copy(e) => copy_entry(model, files, e, place(i)?, tick)?,
+        match &t.plan {
+            &Plan::Copy(e) => copy_entry(model, files, e, place(i)?, tick)?,
+            Plan::MxDequant(m) => dequantize_mx(files, t, m, t.dtype, place(i)?, tick)?,
             // The planned dtype of a dequantized tensor is the target.
-            Plan::Dequant(q, s, group) => {
+            &Plan::Dequant(q, s, group) => {
                 dequantize_pair(files, t, (q, s, group), t.dtype, place(i)?, tick)?
             }
-            Plan::Scales(q) | Plan::Qweight(q) => {
+            &Plan::Scales(q) | &Plan::Qweight(q) => {
                 let (s, w) = halves.get(&q.entry).copied().unwrap_or_default();
                 let outs = QuantOuts {
                     scales: s.map(place).transpose()?,

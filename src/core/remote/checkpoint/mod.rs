@@ -34,7 +34,7 @@ pub mod read;
 pub mod save;
 pub mod sharded;
 
-pub use choose::{load, load_unless_sharded, pick};
+pub use choose::{load, load_unless_sharded, pick, Wanted};
 pub use gc::gc;
 pub use read::{download_step, inspect_step, survey};
 pub use save::save;
@@ -144,6 +144,10 @@ pub struct RemoteListing {
     pub steps: BTreeMap<u64, StepObjects>,
     /// The `LATEST` object.
     pub latest: Option<ObjectInfo>,
+    /// Keys below the prefix (relative to it) that no object-store path names, such
+    /// as `notes//x` or `./x`: not the protocol's, so never read or deleted; `verify`
+    /// names them.
+    pub foreign: Vec<String>,
 }
 
 impl RemoteListing {
@@ -207,18 +211,22 @@ pub fn list_under(remote: &Remote, rel: &str) -> Result<RemoteListing, S3Error> 
         remote.key(rel)
     };
     let mut listing = RemoteListing::default();
-    for info in remote.store.list(&prefix)? {
-        let rel = if base.is_empty() {
-            Some(info.key.as_str())
+    let below = |key: &str| -> Option<String> {
+        if base.is_empty() {
+            Some(key.to_string())
         } else {
-            info.key
-                .strip_prefix(base)
+            key.strip_prefix(base)
                 .and_then(|r| r.strip_prefix('/'))
-        };
-        if let Some(rel) = rel.map(str::to_string) {
+                .map(str::to_string)
+        }
+    };
+    let listed = remote.store.list_all(&prefix)?;
+    for info in listed.objects {
+        if let Some(rel) = below(&info.key) {
             place(&mut listing, &rel, info);
         }
     }
+    listing.foreign = listed.foreign.iter().filter_map(|k| below(k)).collect();
     Ok(listing)
 }
 

@@ -451,6 +451,7 @@ pub fn survey(root: &S3Url) -> Result<Survey, CheckpointError> {
         pick,
         tmps,
         latest_tmp: false,
+        foreign: listing.foreign.iter().map(|rel| remote.url(rel)).collect(),
     })
 }
 

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::choose::{choose, Refusal};
+use super::choose::{choose, Refusal, Wanted};
 use super::save::{after_commit, commit, put, refusals, remove_attempt};
 use super::{
     is_attempt_name, list, list_under, manifest_rel, new_attempt, object_rel, Remote,
@@ -151,7 +151,7 @@ impl RemoteSave {
             })
             .collect();
         let small = [
-            (SHARDS_NAME, Some(table.to_json())),
+            (SHARDS_NAME, Some(table.to_json_checked()?)),
             (STATE_NAME, Some(state_json)),
             (CONFIG_NAME, config),
         ];
@@ -237,6 +237,9 @@ pub fn write_rank_file(
         )));
     }
     crate::checkpoint::sharded::write::check_file_name(name)?;
+    // A test holds a rank here (`sleep`), before anything of its file is sent, to kill
+    // its host in the middle of a save; `return` is a crash at that instant.
+    fail::fail_point!("s3/rank-file", |_| std::process::abort());
     let store = crate::s3::connect(&url).map_err(remote_err)?;
     let key = url.child_key(name);
     let object = format!("{url}/{name}");
@@ -421,11 +424,21 @@ pub(crate) fn open_one(
 }
 
 /// Open the step the remote `load` would pick under the prefix `url` (the newest
-/// committed step that passes the light check; with `step`, that one or the newest
-/// older one), sharded or not.
+/// committed step that passes the light check; with `step`, exactly that one or an
+/// error naming why), sharded or not.
 pub fn open_step(url: &S3Url, step: Option<u64>) -> Result<ShardedStep, ShardedError> {
+    open_wanted(url, step.into())
+}
+
+/// Open the step a `step=None` choice picks among those older than `below` (the next
+/// candidate once step `below` was found damaged on another rank).
+pub fn open_step_below(url: &S3Url, below: u64) -> Result<ShardedStep, ShardedError> {
+    open_wanted(url, Wanted::Below(below))
+}
+
+fn open_wanted(url: &S3Url, wanted: Wanted) -> Result<ShardedStep, ShardedError> {
     let remote = Remote::connect(url).map_err(remote_err)?;
-    let (mut opened, picked) = choose(&remote, step, &mut |n, listing| {
+    let (mut opened, picked) = choose(&remote, wanted, &mut |n, listing| {
         open_one(&remote, n, listing).map_err(Refusal::Broken)
     })?;
     opened.skipped = picked.skipped;
