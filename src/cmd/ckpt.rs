@@ -55,7 +55,7 @@ pub enum CkptCommand {
     /// Verify every step directory of DIR (or one step directory) against its manifest.
     #[command(after_help = VERIFY_EXAMPLES)]
     Verify {
-        /// A checkpoint directory, or one step directory in it.
+        /// A checkpoint directory, or one step directory in it (or an s3:// prefix).
         #[arg(value_name = "DIR")]
         path: PathBuf,
     },
@@ -64,7 +64,7 @@ pub enum CkptCommand {
     /// fails); exit 1 when none.
     #[command(after_help = LATEST_EXAMPLES)]
     Latest {
-        /// A checkpoint directory.
+        /// A checkpoint directory (or an s3://bucket/prefix URL).
         #[arg(value_name = "DIR")]
         dir: PathBuf,
     },
@@ -73,7 +73,7 @@ pub enum CkptCommand {
     /// consolidating sharded tensors by streaming, atomically; config.json copied.
     #[command(after_help = EXPORT_EXAMPLES)]
     Export {
-        /// A step directory (sharded or not).
+        /// A step directory (sharded or not; or an s3://.../step-N URL).
         #[arg(value_name = "STEP_DIR")]
         step_dir: PathBuf,
         /// The new model directory.
@@ -102,7 +102,7 @@ pub enum CkptCommand {
     /// Remove stale temporaries, steps newer than LATEST and steps beyond the newest K.
     #[command(after_help = GC_EXAMPLES)]
     Gc {
-        /// A checkpoint directory.
+        /// A checkpoint directory (or an s3://bucket/prefix URL).
         #[arg(value_name = "DIR")]
         dir: PathBuf,
         /// How many valid steps to keep (at least 1).
@@ -140,7 +140,7 @@ Examples:
 const EXPORT_EXAMPLES: &str = "\
 Examples:
   tlio ckpt export run/ckpt/step-000500 -o gpt2-final
-  tlio ckpt export \"$(tlio ckpt latest run/ckpt)\" -o gpt2-final --max-shard-size 2GB";
+  tlio ckpt export \"$(tlio ckpt latest run/ckpt)\" -o gpt2-shards --max-shard-size 2GB";
 
 const IMPORT_EXAMPLES: &str = "\
 Examples:
@@ -155,7 +155,7 @@ Examples:
 /// Arguments of `ckpt save`.
 #[derive(Debug, Args)]
 pub struct SaveArgs {
-    /// The checkpoint directory (created if missing).
+    /// The checkpoint directory (created if missing), or an s3://bucket/prefix URL.
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
     /// The optimizer step; the directory becomes step-NNNNNN.
@@ -246,20 +246,34 @@ fn export(
             output: output.display().to_string(),
             files: &report.files,
             tensors: report.tensors,
-            tied: report.tied,
+            tied: report.tied.len(),
             data_bytes: report.data_bytes,
         })?;
     } else {
         // A command that writes files prints no result of its own: what it wrote is
         // chatter on stderr, which -q silences (docs/cli.md).
         printer.info(format!(
-            "exported {} tensors ({} bytes, {} tied names not stored twice) to {}: {}",
+            "exported {} tensors ({} bytes) to {}: {}",
             report.tensors,
             report.data_bytes,
-            report.tied,
             output.display(),
             report.files.join(", ")
         ));
+        if let Some((name, stored)) = report.tied.first() {
+            // transformers re-ties these itself; a plain strict load_state_dict of
+            // the files would miss them.
+            let pairs: Vec<String> = report
+                .tied
+                .iter()
+                .map(|(name, stored)| format!("{name} = {stored}"))
+                .collect();
+            printer.info(format!(
+                "tied, stored once: {}; after load_file, add each before a strict \
+                 load_state_dict (state[\"{name}\"] = state[\"{stored}\"]), or let \
+                 transformers' from_pretrained tie them",
+                pairs.join(", ")
+            ));
+        }
     }
     Ok(Outcome::Success)
 }

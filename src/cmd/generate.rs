@@ -118,13 +118,14 @@ pub fn man_pages() -> anyhow::Result<Vec<(String, Vec<u8>)>> {
     let mut command = Cli::command().disable_help_subcommand(true);
     command.build();
     let mut pages = Vec::new();
-    collect(&command, "tlio", &mut pages)?;
+    collect(&command, "tlio", "tlio", &mut pages)?;
     Ok(pages)
 }
 
 fn collect(
     cmd: &clap::Command,
     name: &str,
+    words: &str,
     pages: &mut Vec<(String, Vec<u8>)>,
 ) -> anyhow::Result<()> {
     let page_cmd = cmd.clone().name(name.to_string());
@@ -134,7 +135,9 @@ fn collect(
     // `after_help`) becomes EXAMPLES instead.
     man.render_title(&mut bytes)?;
     man.render_name_section(&mut bytes)?;
-    man.render_synopsis_section(&mut bytes)?;
+    // Our own SYNOPSIS: clap_mangen's drops each option's value placeholder
+    // (`[--vocab-size]` for `--vocab-size <V>`).
+    bytes.extend_from_slice(synopsis(&page_cmd, words).as_bytes());
     man.render_description_section(&mut bytes)?;
     if page_cmd.get_arguments().any(|a| !a.is_hide_set()) {
         man.render_options_section(&mut bytes)?;
@@ -150,9 +153,63 @@ fn collect(
     man.render_version_section(&mut bytes)?;
     pages.push((format!("{name}.1"), bytes));
     for sub in subs {
-        collect(sub, &format!("{name}-{}", sub.get_name()), pages)?;
+        let sub_words = format!("{words} {}", sub.get_name());
+        collect(
+            sub,
+            &format!("{name}-{}", sub.get_name()),
+            &sub_words,
+            pages,
+        )?;
     }
     Ok(())
+}
+
+/// The SYNOPSIS section: the command's words, then every visible option with its value
+/// placeholder (`[\fB--vocab-size\fR \fI<V>\fR]`), then the positionals and the
+/// subcommand; optional ones in brackets.
+fn synopsis(cmd: &clap::Command, command_words: &str) -> String {
+    let mut words = vec![format!("\\fB{}\\fR", roff(command_words))];
+    let value = |arg: &clap::Arg| -> String {
+        let names: Vec<String> = arg
+            .get_value_names()
+            .map(|v| v.iter().map(|n| format!("\\fI<{}>\\fR", roff(n))).collect())
+            .unwrap_or_else(|| vec![format!("\\fI<{}>\\fR", roff(arg.get_id().as_str()))]);
+        names.join(" ")
+    };
+    let visible = cmd.get_arguments().filter(|a| !a.is_hide_set());
+    let (positionals, options): (Vec<&clap::Arg>, Vec<&clap::Arg>) =
+        visible.partition(|a| a.is_positional());
+    for arg in options {
+        let mut flags = Vec::new();
+        if let Some(short) = arg.get_short() {
+            flags.push(format!("\\fB\\-{short}\\fR"));
+        }
+        if let Some(long) = arg.get_long() {
+            flags.push(format!("\\fB\\-\\-{}\\fR", roff(long)));
+        }
+        let mut word = flags.join("|");
+        if arg.get_action().takes_values() {
+            word = format!("{word} {}", value(arg));
+        }
+        words.push(if arg.is_required_set() {
+            word
+        } else {
+            format!("[{word}]")
+        });
+    }
+    for arg in positionals {
+        let many = arg.get_num_args().is_some_and(|n| n.max_values() > 1);
+        let word = format!("{}{}", value(arg), if many { "..." } else { "" });
+        words.push(if arg.is_required_set() {
+            word
+        } else {
+            format!("[{word}]")
+        });
+    }
+    if cmd.has_subcommands() {
+        words.push("\\fI<COMMAND>\\fR".to_string());
+    }
+    format!(".SH SYNOPSIS\n{}\n", words.join(" "))
 }
 
 /// Escape text for roff: backslashes and hyphens (so `-o` is not a typographic dash),
@@ -165,6 +222,26 @@ fn roff(text: &str) -> String {
         text
     }
 }
+
+/// The variables of object storage, the cache and the helpers tlio runs, in every page's
+/// ENVIRONMENT (after FAILPOINTS and the colour ones); `tests/cli/generate.rs` checks
+/// that every variable the source reads is named.
+const ENVIRONMENT_S3: &str = concat!(
+    ".TP\nAWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY\nThe credentials of \\fBs3://\\fR URLs \
+     (both required for object storage).\n",
+    ".TP\nAWS_SESSION_TOKEN\nA temporary credential's session token, sent when set.\n",
+    ".TP\nAWS_REGION, AWS_DEFAULT_REGION\nThe region (the first that is set; else us\\-east\\-1).\n",
+    ".TP\nAWS_ENDPOINT_URL\nAn S3\\-compatible server, \\fBscheme://host[:port]\\fR \
+     (else AWS's own endpoint for the region).\n",
+    ".TP\nTLIO_CACHE_DIR\nThe cache of objects a token stream reads (their copies go in its \
+     \\fBs3/\\fR folder); else \\fB$XDG_CACHE_HOME/tlio\\fR, else \\fB$HOME/.cache/tlio\\fR.\n",
+    ".TP\nXDG_CACHE_HOME, HOME\nWhere the cache goes when TLIO_CACHE_DIR is not set.\n",
+    ".TP\nTLIO_PYTHON\nThe Python interpreter \\fBckpt import\\fR runs (else python3); it \
+     needs the tlio package and torch.\n",
+    ".TP\nSLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_MIN, SLURM_ARRAY_TASK_COUNT, SLURM_ARRAY_TASK_STEP\n\
+     Read by \\fBtokens pack \\-\\-part slurm\\fR: K is the task id less the minimum, N the count \
+     (a step other than 1 is refused).\n",
+);
 
 /// EXAMPLES (from the command's `after_help`), EXIT STATUS, ENVIRONMENT and SEE ALSO.
 fn extra_sections(cmd: &clap::Command, name: &str, subs: &[&clap::Command]) -> String {
@@ -200,6 +277,7 @@ fn extra_sections(cmd: &clap::Command, name: &str, subs: &[&clap::Command]) -> S
         ".TP\nNO_COLOR\nWhen set and not empty, \\fB\\-\\-color auto\\fR uses no colour.\n",
         ".TP\nCLICOLOR_FORCE\nWhen set and not 0, \\fB\\-\\-color auto\\fR colours even when not on a terminal.\n",
     ));
+    out.push_str(ENVIRONMENT_S3);
     // SEE ALSO: the parent page, the sub-pages, and the top page.
     let mut see: Vec<String> = Vec::new();
     if let Some((parent, _)) = name.rsplit_once('-') {

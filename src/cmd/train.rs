@@ -48,7 +48,7 @@ const BIGRAM_EXAMPLES: &str = "\
 Examples:
   tlio train bigram corpus.bin -o run --max-steps 200 --ckpt-every 50
   tlio train bigram corpus.bin -o run --max-steps 400 --ckpt-every 50 --resume
-  tlio train bigram train_*.bin -o run --optimizer sgd --lr 0.1 --keep 2
+  tlio train bigram train_*.bin -o run-sgd --optimizer sgd --lr 0.1 --keep 2
   tlio train bigram corpus.bin -o counts --method counts";
 
 /// The optimizer.

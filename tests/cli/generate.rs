@@ -75,3 +75,94 @@ fn json_generate_man_prints_a_summary() {
         "{doc}"
     );
 }
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn man_pages_name_every_environment_variable_tlio_reads() {
+    // The variables the source names: tlio's own (TLIO_*), object storage's (AWS_*),
+    // Slurm's and the cache's, the failpoints and the colour ones.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let literal = regex::Regex::new(
+        r#""((?:TLIO|AWS|SLURM|XDG)_[A-Z0-9_]+|FAILPOINTS|NO_COLOR|CLICOLOR_FORCE|HOME)""#,
+    )
+    .unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        // Only the code, not its unit tests (which set variables of their own).
+        let code = text.split("#[cfg(test)]").next().unwrap_or(&text);
+        for caps in literal.captures_iter(code) {
+            names.insert(caps[1].to_string());
+        }
+    }
+    for expected in [
+        "AWS_ACCESS_KEY_ID",
+        "TLIO_CACHE_DIR",
+        "TLIO_PYTHON",
+        "FAILPOINTS",
+    ] {
+        assert!(
+            names.contains(expected),
+            "{expected} not found in src: {names:?}"
+        );
+    }
+    let dir = tmp();
+    assert!(tlio()
+        .args(["generate", "man", "-o"])
+        .arg(dir.path())
+        .output()
+        .unwrap()
+        .status
+        .success());
+    for page in ["tlio.1", "tlio-tokens-windows.1", "tlio-ckpt-import.1"] {
+        let text = std::fs::read_to_string(dir.path().join(page)).unwrap();
+        let environment = text
+            .split_once(".SH ENVIRONMENT\n")
+            .map(|(_, rest)| rest.split("\n.SH ").next().unwrap_or(rest))
+            .unwrap_or_else(|| panic!("{page} has no ENVIRONMENT section"));
+        let plain = environment.replace("\\-", "-").replace("\\_", "_");
+        for name in &names {
+            assert!(
+                plain.contains(name.as_str()),
+                "{page}'s ENVIRONMENT lacks {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn man_synopsis_shows_each_option_with_its_value() {
+    let dir = tmp();
+    assert!(tlio()
+        .args(["generate", "man", "-o"])
+        .arg(dir.path())
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let page = std::fs::read_to_string(dir.path().join("tlio-tokens-header.1")).unwrap();
+    let synopsis = page
+        .split_once(".SH SYNOPSIS\n")
+        .and_then(|(_, rest)| rest.lines().next())
+        .expect("a SYNOPSIS line");
+    assert!(
+        synopsis.starts_with("\\fBtlio tokens header\\fR ")
+            && synopsis.contains("[\\fB\\-\\-vocab\\-size\\fR \\fI<V>\\fR]")
+            && synopsis.contains("[\\fB\\-\\-color\\fR \\fI<WHEN>\\fR]")
+            && synopsis.ends_with("\\fI<SHARD>\\fR..."),
+        "{synopsis}"
+    );
+}

@@ -439,3 +439,86 @@ fn json_is_one_compact_document_per_line_everywhere() {
         }
     }
 }
+
+#[test]
+fn cli_md_grammar_names_every_flag_of_every_command() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = fs::read_to_string(root.join("docs/cli.md")).unwrap();
+    let grammar = page
+        .split_once("Every command, in this grammar")
+        .and_then(|(_, rest)| rest.split_once("```text\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(block, _)| block)
+        .expect("docs/cli.md holds the grammar block");
+    // A long flag at the start of an option's line in --help (after `-o, `).
+    let option = regex::Regex::new(r"^\s+(?:(-[a-zA-Z]), )?(--[a-z][a-z0-9-]*)").unwrap();
+    for path in super::leaf_commands() {
+        let prefix = format!("tlio {}", path.join(" "));
+        let lines: Vec<&str> = grammar
+            .lines()
+            .filter(|l| l == &prefix || l.starts_with(&format!("{prefix} ")))
+            .collect();
+        assert!(
+            !lines.is_empty(),
+            "docs/cli.md's grammar has no line for `{prefix}`"
+        );
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let help = stdout(&args);
+        let options = help
+            .split_once("\nOptions:\n")
+            .map(|(_, rest)| rest.split("\nGlobal options:").next().unwrap_or(rest))
+            .unwrap_or("");
+        // The flag as a whole word: `--val-tokens` is not `--val`.
+        let has = |flag: &str| {
+            lines.iter().any(|l| {
+                l.match_indices(flag).any(|(at, _)| {
+                    !l.get(at + flag.len()..).is_some_and(|rest| {
+                        rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-')
+                    })
+                })
+            })
+        };
+        for line in options.lines() {
+            let Some(caps) = option.captures(line) else {
+                continue;
+            };
+            let long = caps.get(2).map_or("", |m| m.as_str());
+            if long == "--help" || long == "--version" {
+                continue;
+            }
+            let short = caps.get(1).map(|m| m.as_str());
+            assert!(
+                has(long) || short.is_some_and(has),
+                "docs/cli.md's grammar for `{prefix}` lacks {long}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_command_that_takes_s3_urls_says_so_in_its_help() {
+    // The commands whose inputs (or, for `tokens pack`, output) may be s3:// URLs
+    // (docs/object-storage.md).
+    for path in [
+        "st inspect",
+        "st verify",
+        "ckpt save",
+        "ckpt verify",
+        "ckpt latest",
+        "ckpt gc",
+        "ckpt export",
+        "tokens header",
+        "tokens pack",
+        "tokens merge",
+        "tokens windows",
+    ] {
+        let mut args: Vec<&str> = path.split(' ').collect();
+        args.push("--help");
+        let help = stdout(&args);
+        assert!(
+            help.contains("s3://"),
+            "tlio {path} --help does not say it takes s3://"
+        );
+    }
+}

@@ -28,6 +28,7 @@ mod errors;
 mod generate;
 mod grammar;
 mod hardening;
+mod help_examples;
 mod inputs;
 mod mixture;
 mod models;

@@ -1,6 +1,7 @@
-//! The README's quick start and the tour run as written: every ```` ```console ````
-//! block of README.md and docs/tour.md is executed, command by command, and what each
-//! command prints must equal what the page shows under it.
+//! The docs run as written: every ```` ```console ```` block of README.md and of each
+//! docs/*.md page is executed, command by command, and what each command prints must
+//! equal what the page shows under it; every other shell block carries the reason it
+//! cannot run here (`every_shell_block_of_the_docs_runs_or_says_why`).
 //!
 //! How to write a block this test checks (for anyone adding a README section):
 //! - Fence it with ```` ```console ````. A line starting `$ ` is a command, run by
@@ -15,9 +16,14 @@
 //!   where `assets/` and `fixtures/` are the checkout's own); a `cd` inside a section
 //!   carries over to the section's later commands. Sections that write files begin
 //!   with `mkdir -p tour/<name> && cd tour/<name>` (`tour/` is git-ignored).
-//! - A block that must not run here (it needs torch, a server, a GPU, a download) is
-//!   preceded by the line `<!-- readme-test: skip: REASON -->`, or fenced as another
-//!   language than `console` (the Python tests run the README's `sh` blocks).
+//! - A block that must not run here (it needs torch, a server, a GPU, a download, a
+//!   cluster) is preceded by the line `<!-- readme-test: skip: REASON -->`, REASON
+//!   saying why in a few words (the Python tests run the README's `sh` blocks and the
+//!   object-storage quick start; their markers say so). Every fence names its
+//!   language: a shell block (`sh`, `bash`, ...) without the marker is an error, and so
+//!   is a block of another language (`text` for a layout or a grammar) holding a line
+//!   that reads as a command (`tlio ...`, `python ...`, `VAR=x tlio ...`), or a command
+//!   indented four spaces. Python and JSON blocks are not shell.
 //! - After a deliberate change, `TLIO_README_UPDATE=1 cargo test --release --test cli
 //!   readme` writes each command's actual output (and `[exit N]`) into README.md in
 //!   place of the old one; review the diff before committing.
@@ -169,14 +175,28 @@ fn link_or_copy(from: &Path, to: &Path) {
     );
 }
 
-/// The pages whose `console` blocks run: the README's quick start and the tour.
+/// The pages that must hold a tour of at least five commands.
 const TOUR_PAGES: [&str; 2] = ["README.md", "docs/tour.md"];
 
+/// Every page whose blocks are held to these rules: the README and each `docs/*.md`,
+/// relative to the checkout, in name order.
+fn doc_pages(root: &Path) -> Vec<String> {
+    let mut pages: Vec<String> = fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    pages.sort();
+    pages.insert(0, "README.md".to_string());
+    pages
+}
+
 #[test]
-fn readme_and_tour_run_as_written() {
+fn every_console_block_of_the_docs_runs_as_written() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for page in TOUR_PAGES {
-        run_page(root, page);
+    for page in doc_pages(root) {
+        run_page(root, &page);
     }
 }
 
@@ -184,8 +204,11 @@ fn readme_and_tour_run_as_written() {
 fn run_page(root: &Path, page: &str) {
     let readme = fs::read_to_string(root.join(page)).unwrap();
     let steps = steps(&readme);
+    if steps.is_empty() && !TOUR_PAGES.contains(&page) {
+        return;
+    }
     assert!(
-        steps.len() >= 5,
+        steps.len() >= 5 || !TOUR_PAGES.contains(&page),
         "{page}: found only {} commands",
         steps.len()
     );
@@ -255,6 +278,186 @@ fn run_page(root: &Path, page: &str) {
     );
 }
 
+/// A fenced block of a page: where it starts, its language, the reason of the skip
+/// marker before it (if any) and its lines.
+#[derive(Debug)]
+struct Block {
+    line: usize,
+    lang: String,
+    skip: Option<String>,
+    lines: Vec<String>,
+}
+
+/// The languages of shell blocks: a block in one of them runs (`console`) or carries
+/// the skip marker with its reason.
+const SHELL_LANGS: [&str; 5] = ["console", "sh", "bash", "shell", "zsh"];
+
+/// The first words of a line that is a command to type (in a block of any other
+/// language than Python or JSON, or in an indented block).
+const COMMAND_WORDS: [&str; 10] = [
+    "$ ",
+    "tlio ",
+    "python ",
+    "torchrun ",
+    "pip ",
+    "kill ",
+    "cd ",
+    "mkdir ",
+    "export ",
+    "sbatch ",
+];
+
+/// Whether `line` reads as a command: one of [`COMMAND_WORDS`], maybe after `VAR=value`
+/// assignments.
+fn is_command(line: &str) -> bool {
+    let mut rest = line.trim_start();
+    // `FAILPOINTS='...' tlio ...`, `PARTS=64 OUT=... examples/pack_slurm.sh ...`
+    while let Some((word, tail)) = rest.split_once(' ') {
+        let assignment = word.split_once('=').is_some_and(|(name, _)| {
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+        });
+        if !assignment {
+            break;
+        }
+        if tail
+            .trim_start()
+            .starts_with(|c: char| c.is_ascii_lowercase() || c == '.')
+        {
+            return true;
+        }
+        rest = tail.trim_start();
+    }
+    COMMAND_WORDS.iter().any(|w| rest.starts_with(w))
+}
+
+/// The reason of a skip marker line (`<!-- readme-test: skip: REASON -->`), `Some("")`
+/// for a marker without one.
+fn skip_reason(line: &str) -> Option<String> {
+    let rest = line.trim().strip_prefix("<!-- readme-test: skip")?;
+    let rest = rest.strip_suffix("-->").unwrap_or(rest).trim();
+    Some(rest.strip_prefix(':').unwrap_or(rest).trim().to_string())
+}
+
+/// Every fenced block of `text` (fences may be indented, inside a list item).
+fn blocks(text: &str) -> Vec<Block> {
+    let mut out = Vec::new();
+    let mut skip: Option<String> = None;
+    let mut current: Option<Block> = None;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if let Some(block) = current.as_mut() {
+            if trimmed.starts_with("```") {
+                out.extend(current.take());
+            } else {
+                block.lines.push(line.to_string());
+            }
+            continue;
+        }
+        if let Some(lang) = trimmed.strip_prefix("```") {
+            current = Some(Block {
+                line: i + 1,
+                lang: lang.trim().to_string(),
+                skip: skip.take(),
+                lines: Vec::new(),
+            });
+        } else if let Some(reason) = skip_reason(line) {
+            skip = Some(reason);
+        } else if !line.trim().is_empty() {
+            skip = None;
+        }
+    }
+    out
+}
+
+/// What is wrong with the blocks of `text` (page `page`): one line per block that
+/// neither runs nor says why, and per indented command block.
+fn block_problems(page: &str, text: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for b in blocks(text) {
+        let at = format!("{page}:{}", b.line);
+        match &b.skip {
+            Some(reason) if reason.split_whitespace().count() < 3 => problems.push(format!(
+                "{at}: the skip marker gives no reason (`<!-- readme-test: skip: REASON -->`)"
+            )),
+            Some(_) => {}
+            None if b.lang.is_empty() => problems.push(format!(
+                "{at}: a fence names its language (`console` runs; `text` for a layout or a grammar)"
+            )),
+            None if b.lang == "console" => {}
+            None if SHELL_LANGS.contains(&b.lang.as_str()) => problems.push(format!(
+                "{at}: a `{}` block neither runs (`console`) nor carries the skip marker with its reason",
+                b.lang
+            )),
+            None if ["python", "json", "jsonl"].contains(&b.lang.as_str()) => {}
+            None => {
+                if let Some(cmd) = b.lines.iter().find(|l| is_command(l)) {
+                    problems.push(format!(
+                        "{at}: a `{}` block holds the command `{}`: run it (`console`) or mark it with the reason",
+                        b.lang,
+                        cmd.trim()
+                    ));
+                }
+            }
+        }
+    }
+    // Indented code blocks (four spaces after a blank line, outside any fence).
+    let mut in_fence = false;
+    let mut previous_blank = true;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+        } else if !in_fence && previous_blank && line.starts_with("    ") && is_command(line) {
+            problems.push(format!(
+                "{page}:{}: an indented command (`{}`): fence it as `console`, or mark it with the reason",
+                i + 1,
+                line.trim()
+            ));
+        }
+        previous_blank = line.trim().is_empty();
+    }
+    problems
+}
+
+#[test]
+fn every_shell_block_of_the_docs_runs_or_says_why() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut problems = Vec::new();
+    let mut ran = 0;
+    for page in doc_pages(root) {
+        let text = fs::read_to_string(root.join(&page)).unwrap();
+        ran += steps(&text).len();
+        problems.extend(block_problems(&page, &text));
+    }
+    assert!(ran >= 40, "only {ran} commands of the docs run");
+    assert!(
+        problems.is_empty(),
+        "{} blocks neither run nor say why (tests/cli/readme.rs says how to write one):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_block_rules_catch_each_kind_of_unrun_block() {
+    let page = "<!-- readme-test: skip: needs a GPU here -->\n```sh\nnvidia-smi\n```\n\
+                ```console\n$ tlio demo\n```\n\
+                ```python\nimport tlio\n```\n\
+                ```text\nstep-000001/\n```\n\
+                ```\nbare\n```\n\
+                ```sh\ntlio st inspect m.safetensors\n```\n\
+                <!-- readme-test: skip -->\n```sh\ntlio x\n```\n\
+                ```text\nFAILPOINTS='a' tlio train bigram d.bin\n```\n\
+                \n    tlio tokens header x.bin\n";
+    let problems = block_problems("p.md", page);
+    let lines: Vec<&str> = problems
+        .iter()
+        .map(|p| p.split(':').nth(1).unwrap())
+        .collect();
+    assert_eq!(lines, ["14", "17", "21", "24", "28"], "{problems:#?}");
+    assert!(is_command("PARTS=64 OUT=/x examples/pack_slurm.sh submit"));
+    assert!(!is_command("model.safetensors       the model's tensors"));
+}
+
 #[test]
 fn the_parser_reads_commands_outputs_exit_codes_and_skips() {
     let text = "### a\n```console\n$ tlio x\nout 1\nout 2\n[exit 1]\n$ tlio y\n```\n\
@@ -310,8 +513,10 @@ fn ci_runs_exactly_the_readme_test_command() {
 fn install_block(readme: &str) -> Vec<String> {
     readme
         .split("```")
+        // The fence's language (`sh`) is the block's first line.
+        .filter_map(|block| block.strip_prefix("sh\n"))
         .find(|block| block.trim_start().starts_with("mkdir -p ~/.local"))
-        .expect("the README's install block starts with `mkdir -p ~/.local`")
+        .expect("the README's install block (```sh) starts with `mkdir -p ~/.local`")
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())

@@ -246,6 +246,12 @@ fn ckpt_export_says_what_it_wrote_on_stderr_and_quiet_silences_it() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("exported 2 tensors"), "{err}");
+    // The tied name the files lack, and how to put it back before a strict load.
+    assert!(
+        err.contains("tied, stored once: lm_head.weight = w;")
+            && err.contains(r#"state["lm_head.weight"] = state["w"]"#),
+        "{err}"
+    );
     let out = tlio()
         .args(["-q", "ckpt", "export"])
         .arg(&step)

@@ -142,25 +142,26 @@ Examples:
   tlio st diff before.safetensors after.safetensors
   tlio st diff path/to/model-dir model.safetensors
   tlio --json st diff a.safetensors b.safetensors
-  tlio -q st diff a.safetensors b.safetensors && echo identical";
+  tlio st diff a.safetensors b.safetensors > /dev/null && echo identical";
 
 const QUANTIZE_EXAMPLES: &str = "\
 Examples:
   tlio st quantize model.safetensors -o model-int4.safetensors --int4
-  tlio st quantize path/to/model-dir -o model-dir-int4 --int4 --group 64
-  tlio st quantize gpt-oss-dir -o gpt-oss-mxfp4 --mx fp4 --only 'experts\\.'
+  tlio st quantize path/to/model-dir -o model-dir-int4 --int4 --group 32
+  tlio st quantize model.safetensors -o q.safetensors --int4 --exclude 'down_proj'
   tlio st quantize model.safetensors -o model-mxfp8.safetensors --mx fp8";
 
 const DEQUANTIZE_EXAMPLES: &str = "\
 Examples:
-  tlio st dequantize model-int4.safetensors -o model.safetensors
-  tlio st dequantize model-dir-int4 -o model-dir-bf16 --dtype bf16
-  tlio st dequantize gpt-oss-20b -o gpt-oss-20b-bf16 --dtype bf16";
+  tlio st dequantize model-int4.safetensors -o model-f32.safetensors
+  tlio st dequantize model-dir-int4 -o model-dir-dequantized --dtype bf16
+  tlio st dequantize model-mxfp8.safetensors -o model-from-mx.safetensors --dtype bf16";
 
 /// Arguments of `st inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// Models: safetensors files, sharded `*.index.json` indexes or model directories.
+    /// Models: safetensors files, sharded `*.index.json` indexes or model directories
+    /// (local, or s3:// URLs).
     #[arg(required = true, value_name = "MODEL")]
     pub files: Vec<PathBuf>,
     /// Also read the data: per tensor min, max, mean and std of the finite values (NaN
@@ -172,7 +173,7 @@ pub struct InspectArgs {
 /// Arguments of `st verify`.
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// Models to check: files, indexes or model directories.
+    /// Models to check: files, indexes or model directories (local, or s3:// URLs).
     #[arg(required = true, value_name = "MODEL")]
     pub files: Vec<PathBuf>,
     /// Also require the exact bytes of the canonical writer (order, compact JSON,

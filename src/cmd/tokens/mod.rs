@@ -72,8 +72,8 @@ const PACK_EXAMPLES: &str = "\
 Examples:
   tlio tokens pack corpus.txt -o corpus.bin
   tlio tokens pack ids.txt --from ids --vocab-size 50257 -o train.bin
-  tlio tokens pack docs.jsonl.zst --tokenizer gpt2 --from jsonl --val-tokens 100000000 -o fw
-  tlio tokens pack t.parquet --from parquet --tokenizer tokenizer.json --eot none -o ll";
+  tlio tokens pack docs.jsonl.zst --tokenizer gpt2 --from jsonl --val-tokens 10000 -o fw
+  tlio tokens pack t.parquet --from parquet --tokenizer tok.json --eot none --skip-bad -o ll.bin";
 
 const MERGE_EXAMPLES: &str = "\
 Examples:
@@ -84,7 +84,7 @@ Examples:
 const DECODE_EXAMPLES: &str = "\
 Examples:
   tlio tokens decode fw_val_000000.bin --tokenizer gpt2 --count 200
-  tlio --json tokens decode ll.bin --tokenizer tokenizer.json --start 1000 --count 8";
+  tlio --json tokens decode ll.bin --tokenizer tok.json --start 1000 --count 8";
 
 const WINDOWS_EXAMPLES: &str = "\
 Examples:
@@ -96,7 +96,7 @@ Examples:
 /// Arguments of `tokens header`.
 #[derive(Debug, Args)]
 pub struct HeaderArgs {
-    /// The shard files.
+    /// The shard files (or s3://bucket/key objects, read by range requests).
     #[arg(required = true, value_name = "SHARD")]
     pub files: Vec<PathBuf>,
     /// Also check every id against the recorded vocabulary (reads the whole file).
@@ -144,7 +144,8 @@ pub struct PackArgs {
     #[arg(value_name = "FILE")]
     pub inputs: Vec<PathBuf>,
     /// The output shard; the prefix of SHARD_000000.bin, ... with --shard-tokens, or of
-    /// SHARD_val_000000.bin, SHARD_train_000001.bin, ... with --val-tokens.
+    /// SHARD_val_000000.bin, SHARD_train_000001.bin, ... with --val-tokens; an
+    /// s3://bucket/prefix uploads them, with SHARD.manifest.json created last.
     #[arg(short, long, value_name = "SHARD", alias = "out")]
     pub output: PathBuf,
     /// How to read the inputs [default: bytes, or text with --tokenizer].
@@ -224,7 +225,9 @@ pub struct DecodeArgs {
 /// Arguments of `tokens windows`.
 #[derive(Debug, Args)]
 pub struct WindowsArgs {
-    /// The shards, in stream order (or a mixture's sources with --mix).
+    /// The shards, in stream order: files, s3://bucket/key objects, an s3:// pattern
+    /// with `*` in its last segment, or a pack's OUT.manifest.json (or a mixture's
+    /// sources with --mix).
     #[arg(
         value_name = "SHARD",
         required_unless_present = "mix",

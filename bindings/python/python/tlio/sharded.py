@@ -1,7 +1,7 @@
-"""Sharded checkpoints (scale.md section 1) over tlio's Rust core: the building blocks
-``tlio.torch`` uses under torch.distributed, usable without torch.
+"""Sharded checkpoints (docs/checkpoints.md, "Sharded steps") over tlio's Rust core: the
+building blocks ``tlio.torch`` uses under torch.distributed, usable without torch.
 
-A sharded step is a checkpoint.md step directory whose manifest lists ``shards.json``,
+A sharded step is a checkpoint step directory whose manifest lists ``shards.json``,
 the chunk table (docs/checkpoints.md): each global tensor of the groups ``"model"`` and
 ``"optimizer"`` with its chunks (offsets and sizes in the global tensor, the rank file
 and key holding it, its byte range, BLAKE3 digests of its 1 MiB pieces).

@@ -162,9 +162,9 @@ class TokenStream:
     ``shards`` is a sequence of paths (a bare string is a ``ValueError``); an entry may
     be an ``s3://bucket/key`` URL, a URL with ``*`` in its last segment (the objects it
     matches, in key order) or a pack's ``.manifest.json`` (the shards it lists). Each
-    object is fetched once into a verified local cache (``TLIO_CACHE_DIR``, else
-    ``~/.cache/tlio``) and read as a local shard, so the batches are those of local
-    copies, bit for bit; errors name the URL. ``rng`` a
+    object is fetched once into a verified local cache (under ``s3/`` of
+    ``TLIO_CACHE_DIR``, else of ``$XDG_CACHE_HOME/tlio``, else of ``~/.cache/tlio``)
+    and read as a local shard, so the batches are those of local copies, bit for bit; errors name the URL. ``rng`` a
     ``tlio.pcg.PCG32`` (or ``{"state": int, "inc": int}``) whose state is copied, so the
     stream and the generator never affect each other afterwards. Each pass over a shard
     starts at a phase drawn from the generator; windows are ``seq_len`` apart, so every

@@ -47,8 +47,9 @@ pub struct ExportReport {
     pub files: Vec<String>,
     /// Tensors written.
     pub tensors: usize,
-    /// Tied names not written again.
-    pub tied: usize,
+    /// Tied names not written again, each with the stored name it stands for, in name
+    /// order (a strict `load_state_dict` of the files alone misses them).
+    pub tied: Vec<(String, String)>,
     /// Bytes of tensor data.
     pub data_bytes: u64,
 }
@@ -105,7 +106,7 @@ pub fn export(
     let mut report = ExportReport {
         files: Vec::new(),
         tensors: model.len(),
-        tied: tied.len(),
+        tied: tied.into_iter().collect(),
         data_bytes: 0,
     };
     let count = shards.len();

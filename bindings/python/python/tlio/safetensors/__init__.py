@@ -2,7 +2,7 @@
 
 Two interfaces over the same core:
 
-- the chapter's names, below (``save_safetensors``, ``read_header``,
+- tlio's own names, below (``save_safetensors``, ``read_header``,
   ``load_safetensors``, ``safe_open(path)``);
 - a drop-in for the ``safetensors`` package: ``tlio.safetensors.numpy`` and
   ``tlio.safetensors.torch`` (``save_file``, ``load_file``, ``save``, ``load``, and for
@@ -48,8 +48,8 @@ __all__ = [
 
 class SafetensorError(ValueError):
     """A malformed file, a bad index or a misuse, where the ``safetensors`` package raises
-    its own ``SafetensorError``. It is a ``ValueError``, so ``except ValueError`` (the
-    chapter's interface raises ``ValueError``) catches it too."""
+    its own ``SafetensorError``. It is a ``ValueError``, so ``except ValueError`` (tlio's
+    own interface raises ``ValueError``) catches it too."""
 
 _DTYPES = _st.dtypes()  # (name, bits, size or None, encodable, decodable), rank order
 
@@ -479,7 +479,7 @@ def safe_open(
     The index is checked against its shards as ``tlio model`` checks it; a shard that is
     missing or invalid is a ``ValueError`` naming it.
 
-    Without ``framework``: the chapter's ``SafetensorsFile`` (read-only numpy views).
+    Without ``framework``: tlio's own ``SafetensorsFile`` (read-only numpy views).
     With ``framework="np"|"numpy"|"pt"|"torch"|"pytorch"``: the ``safetensors``
     package's interface (sorted ``keys()``, ``metadata()`` that is ``None`` without
     metadata, writable zero-copy ``get_tensor``, ``get_slice``, ``get_tensors()``),
