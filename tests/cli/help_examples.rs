@@ -42,6 +42,9 @@ cp "$M"/llama-sharded/model-0000*.safetensors "$M/llama-sharded/model.safetensor
 cp "$ROOT/fixtures/safetensors/golden/worked_example_f32.safetensors" optim.safetensors
 tlio -q st quantize model.safetensors -o model-int4.safetensors --int4
 tlio -q st quantize path/to/model-dir -o model-dir-int4 --int4
+tlio -q st quantize model.safetensors -o model-mxfp8.safetensors --mx fp8
+mkdir -p web code
+for d in web code; do cp corpus.bin $d/a.bin; cp corpus.bin $d.bin; done
 zstd -q "$ROOT/fixtures/tokenizers/corpus.jsonl" -o docs.jsonl.zst
 tlio -q tokens pack docs.jsonl.zst --from jsonl --tokenizer gpt2 --val-tokens 4000 -o fw
 cp "$ROOT/fixtures/tokenizers/corpus.parquet" t.parquet
@@ -75,7 +78,7 @@ fn extra_setup(path: &[String]) -> &'static str {
         // A training example starts the run `run` itself.
         [] | ["train"] | ["train", "bigram"] => "rm -rf run\n",
         // The quantize examples write what the inputs hold quantized already.
-        ["st", "quantize"] => "rm -rf model-dir-int4 model-int4.safetensors\n",
+        ["st", "quantize"] => "rm -rf model-dir-int4 model-int4.safetensors model-mxfp8.safetensors\n",
         _ => "",
     }
 }
