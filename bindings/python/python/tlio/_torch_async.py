@@ -305,7 +305,7 @@ def collective(save: Callable[..., Any], dist: Any, dir: Any, step: Any, args: t
     """The DDP collective save (``tlio._torch_dist``), async: rank 0 stages its replicated
     state in the foreground; in the background every rank checks that all save the same
     step, rank 0 writes and commits, and every rank learns the outcome, all on ``group()``."""
-    from tlio._torch_dist import _raise, record
+    from tlio._torch_failure import _raise, record
 
     pg = group()
     rank, size = dist.get_rank(), dist.get_world_size()

@@ -133,7 +133,7 @@ Failure = Optional[str]
 
 
 def _failure(e: BaseException) -> str:
-    from tlio._torch_dist import record
+    from tlio._torch_failure import record
 
     return record(e)
 
@@ -141,7 +141,7 @@ def _failure(e: BaseException) -> str:
 def _raise_first(outcomes: Sequence[Failure], rank: int, error: Optional[BaseException]) -> None:
     """Raise the first failure of ``outcomes`` (by rank): this rank's own exception when it
     is this rank's, else the other rank's, naming it (tlio._torch_dist's rules)."""
-    from tlio._torch_dist import _raise
+    from tlio._torch_failure import _raise
 
     for r, failure in enumerate(outcomes):
         if failure is None:
